@@ -1,0 +1,117 @@
+"""One error tree. Every expected failure is an OpsctlError: one line of what is wrong plus the next step.
+
+Third-party exceptions are translated into these at the boundary (remote, http, inventory loading), so the
+CLI never shows a traceback for an expected failure.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes; documented in the README."""
+
+    OK = 0
+    ERROR = 1
+    CHANGES_PENDING = 2  # --plan: changes would be made
+    REBOOT_REQUIRED = 3  # provision: a driver install needs a reboot and --reboot was not given
+    NOT_IMPLEMENTED = 4
+    INTERRUPTED = 130  # Ctrl-C
+
+
+class OpsctlError(Exception):
+    """Root of every expected failure. `message` says what is wrong, `hint` what to do next."""
+
+    exit_code: ExitCode = ExitCode.ERROR
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        text = self.message.strip().replace("\n", " ")
+        return f"{text} ({self.hint})" if self.hint else text
+
+
+class InventoryError(OpsctlError):
+    """The inventory is invalid. `path` is the dotted key path, e.g. hosts.ct200.services.gpu1.port."""
+
+    def __init__(self, path: str, message: str, hint: str | None = None) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message, hint)
+
+
+class NotImplementedYet(OpsctlError):
+    exit_code = ExitCode.NOT_IMPLEMENTED
+
+    def __init__(self, command: str) -> None:
+        super().__init__(f"`opsctl {command}` is not implemented yet", "see the open issues")
+
+
+class SelectorError(OpsctlError):
+    """A --host/--service selector matched nothing (never silently 'all')."""
+
+
+class RemoteError(OpsctlError):
+    """A command on a host failed. Carries the host, the (masked) command, exit code and output tail."""
+
+    def __init__(
+        self,
+        host: str,
+        command: str,
+        exit_code: int | None,
+        tail: str = "",
+        message: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.host = host
+        self.command = command
+        self.remote_exit_code = exit_code
+        self.tail = tail
+        last = tail.strip().splitlines()[-1] if tail.strip() else ""
+        text = message or f"{host}: `{command}` exited {exit_code}" + (f": {last}" if last else "")
+        super().__init__(text, hint)
+
+
+class UnreachableError(OpsctlError):
+    def __init__(self, host: str, reason: str, hint: str | None = None) -> None:
+        self.host = host
+        super().__init__(f"{host}: unreachable: {reason}", hint or "check the address, port and that sshd runs")
+
+
+class HostKeyError(OpsctlError):
+    def __init__(self, host: str, reason: str) -> None:
+        self.host = host
+        super().__init__(
+            f"{host}: host key rejected: {reason}",
+            "verify the host's key and update known_hosts (or set host_key_policy: accept-new for a new host)",
+        )
+
+
+class CommandTimeout(OpsctlError):
+    def __init__(self, host: str, command: str, seconds: float) -> None:
+        self.host = host
+        self.command = command
+        super().__init__(f"{host}: `{command}` timed out after {seconds:g}s", "raise the timeout or check the host")
+
+
+class LabError(OpsctlError):
+    pass
+
+
+class DeployError(OpsctlError):
+    pass
+
+
+class HealthError(OpsctlError):
+    pass
+
+
+class SmokeError(OpsctlError):
+    pass
+
+
+class RebootRequired(OpsctlError):
+    exit_code = ExitCode.REBOOT_REQUIRED
