@@ -1,0 +1,1 @@
+"""The typer CLI: thin commands that call the library. One module per command group."""

@@ -1,0 +1,110 @@
+"""Options shared by every command, machine output, and the one place expected errors become exit codes."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+from opsctl.errors import ExitCode, OpsctlError
+from opsctl.secrets import MASK, SecretRef
+
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+InventoryOpt = Annotated[
+    Path, typer.Option("-i", "--inventory", help="Inventory YAML file.", show_default=False)
+]
+HostOpt = Annotated[
+    list[str] | None,
+    typer.Option("--host", help="Only these hosts (repeatable, or comma separated). No match is an error."),
+]
+ServiceOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--service", help="Only these services (repeatable, or comma separated). No match is an error."
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
+ForksOpt = Annotated[int, typer.Option("--forks", min=1, max=256, help="Hosts worked on in parallel.")]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def split_selector(values: list[str] | None) -> list[str] | None:
+    """`--host a,b --host c` -> ["a", "b", "c"]; None when not given."""
+    if not values:
+        return None
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, enums, paths and tuples to JSON types. Secrets become ***."""
+    if isinstance(value, SecretRef):
+        return MASK
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: to_jsonable(v) for k, v in asdict(value).items()}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(to_jsonable(data), indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def fail(error: OpsctlError) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {error.one_line()}", markup=True)
+    return typer.Exit(int(error.exit_code))
+
+
+def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Expected errors -> one line + exit code; Ctrl-C -> 130; bugs -> one line (traceback with OPSCTL_DEBUG=1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except OpsctlError as exc:
+            raise fail(exc) from None
+        except KeyboardInterrupt:
+            console.print("interrupted")
+            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:
+            if os.environ.get("OPSCTL_DEBUG"):
+                raise
+            console.print(
+                f"[bold red]internal error:[/] {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                " (a bug in opsctl; rerun with OPSCTL_DEBUG=1 for the traceback and report it)"
+            )
+            raise typer.Exit(int(ExitCode.ERROR)) from None
+
+    return wrapper
+
+
+def load_inventory(path: Path) -> Any:
+    """Load and validate the inventory; print its loud warnings (e.g. hybrid unsafe) on stderr."""
+    from opsctl.inventory.load import load_inventory as _load
+
+    inventory = _load(path)
+    for warning in inventory.warnings:
+        console.print(f"[bold yellow]WARNING:[/] {warning}")
+    return inventory

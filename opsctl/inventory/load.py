@@ -1,0 +1,450 @@
+"""Load an inventory YAML file and validate it, once, into frozen typed objects (opsctl.inventory.model).
+
+Every error is an InventoryError naming the key path (`hosts.ct200.services.gpu1.port: ...`).
+Layout: `defaults:` (ssh, venv, python, sglang_version, cuda, wheelhouse, service) and `hosts:`; each host
+may override any default; `defaults.service` holds defaults for every service. docs/inventory.md is the
+reference for every key.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from opsctl.errors import InventoryError
+from opsctl.inventory import schema as s
+from opsctl.inventory.model import (
+    EXACT_HYBRID_ENGINES,
+    CudaConfig,
+    DDTreeKnobs,
+    Engine,
+    Host,
+    HostKeyPolicy,
+    Inventory,
+    Mode,
+    ModelSourceKind,
+    ModelSpec,
+    Service,
+    SshConfig,
+)
+from opsctl.secrets import SecretRef
+
+
+class _Device(StrEnum):
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class _Dtype(StrEnum):
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
+HOST_SCALARS = {"venv", "python", "sglang_version", "cuda", "wheelhouse"}
+SSH_KEYS = {
+    "user",
+    "port",
+    "key_file",
+    "known_hosts_file",
+    "host_key_policy",
+    "jump_host",
+    "connect_timeout",
+    "command_timeout",
+    "connect_retries",
+    "keepalive",
+}
+SERVICE_KEYS = {
+    "gpus",
+    "port",
+    "mode",
+    "engine",
+    "model",
+    "draft_model",
+    "ddtree",
+    "bind",
+    "served_model_name",
+    "attention_backend",
+    "device",
+    "dtype",
+    "api_key",
+    "extra_args",
+    "extra_env",
+    "health_timeout",
+    "readiness_delay",
+}
+SERVICE_DEFAULT_KEYS = SERVICE_KEYS - {"gpus", "port", "model", "draft_model"}
+# Environment variables opsctl renders itself; extra_env may not override them.
+RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "PYTHONPATH", "CUDA_HOME", "PATH", "SGLANG_API_KEY"}
+SECRET_HINTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+DEFAULT_VENV = "/opt/opsctl/venv"
+DEFAULT_SGLANG = "0.5.23"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        raise InventoryError(
+            "", f"inventory file {file} not found", "pass an existing file with -i"
+        ) from None
+    except OSError as exc:
+        raise InventoryError("", f"cannot read inventory {file}: {exc.strerror}") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InventoryError("", f"{file}: YAML syntax error{where}: {problem}", "fix the YAML") from None
+    if data is None:
+        raise InventoryError("", f"{file}: the inventory is empty", "it needs at least a `hosts:` mapping")
+    return parse_inventory(data, str(file), base_dir=file.parent)
+
+
+def parse_inventory(data: Any, source: str = "<inventory>", base_dir: Path | None = None) -> Inventory:
+    top = s.mapping(data, "", {"defaults", "hosts"}, {"hosts"})
+    defaults = s.mapping(top.get("defaults"), "defaults", HOST_SCALARS | {"ssh", "service"})
+    hosts_data = s.mapping(
+        top["hosts"], "hosts", set(top["hosts"] or {}) if isinstance(top["hosts"], dict) else set()
+    )
+    if not hosts_data:
+        raise InventoryError("hosts", "no hosts defined", "add at least one host")
+    warnings: list[str] = []
+    hosts = tuple(
+        _host(s.name(key, "hosts"), value, defaults, f"hosts.{key}", base_dir or Path("."), warnings)
+        for key, value in hosts_data.items()
+    )
+    addresses: dict[tuple[str, int], str] = {}
+    for host in hosts:
+        seen = addresses.setdefault((host.address, host.ssh.port), host.name)
+        if seen != host.name:
+            raise InventoryError(
+                f"hosts.{host.name}.address", f"{host.address} is already used by host {seen}"
+            )
+    return Inventory(path=source, hosts=hosts, warnings=tuple(warnings))
+
+
+def _merged(defaults: dict[str, Any], own: dict[str, Any], key: str) -> Any:
+    """A host's own value, else the default. Mappings merge one level deep (host keys win)."""
+    if key in own and key in defaults and isinstance(own[key], dict) and isinstance(defaults[key], dict):
+        return {**defaults[key], **own[key]}
+    return own.get(key, defaults.get(key))
+
+
+def _host(
+    name: str, value: Any, defaults: dict[str, Any], path: str, base_dir: Path, warnings: list[str]
+) -> Host:
+    data = s.mapping(value, path, HOST_SCALARS | {"address", "gpus", "ssh", "services"}, {"address"})
+    address = s.string(data["address"], f"{path}.address", s.SAFE_HOSTNAME, "a valid IP address or hostname")
+    gpu_count = s.integer(data.get("gpus", 0), f"{path}.gpus", 0, 64)
+    ssh_path = f"{path}.ssh" if "ssh" in data else "defaults.ssh"
+    ssh = _ssh(_merged(defaults, data, "ssh"), ssh_path)
+    venv = s.abs_path(_merged(defaults, data, "venv") or DEFAULT_VENV, f"{path}.venv")
+    python = s.string(
+        _merged(defaults, data, "python") or "python3", f"{path}.python", s.SAFE_ARG, "a command"
+    )
+    pin = s.string(_merged(defaults, data, "sglang_version") or DEFAULT_SGLANG, f"{path}.sglang_version")
+    if not pin.replace(".", "").replace("post", "").replace("rc", "").isalnum():
+        raise InventoryError(f"{path}.sglang_version", f"{pin!r} is not an exact version like 0.5.23")
+    cuda_raw = _merged(defaults, data, "cuda")
+    cuda = _cuda(cuda_raw, f"{path}.cuda") if cuda_raw is not None else None
+    wheelhouse_raw = _merged(defaults, data, "wheelhouse")
+    wheelhouse = _local_path(wheelhouse_raw, f"{path}.wheelhouse", base_dir) if wheelhouse_raw else None
+    service_defaults = s.mapping(defaults.get("service"), "defaults.service", SERVICE_DEFAULT_KEYS)
+    services_data = data.get("services") or {}
+    if not isinstance(services_data, dict):
+        raise InventoryError(
+            f"{path}.services", f"expected a mapping of services, got {s.describe(services_data)}"
+        )
+    services = tuple(
+        _service(
+            s.name(key, f"{path}.services"),
+            {**service_defaults, **s.mapping(v, f"{path}.services.{key}", SERVICE_KEYS, {"port", "model"})},
+            name,
+            gpu_count,
+            f"{path}.services.{key}",
+            base_dir,
+            warnings,
+        )
+        for key, v in services_data.items()
+    )
+    _check_clashes(services, gpu_count, path)
+    return Host(
+        name=name,
+        address=address,
+        ssh=ssh,
+        gpu_count=gpu_count,
+        venv=venv,
+        python=python,
+        sglang_version=pin,
+        cuda=cuda,
+        wheelhouse=wheelhouse,
+        services=services,
+    )
+
+
+def _ssh(value: Any, path: str) -> SshConfig:
+    d = s.mapping(value, path, SSH_KEYS)
+    base = SshConfig()
+    return SshConfig(
+        user=s.string(d.get("user", base.user), f"{path}.user", s.SAFE_NAME, "a valid user name"),
+        port=s.integer(d.get("port", base.port), f"{path}.port", 1, 65535),
+        key_file=s.string(d["key_file"], f"{path}.key_file") if d.get("key_file") else None,
+        known_hosts_file=s.string(
+            d.get("known_hosts_file", base.known_hosts_file), f"{path}.known_hosts_file"
+        ),
+        host_key_policy=s.choice(
+            d.get("host_key_policy", base.host_key_policy.value), f"{path}.host_key_policy", HostKeyPolicy
+        ),
+        jump_host=s.string(d["jump_host"], f"{path}.jump_host", s.JUMP_HOST, "[user@]host[:port]")
+        if d.get("jump_host")
+        else None,
+        connect_timeout=s.number(
+            d.get("connect_timeout", base.connect_timeout), f"{path}.connect_timeout", 0.1, 600
+        ),
+        command_timeout=s.number(
+            d.get("command_timeout", base.command_timeout), f"{path}.command_timeout", 1, 86400
+        ),
+        connect_retries=s.integer(
+            d.get("connect_retries", base.connect_retries), f"{path}.connect_retries", 1, 20
+        ),
+        keepalive=s.integer(d.get("keepalive", base.keepalive), f"{path}.keepalive", 0, 3600),
+    )
+
+
+def _cuda(value: Any, path: str) -> CudaConfig:
+    d = s.mapping(value, path, {"toolkit_package", "home", "min_driver", "driver_package"})
+    base = CudaConfig()
+    return CudaConfig(
+        toolkit_package=s.string(
+            d.get("toolkit_package", base.toolkit_package),
+            f"{path}.toolkit_package",
+            s.SAFE_ARG,
+            "an apt package name",
+        ),
+        home=s.abs_path(d.get("home", base.home), f"{path}.home"),
+        min_driver=s.integer(d.get("min_driver", base.min_driver), f"{path}.min_driver", 400, 9999),
+        driver_package=s.string(
+            d.get("driver_package", base.driver_package),
+            f"{path}.driver_package",
+            s.SAFE_ARG,
+            "an apt package name",
+        ),
+    )
+
+
+def _local_path(value: Any, path: str, base_dir: Path) -> str:
+    text = s.string(value, path)
+    resolved = Path(text).expanduser()
+    if not resolved.is_absolute():
+        resolved = (base_dir / resolved).resolve()
+    return str(resolved)
+
+
+def _model(value: Any, path: str, base_dir: Path) -> ModelSpec:
+    d = s.mapping(value, path, {"source", "source_on", "path", "hybrid"}, {"source", "path"})
+    source_on = s.choice(d.get("source_on", "control"), f"{path}.source_on", ModelSourceKind)
+    if source_on is ModelSourceKind.HOST:
+        source = s.abs_path(d["source"], f"{path}.source")
+    else:
+        source = _local_path(d["source"], f"{path}.source", base_dir)
+    dest = s.abs_path(d["path"], f"{path}.path")
+    if not dest.startswith("/dev/shm/") or dest == "/dev/shm/":
+        raise InventoryError(f"{path}.path", f"{dest!r} must be a directory under /dev/shm/")
+    if "hybrid" in d:
+        hybrid = s.boolean(d["hybrid"], f"{path}.hybrid")
+    else:
+        hybrid = _detect_hybrid(source if source_on is ModelSourceKind.CONTROL else None, dest)
+    return ModelSpec(source=source, source_on=source_on, path=dest, hybrid=hybrid)
+
+
+HYBRID_MODEL_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_next"}
+
+
+def _detect_hybrid(local_source: str | None, dest: str) -> bool:
+    """Hybrid if config.json has linear-attention layers; else guess from the name (Qwen3.5/3.6)."""
+    if local_source is not None:
+        config_file = Path(local_source) / "config.json"
+        try:
+            config = json.loads(config_file.read_text())
+        except (OSError, ValueError):
+            config = None
+        if isinstance(config, dict):
+            text = config.get("text_config", config)
+            layer_types = text.get("layer_types") or []
+            return "linear_attention" in layer_types or text.get("model_type") in HYBRID_MODEL_TYPES
+    lowered = dest.lower()
+    return any(tag in lowered for tag in ("qwen3.5", "qwen3.6", "qwen3_5", "qwen3-next", "qwen3_next"))
+
+
+def _ddtree(value: Any, path: str) -> DDTreeKnobs:
+    d = s.mapping(value, path, {"budget", "topk", "allow_hybrid_unsafe", "log_interval"})
+    base = DDTreeKnobs()
+    return DDTreeKnobs(
+        budget=s.integer(d.get("budget", base.budget), f"{path}.budget", 1, 1024),
+        topk=s.integer(d.get("topk", base.topk), f"{path}.topk", 1, 64),
+        allow_hybrid_unsafe=s.boolean(d.get("allow_hybrid_unsafe", False), f"{path}.allow_hybrid_unsafe"),
+        log_interval=s.integer(
+            d.get("log_interval", base.log_interval), f"{path}.log_interval", 1, 1_000_000
+        ),
+    )
+
+
+def _secret(value: Any, path: str) -> SecretRef:
+    if not isinstance(value, str) or not SecretRef.is_reference(value):
+        raise InventoryError(path, "literal secrets are not allowed", "write env:NAME or file:PATH instead")
+    return SecretRef(value)
+
+
+def _service(
+    name: str, d: dict[str, Any], host: str, gpu_count: int, path: str, base_dir: Path, warnings: list[str]
+) -> Service:
+    mode = s.choice(d.get("mode", "baseline"), f"{path}.mode", Mode)
+    engine = s.choice(d.get("engine", "sglang"), f"{path}.engine", Engine)
+    gpus = tuple(
+        s.integer(g, s.join(f"{path}.gpus", i), 0, 63)
+        for i, g in enumerate(s.string_list(d.get("gpus", []), f"{path}.gpus"))
+    )
+    model = _model(d["model"], f"{path}.model", base_dir)
+    draft = _model(d["draft_model"], f"{path}.draft_model", base_dir) if d.get("draft_model") else None
+    if mode.speculative and draft is None:
+        raise InventoryError(
+            f"{path}.draft_model", f"mode {mode.value} needs a draft model (the DFlash drafter)"
+        )
+    knobs = _ddtree(d.get("ddtree"), f"{path}.ddtree")
+    device = s.choice(
+        d.get("device", "cuda" if engine is Engine.SGLANG else "cpu"), f"{path}.device", _Device
+    )
+    if engine is Engine.SGLANG and device is _Device.CPU:
+        raise InventoryError(
+            f"{path}.device",
+            "the sglang engine needs a GPU (device: cuda)",
+            "use engine: reference for CPU services",
+        )
+    if device is _Device.CUDA and not gpus:
+        raise InventoryError(f"{path}.gpus", "a GPU service needs at least one GPU index")
+    if device is _Device.CPU and gpus:
+        raise InventoryError(f"{path}.gpus", "a CPU service (device: cpu) must not list GPUs")
+    extra_args = tuple(
+        _extra_arg(a, s.join(f"{path}.extra_args", i))
+        for i, a in enumerate(s.string_list(d.get("extra_args", []), f"{path}.extra_args"))
+    )
+    extra_env = _extra_env(d.get("extra_env"), f"{path}.extra_env")
+    service = Service(
+        name=name,
+        host=host,
+        gpus=gpus,
+        port=s.integer(d["port"], f"{path}.port", 1024, 65535),
+        mode=mode,
+        engine=engine,
+        model=model,
+        draft_model=draft,
+        ddtree=knobs,
+        bind=s.string(d.get("bind", "0.0.0.0"), f"{path}.bind", s.SAFE_HOSTNAME, "an address to listen on"),
+        served_model_name=s.string(
+            d["served_model_name"], f"{path}.served_model_name", s.SAFE_ARG, "a safe model name"
+        )
+        if d.get("served_model_name")
+        else None,
+        attention_backend=s.string(
+            d.get("attention_backend", "triton"), f"{path}.attention_backend", s.SAFE_NAME, "a backend name"
+        ),
+        device=device.value,
+        dtype=s.choice(d.get("dtype", "auto"), f"{path}.dtype", _Dtype).value,
+        api_key=_secret(d["api_key"], f"{path}.api_key") if d.get("api_key") is not None else None,
+        extra_args=extra_args,
+        extra_env=extra_env,
+        health_timeout=s.number(d.get("health_timeout", 600), f"{path}.health_timeout", 1, 7200),
+        readiness_delay=s.number(d.get("readiness_delay", 10), f"{path}.readiness_delay", 0, 600),
+    )
+    if mode is Mode.TREE and model.hybrid and engine not in EXACT_HYBRID_ENGINES:
+        if not knobs.allow_hybrid_unsafe:
+            raise InventoryError(
+                f"{path}.mode",
+                f"tree mode on a hybrid target ({model.name}) needs exact recurrent-state tree verify, "
+                f"which engine {engine.value} does not have",
+                "use mode shadow, or set ddtree.allow_hybrid_unsafe: true to accept inexact verification",
+            )
+        warnings.append(
+            f"{path}: HYBRID UNSAFE: tree verify on hybrid target {model.name} without exact recurrent-state "
+            "handling; outputs may differ from baseline"
+        )
+    return service
+
+
+def _extra_arg(value: Any, path: str) -> str:
+    text = s.string(value, path, s.SAFE_ARG, "a safe argument (letters, digits and . _ = : / , + @ -)")
+    if text.split("=", 1)[0] in ("--api-key", "--admin-api-key"):
+        raise InventoryError(
+            path, "secrets must not be passed as arguments", "use the service's api_key: env:NAME"
+        )
+    return text
+
+
+def _extra_env(value: Any, path: str) -> tuple[tuple[str, str], ...]:
+    d = s.mapping(value, path, set(value) if isinstance(value, dict) else set())
+    items: list[tuple[str, str]] = []
+    for key, raw in d.items():
+        key_path = f"{path}.{key}"
+        if not s.ENV_NAME.match(key):
+            raise InventoryError(key_path, "not a valid environment variable name (A-Z, 0-9, _)")
+        if key in RESERVED_ENV or key.startswith("DDTREE_"):
+            raise InventoryError(
+                key_path, "is set by opsctl itself", "use the matching inventory key instead"
+            )
+        text = s.string(raw, key_path)
+        if "\n" in text or "\x00" in text:
+            raise InventoryError(key_path, "must be a single line")
+        if any(hint in key for hint in SECRET_HINTS):
+            raise InventoryError(
+                key_path,
+                "looks like a secret; literal secrets are not allowed",
+                "put it in the service's api_key (env:NAME or file:PATH)",
+            )
+        items.append((key, text))
+    return tuple(items)
+
+
+def _check_clashes(services: tuple[Service, ...], gpu_count: int, path: str) -> None:
+    ports: dict[int, str] = {}
+    gpus: dict[int, str] = {}
+    for svc in services:
+        where = f"{path}.services.{svc.name}"
+        other = ports.setdefault(svc.port, svc.name)
+        if other != svc.name:
+            raise InventoryError(f"{where}.port", f"{svc.port} already used by {other}")
+        for index in svc.gpus:
+            if index >= gpu_count:
+                raise InventoryError(
+                    f"{where}.gpus", f"GPU {index} does not exist (host has {gpu_count} GPUs)"
+                )
+            owner = gpus.setdefault(index, svc.name)
+            if owner != svc.name:
+                raise InventoryError(f"{where}.gpus", f"GPU {index} already used by {owner}")
