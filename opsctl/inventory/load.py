@@ -96,9 +96,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
-            )
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark)
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -111,9 +109,7 @@ def load_inventory(path: str | Path) -> Inventory:
     try:
         text = file.read_text()
     except FileNotFoundError:
-        raise InventoryError(
-            "", f"inventory file {file} not found", "pass an existing file with -i"
-        ) from None
+        raise InventoryError("", f"inventory file {file} not found", "pass an existing file with -i") from None
     except OSError as exc:
         raise InventoryError("", f"cannot read inventory {file}: {exc.strerror}") from None
     try:
@@ -131,9 +127,7 @@ def load_inventory(path: str | Path) -> Inventory:
 def parse_inventory(data: Any, source: str = "<inventory>", base_dir: Path | None = None) -> Inventory:
     top = s.mapping(data, "", {"defaults", "hosts"}, {"hosts"})
     defaults = s.mapping(top.get("defaults"), "defaults", HOST_SCALARS | {"ssh", "service"})
-    hosts_data = s.mapping(
-        top["hosts"], "hosts", set(top["hosts"] or {}) if isinstance(top["hosts"], dict) else set()
-    )
+    hosts_data = s.mapping(top["hosts"], "hosts", set(top["hosts"] or {}) if isinstance(top["hosts"], dict) else set())
     if not hosts_data:
         raise InventoryError("hosts", "no hosts defined", "add at least one host")
     warnings: list[str] = []
@@ -145,9 +139,7 @@ def parse_inventory(data: Any, source: str = "<inventory>", base_dir: Path | Non
     for host in hosts:
         seen = addresses.setdefault((host.address, host.ssh.port), host.name)
         if seen != host.name:
-            raise InventoryError(
-                f"hosts.{host.name}.address", f"{host.address} is already used by host {seen}"
-            )
+            raise InventoryError(f"hosts.{host.name}.address", f"{host.address} is already used by host {seen}")
     return Inventory(path=source, hosts=hosts, warnings=tuple(warnings))
 
 
@@ -158,18 +150,14 @@ def _merged(defaults: dict[str, Any], own: dict[str, Any], key: str) -> Any:
     return own.get(key, defaults.get(key))
 
 
-def _host(
-    name: str, value: Any, defaults: dict[str, Any], path: str, base_dir: Path, warnings: list[str]
-) -> Host:
+def _host(name: str, value: Any, defaults: dict[str, Any], path: str, base_dir: Path, warnings: list[str]) -> Host:
     data = s.mapping(value, path, HOST_SCALARS | {"address", "gpus", "ssh", "services"}, {"address"})
     address = s.string(data["address"], f"{path}.address", s.SAFE_HOSTNAME, "a valid IP address or hostname")
     gpu_count = s.integer(data.get("gpus", 0), f"{path}.gpus", 0, 64)
     ssh_path = f"{path}.ssh" if "ssh" in data else "defaults.ssh"
     ssh = _ssh(_merged(defaults, data, "ssh"), ssh_path)
     venv = s.abs_path(_merged(defaults, data, "venv") or DEFAULT_VENV, f"{path}.venv")
-    python = s.string(
-        _merged(defaults, data, "python") or "python3", f"{path}.python", s.SAFE_ARG, "a command"
-    )
+    python = s.string(_merged(defaults, data, "python") or "python3", f"{path}.python", s.SAFE_ARG, "a command")
     pin = s.string(_merged(defaults, data, "sglang_version") or DEFAULT_SGLANG, f"{path}.sglang_version")
     if not pin.replace(".", "").replace("post", "").replace("rc", "").isalnum():
         raise InventoryError(f"{path}.sglang_version", f"{pin!r} is not an exact version like 0.5.23")
@@ -180,9 +168,7 @@ def _host(
     service_defaults = s.mapping(defaults.get("service"), "defaults.service", SERVICE_DEFAULT_KEYS)
     services_data = data.get("services") or {}
     if not isinstance(services_data, dict):
-        raise InventoryError(
-            f"{path}.services", f"expected a mapping of services, got {s.describe(services_data)}"
-        )
+        raise InventoryError(f"{path}.services", f"expected a mapping of services, got {s.describe(services_data)}")
     services = tuple(
         _service(
             s.name(key, f"{path}.services"),
@@ -217,24 +203,16 @@ def _ssh(value: Any, path: str) -> SshConfig:
         user=s.string(d.get("user", base.user), f"{path}.user", s.SAFE_NAME, "a valid user name"),
         port=s.integer(d.get("port", base.port), f"{path}.port", 1, 65535),
         key_file=s.string(d["key_file"], f"{path}.key_file") if d.get("key_file") else None,
-        known_hosts_file=s.string(
-            d.get("known_hosts_file", base.known_hosts_file), f"{path}.known_hosts_file"
-        ),
+        known_hosts_file=s.string(d.get("known_hosts_file", base.known_hosts_file), f"{path}.known_hosts_file"),
         host_key_policy=s.choice(
             d.get("host_key_policy", base.host_key_policy.value), f"{path}.host_key_policy", HostKeyPolicy
         ),
         jump_host=s.string(d["jump_host"], f"{path}.jump_host", s.JUMP_HOST, "[user@]host[:port]")
         if d.get("jump_host")
         else None,
-        connect_timeout=s.number(
-            d.get("connect_timeout", base.connect_timeout), f"{path}.connect_timeout", 0.1, 600
-        ),
-        command_timeout=s.number(
-            d.get("command_timeout", base.command_timeout), f"{path}.command_timeout", 1, 86400
-        ),
-        connect_retries=s.integer(
-            d.get("connect_retries", base.connect_retries), f"{path}.connect_retries", 1, 20
-        ),
+        connect_timeout=s.number(d.get("connect_timeout", base.connect_timeout), f"{path}.connect_timeout", 0.1, 600),
+        command_timeout=s.number(d.get("command_timeout", base.command_timeout), f"{path}.command_timeout", 1, 86400),
+        connect_retries=s.integer(d.get("connect_retries", base.connect_retries), f"{path}.connect_retries", 1, 20),
         keepalive=s.integer(d.get("keepalive", base.keepalive), f"{path}.keepalive", 0, 3600),
     )
 
@@ -311,9 +289,7 @@ def _ddtree(value: Any, path: str) -> DDTreeKnobs:
         budget=s.integer(d.get("budget", base.budget), f"{path}.budget", 1, 1024),
         topk=s.integer(d.get("topk", base.topk), f"{path}.topk", 1, 64),
         allow_hybrid_unsafe=s.boolean(d.get("allow_hybrid_unsafe", False), f"{path}.allow_hybrid_unsafe"),
-        log_interval=s.integer(
-            d.get("log_interval", base.log_interval), f"{path}.log_interval", 1, 1_000_000
-        ),
+        log_interval=s.integer(d.get("log_interval", base.log_interval), f"{path}.log_interval", 1, 1_000_000),
     )
 
 
@@ -335,13 +311,9 @@ def _service(
     model = _model(d["model"], f"{path}.model", base_dir)
     draft = _model(d["draft_model"], f"{path}.draft_model", base_dir) if d.get("draft_model") else None
     if mode.speculative and draft is None:
-        raise InventoryError(
-            f"{path}.draft_model", f"mode {mode.value} needs a draft model (the DFlash drafter)"
-        )
+        raise InventoryError(f"{path}.draft_model", f"mode {mode.value} needs a draft model (the DFlash drafter)")
     knobs = _ddtree(d.get("ddtree"), f"{path}.ddtree")
-    device = s.choice(
-        d.get("device", "cuda" if engine is Engine.SGLANG else "cpu"), f"{path}.device", _Device
-    )
+    device = s.choice(d.get("device", "cuda" if engine is Engine.SGLANG else "cpu"), f"{path}.device", _Device)
     if engine is Engine.SGLANG and device is _Device.CPU:
         raise InventoryError(
             f"{path}.device",
@@ -368,9 +340,7 @@ def _service(
         draft_model=draft,
         ddtree=knobs,
         bind=s.string(d.get("bind", "0.0.0.0"), f"{path}.bind", s.SAFE_HOSTNAME, "an address to listen on"),
-        served_model_name=s.string(
-            d["served_model_name"], f"{path}.served_model_name", s.SAFE_ARG, "a safe model name"
-        )
+        served_model_name=s.string(d["served_model_name"], f"{path}.served_model_name", s.SAFE_ARG, "a safe model name")
         if d.get("served_model_name")
         else None,
         attention_backend=s.string(
@@ -402,9 +372,7 @@ def _service(
 def _extra_arg(value: Any, path: str) -> str:
     text = s.string(value, path, s.SAFE_ARG, "a safe argument (letters, digits and . _ = : / , + @ -)")
     if text.split("=", 1)[0] in ("--api-key", "--admin-api-key"):
-        raise InventoryError(
-            path, "secrets must not be passed as arguments", "use the service's api_key: env:NAME"
-        )
+        raise InventoryError(path, "secrets must not be passed as arguments", "use the service's api_key: env:NAME")
     return text
 
 
@@ -416,9 +384,7 @@ def _extra_env(value: Any, path: str) -> tuple[tuple[str, str], ...]:
         if not s.ENV_NAME.match(key):
             raise InventoryError(key_path, "not a valid environment variable name (A-Z, 0-9, _)")
         if key in RESERVED_ENV or key.startswith("DDTREE_"):
-            raise InventoryError(
-                key_path, "is set by opsctl itself", "use the matching inventory key instead"
-            )
+            raise InventoryError(key_path, "is set by opsctl itself", "use the matching inventory key instead")
         text = s.string(raw, key_path)
         if "\n" in text or "\x00" in text:
             raise InventoryError(key_path, "must be a single line")
@@ -442,9 +408,7 @@ def _check_clashes(services: tuple[Service, ...], gpu_count: int, path: str) -> 
             raise InventoryError(f"{where}.port", f"{svc.port} already used by {other}")
         for index in svc.gpus:
             if index >= gpu_count:
-                raise InventoryError(
-                    f"{where}.gpus", f"GPU {index} does not exist (host has {gpu_count} GPUs)"
-                )
+                raise InventoryError(f"{where}.gpus", f"GPU {index} does not exist (host has {gpu_count} GPUs)")
             owner = gpus.setdefault(index, svc.name)
             if owner != svc.name:
                 raise InventoryError(f"{where}.gpus", f"GPU {index} already used by {owner}")

@@ -43,9 +43,7 @@ def mapping(value: Any, path: str, allowed: set[str], required: set[str] = froze
             raise InventoryError(path, f"key {key!r} must be a string")
         if key not in allowed:
             close = difflib.get_close_matches(key, sorted(allowed), n=1)
-            hint = (
-                f"did you mean `{close[0]}`?" if close else f"expected one of: {', '.join(sorted(allowed))}"
-            )
+            hint = f"did you mean `{close[0]}`?" if close else f"expected one of: {', '.join(sorted(allowed))}"
             raise InventoryError(join(path, key), "unknown key", hint)
     for key in sorted(required):
         if key not in value:
@@ -77,9 +75,7 @@ def name(value: Any, path: str) -> str:
 def abs_path(value: Any, path: str) -> str:
     text = string(value, path)
     if not SAFE_PATH.match(text):
-        raise InventoryError(
-            path, f"{text!r} is not a safe absolute path (letters, digits, . _ / + @ - only)"
-        )
+        raise InventoryError(path, f"{text!r} is not a safe absolute path (letters, digits, . _ / + @ - only)")
     if ".." in text.split("/"):
         raise InventoryError(path, f"{text!r} must not contain '..'")
     return text.rstrip("/") or "/"
