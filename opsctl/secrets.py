@@ -41,9 +41,7 @@ class SecretRef:
         if kind == "env":
             value = os.environ.get(where)
             if value is None:
-                raise SecretError(
-                    f"secret {self.ref}: environment variable {where} is not set", f"export {where}=..."
-                )
+                raise SecretError(f"secret {self.ref}: environment variable {where} is not set", f"export {where}=...")
             return value
         path = Path(where).expanduser()
         try:

@@ -20,18 +20,14 @@ from opsctl.secrets import MASK, SecretRef
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
-InventoryOpt = Annotated[
-    Path, typer.Option("-i", "--inventory", help="Inventory YAML file.", show_default=False)
-]
+InventoryOpt = Annotated[Path, typer.Option("-i", "--inventory", help="Inventory YAML file.", show_default=False)]
 HostOpt = Annotated[
     list[str] | None,
     typer.Option("--host", help="Only these hosts (repeatable, or comma separated). No match is an error."),
 ]
 ServiceOpt = Annotated[
     list[str] | None,
-    typer.Option(
-        "--service", help="Only these services (repeatable, or comma separated). No match is an error."
-    ),
+    typer.Option("--service", help="Only these services (repeatable, or comma separated). No match is an error."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 ForksOpt = Annotated[int, typer.Option("--forks", min=1, max=256, help="Hosts worked on in parallel.")]
