@@ -1,0 +1,105 @@
+"""DDTree knobs. SGLang plugins cannot add CLI flags, so every knob comes from the environment.
+
+| variable                    | values          | default | meaning                                             |
+| --------------------------- | --------------- | ------- | --------------------------------------------------- |
+| DDTREE_VERIFY               | shadow, tree    | tree    | verify the spine only (shadow) or the whole tree    |
+| DDTREE_BUDGET               | int >= 1        | 32      | tree nodes excluding the root                       |
+| DDTREE_TOPK                 | int >= 1        | 8       | candidate tokens per depth                          |
+| DDTREE_ALLOW_HYBRID_UNSAFE  | 0, 1            | 0       | allow flat-order tree verify on a hybrid target     |
+| DDTREE_LOG_INTERVAL         | int >= 1        | 50      | rounds between `DDTREE metrics` lines               |
+
+An unset or empty variable takes its default (a systemd EnvironmentFile may write `KEY=`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class VerifyMode(StrEnum):
+    SHADOW = "shadow"  # build the tree and log its statistics, verify the spine (output == linear)
+    TREE = "tree"  # verify the whole tree in one target forward with an ancestor-only mask
+
+
+class HybridMode(StrEnum):
+    """How a tree verify treats recurrent (Gated DeltaNet) layers; printed as `hybrid=` in DDTREE init."""
+
+    EXACT = "exact"  # every node starts from its parent's recurrent state and its ancestors' conv window
+    UNSAFE = "unsafe"  # flat node order: siblings leak state; explicitly allowed, loud everywhere
+    NONE = "none"  # the target has no recurrent layers
+
+
+@dataclass(frozen=True)
+class DDTreeConfig:
+    verify: VerifyMode = VerifyMode.TREE
+    budget: int = 32
+    topk: int = 8
+    allow_hybrid_unsafe: bool = False
+    log_interval: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("budget", "topk", "log_interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"DDTreeConfig.{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.verify, VerifyMode):
+            object.__setattr__(self, "verify", _parse_verify("DDTreeConfig.verify", str(self.verify)))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> DDTreeConfig:
+        """Read the DDTREE_* variables; a bad value raises ValueError with a one-line message."""
+
+        def get(key: str) -> str | None:
+            raw = environ.get(key)
+            return None if raw is None or not raw.strip() else raw.strip()
+
+        defaults = cls()
+        verify = get("DDTREE_VERIFY")
+        unsafe = get("DDTREE_ALLOW_HYBRID_UNSAFE")
+        return cls(
+            verify=defaults.verify if verify is None else _parse_verify("DDTREE_VERIFY", verify),
+            budget=_parse_int("DDTREE_BUDGET", get("DDTREE_BUDGET"), defaults.budget),
+            topk=_parse_int("DDTREE_TOPK", get("DDTREE_TOPK"), defaults.topk),
+            allow_hybrid_unsafe=defaults.allow_hybrid_unsafe
+            if unsafe is None
+            else _parse_flag("DDTREE_ALLOW_HYBRID_UNSAFE", unsafe),
+            log_interval=_parse_int("DDTREE_LOG_INTERVAL", get("DDTREE_LOG_INTERVAL"), defaults.log_interval),
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that `from_env` reads back to this config."""
+        return {
+            "DDTREE_VERIFY": self.verify.value,
+            "DDTREE_BUDGET": str(self.budget),
+            "DDTREE_TOPK": str(self.topk),
+            "DDTREE_ALLOW_HYBRID_UNSAFE": "1" if self.allow_hybrid_unsafe else "0",
+            "DDTREE_LOG_INTERVAL": str(self.log_interval),
+        }
+
+
+def _parse_verify(key: str, raw: str) -> VerifyMode:
+    try:
+        return VerifyMode(raw.lower())
+    except ValueError:
+        choices = ", ".join(m.value for m in VerifyMode)
+        raise ValueError(f"{key}={raw!r}: expected one of {choices}") from None
+
+
+def _parse_int(key: str, raw: str | None, default: int) -> int:
+    if raw is None:
+        return default
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise ValueError(f"{key}={raw!r}: expected an integer >= 1") from None
+    if value < 1:
+        raise ValueError(f"{key}={raw!r}: expected an integer >= 1")
+    return value
+
+
+def _parse_flag(key: str, raw: str) -> bool:
+    if raw not in ("0", "1"):
+        raise ValueError(f"{key}={raw!r}: expected 0 or 1")
+    return raw == "1"
