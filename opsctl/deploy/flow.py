@@ -1,0 +1,400 @@
+"""One service on one connected host: deploy (stage, verify, switch, restart, gate, roll back) and rollback.
+
+Order of a deploy: render -> stage the release dir -> `systemd-analyze verify` (no output allowed) -> switch
+`current` atomically -> install the unit -> daemon-reload -> restart -> health gate -> smoke gate. Any failure
+after the switch: print the unit's journal tail, switch back to the previous release, restart it, confirm it
+is healthy, mark the failed release bad. The caller holds the host's deploy lock.
+"""
+
+from __future__ import annotations
+
+import difflib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+import httpx
+
+from opsctl import __version__, health
+from opsctl.commands import Cmd
+from opsctl.deploy import audit, release
+from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate, parse_show, show_cmd
+from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
+from opsctl.deploy.rollout import Outcome
+from opsctl.deploy.wheel import RuntimeWheel, ensure_on_host
+from opsctl.errors import DeployError, OpsctlError, UnreachableError
+from opsctl.inventory.model import Host as InvHost
+from opsctl.inventory.model import Service
+from opsctl.remote.base import Host
+from opsctl.smoke import smoke_service
+
+JOURNAL_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class DeploySettings:
+    keep: int = release.DEFAULT_KEEP  # releases kept per service (current never pruned)
+    force: bool = False  # deploy even when the config hash equals current's
+    plan: bool = False  # print what would change, change nothing
+    smoke: bool = True  # run the smoke gate after the health gate
+    health_timeout: float | None = None  # override the service's health_timeout
+    readiness_delay: float | None = None  # override the service's readiness_delay
+    poll_s: float = 1.0
+
+
+@dataclass
+class ServiceResult:
+    host: str
+    service: str
+    outcome: Outcome
+    release: str | None = None  # the release this run created (or targeted, for rollback)
+    previous: str | None = None  # the release that was current before
+    message: str = ""
+    journal_tail: str = ""
+    plan: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # stage_s, restart_s, healthy_s, smoke_s, total_s
+
+
+@dataclass
+class ServiceContext:
+    inv_host: InvHost
+    service: Service
+    remote: Host
+    http: httpx.Client
+    cancel: threading.Event
+    say: Callable[[str], None]  # progress line (already prefixed by the caller)
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def paths(self) -> ServicePaths:
+        return ServicePaths(self.service.name)
+
+    def check_cancel(self) -> None:
+        if self.cancel.is_set():
+            raise Interrupted()
+
+    def run(self, cmd: Cmd, check: bool = True, timeout: float | None = None) -> str:
+        return self.remote.run(cmd, timeout=timeout, check=check).stdout
+
+    def audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
+        line = audit.audit_line(self.inv_host.name, self.service.name, action, release_id, result, detail)
+        audit.append_local(line)
+        try:
+            self.remote.run(audit.append_host_cmd(line), check=False, timeout=30)
+        except OpsctlError:
+            pass  # host gone: the local line still records it
+
+
+def read_facts(ctx: ServiceContext) -> ReleaseFacts:
+    return release.parse_release_facts(ctx.run(release.facts_cmd(ctx.paths)))
+
+
+def _render(
+    ctx: ServiceContext, release_id: str, reveal: bool
+) -> tuple[dict[str, str], dict[str, int], tuple[str, ...]]:
+    from opsctl.render import Secrets, render_service
+
+    rendered = render_service(ctx.inv_host, ctx.service, release_id, Secrets.REVEAL if reveal else Secrets.MASK)
+    files = {f.name: f.text for f in rendered.files}
+    modes = {f.name: f.mode for f in rendered.files}
+    return files, modes, tuple(rendered.exec_start)
+
+
+def config_hash_for(ctx: ServiceContext, wheel: RuntimeWheel) -> str:
+    # Rendered with secrets masked and a placeholder id: the hash never depends on a secret nor on its own id.
+    files, _, argv = _render(ctx, release.PLACEHOLDER_ID, reveal=False)
+    files = {k: v.replace(release.PLACEHOLDER_ID, "<release>") for k, v in files.items()}
+    argv = tuple(a.replace(release.PLACEHOLDER_ID, "<release>") for a in argv)
+    return release.config_hash(files, argv, wheel.sha256)
+
+
+def _gate(ctx: ServiceContext, settings: DeploySettings, baseline_restarts: int) -> GateResult:
+    svc = ctx.service
+    config = GateConfig(
+        timeout=settings.health_timeout if settings.health_timeout is not None else svc.health_timeout,
+        readiness_delay=settings.readiness_delay if settings.readiness_delay is not None else svc.readiness_delay,
+        poll_s=settings.poll_s,
+    )
+    url = health.health_url(ctx.inv_host, svc)
+    return health_gate(
+        read_unit=lambda: parse_show(ctx.run(show_cmd(ctx.paths.unit_name))),
+        probe=lambda: health.probe(ctx.http, url, timeout=5.0),
+        baseline_restarts=baseline_restarts,
+        config=config,
+        sleep=time.sleep,
+        cancelled=ctx.cancel.is_set,
+    )
+
+
+def _restart(ctx: ServiceContext, release_id: str) -> int:
+    """Switch current, install the unit, reload, restart; returns NRestarts right after the restart."""
+    paths = ctx.paths
+    ctx.run(release.switch_cmd(paths, release_id))
+    ctx.run(release.install_unit_cmd(paths, release_id))
+    ctx.run(Cmd.of("systemctl", "daemon-reload", sudo=True))
+    ctx.run(Cmd.of("systemctl", "enable", "--quiet", "--", paths.unit_name, sudo=True), check=False)
+    ctx.run(Cmd.of("systemctl", "restart", "--", paths.unit_name, sudo=True))
+    return parse_show(ctx.run(show_cmd(paths.unit_name))).n_restarts
+
+
+def journal_tail(ctx: ServiceContext, lines: int = JOURNAL_TAIL_LINES) -> str:
+    try:
+        return ctx.run(
+            Cmd.of("journalctl", "-u", ctx.paths.unit_name, "-n", str(lines), "--no-pager", "-o", "cat", sudo=True),
+            check=False,
+            timeout=30,
+        ).rstrip()
+    except OpsctlError:
+        return ""
+
+
+def _stop_and_remove(ctx: ServiceContext) -> None:
+    """First deploy failed with nothing to go back to: stop the unit and remove what this deploy installed."""
+    p = ctx.paths
+    ctx.run(Cmd.of("systemctl", "disable", "--now", "--quiet", "--", p.unit_name, sudo=True), check=False)
+    ctx.run(Cmd.of("rm", "-f", "--", p.current, p.installed_unit, sudo=True), check=False)
+    ctx.run(Cmd.of("systemctl", "daemon-reload", sudo=True), check=False)
+    ctx.run(Cmd.of("systemctl", "reset-failed", "--", p.unit_name, sudo=True), check=False)
+
+
+def _plan(ctx: ServiceContext, facts: ReleaseFacts, new_id: str) -> list[str]:
+    """Human plan lines: the release switch and a diff of each file against the current release."""
+    lines = [f"release {facts.current or '(none)'} -> {new_id}"]
+    files, _, argv = _render(ctx, new_id, reveal=False)
+    for name, text in files.items():
+        old = ""
+        if facts.current:
+            try:
+                old = ctx.remote.get_text(ctx.paths.release_file(facts.current, name))
+            except OpsctlError:
+                old = ""
+        if name == "env" or "api-key" in text or "api_key" in text:
+            # May hold secrets: never printed, only whether it changes (compared with the id normalised).
+            lines.append(f"{name}: (content not shown: may hold secrets)")
+            continue
+        if facts.current:
+            old = old.replace(facts.current, new_id)
+        diff = list(
+            difflib.unified_diff(old.splitlines(), text.splitlines(), f"current/{name}", f"new/{name}", lineterm="")
+        )
+        lines += diff if diff else [f"{name}: unchanged"]
+    lines += [
+        f"stage {ctx.paths.release(new_id)} (pip install --target site from the runtime wheel)",
+        f"systemd-analyze verify {ctx.paths.release_unit(new_id)}",
+        f"switch {ctx.paths.current} -> releases/{new_id}; install {ctx.paths.installed_unit}; daemon-reload",
+        f"restart {ctx.paths.unit_name}; health gate; smoke gate",
+        "ExecStart " + " ".join(argv),
+    ]
+    return lines
+
+
+def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySettings) -> ServiceResult:
+    start = time.monotonic()
+    host, svc, paths = ctx.inv_host.name, ctx.service.name, ctx.paths
+    result = ServiceResult(host, svc, Outcome.FAILED)
+    facts = read_facts(ctx)
+    result.previous = facts.current
+    chash = config_hash_for(ctx, wheel)
+    new_id = release.new_release_id(ctx.now, chash)
+    if facts.current_hash == chash and not settings.force:
+        result.outcome, result.release = Outcome.UNCHANGED, facts.current
+        result.message = f"unchanged (release {facts.current}): nothing restarted"
+        if not settings.plan:
+            ctx.audit("deploy", facts.current, "unchanged")
+        return result
+    if settings.plan:
+        result.outcome, result.release = Outcome.PLANNED, new_id
+        result.plan = _plan(ctx, facts, new_id)
+        result.message = f"would deploy {new_id} (current: {facts.current or 'none'})"
+        return result
+
+    result.release = new_id
+    ctx.audit("deploy-start", new_id, "started", f"previous={facts.current or '-'} mode={ctx.service.mode.value}")
+    # --- stage (nothing live changes yet) ---
+    ctx.check_cancel()
+    ctx.say(f"staging {new_id}")
+    try:
+        files, modes, argv = _render(ctx, new_id, reveal=True)
+        ctx.run(Cmd.of("mkdir", "-p", "--", paths.release(new_id), sudo=True))
+        for name, text in files.items():
+            ctx.remote.put_text(text, paths.release_file(new_id, name), modes[name])
+        ensure_on_host(ctx.remote, wheel)
+        ctx.check_cancel()
+        ctx.run(release.pip_install_cmd(ctx.inv_host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)
+        masked, _, _ = _render(ctx, new_id, reveal=False)
+        manifest = Manifest(
+            release_id=new_id, service=svc, host=host, mode=ctx.service.mode.value, engine=ctx.service.engine.value,
+            config_hash=chash, created_at=ctx.now.strftime("%Y-%m-%dT%H:%M:%SZ"), runtime_wheel=wheel.name,
+            runtime_sha256=wheel.sha256, runtime_version=wheel.version, opsctl_version=__version__, argv=argv,
+            files=release.file_digests(masked),
+        )  # fmt: skip
+        ctx.remote.put_text(manifest.to_json(), f"{paths.release(new_id)}/{release.MANIFEST}", 0o644)
+        out = ctx.remote.run(release.verify_unit_cmd(paths, new_id), check=False)
+        if not out.ok or out.stdout.strip():
+            raise DeployError(
+                f"systemd-analyze verify rejected the unit: {out.stdout.strip()[:400] or f'exit {out.exit_code}'}",
+                "fix the service's settings in the inventory (see `opsctl render`)",
+            )
+        result.timings["stage_s"] = time.monotonic() - start
+    except Interrupted:
+        _mark_bad(ctx, new_id, "interrupted while staging")
+        result.outcome, result.message = Outcome.INTERRUPTED, "interrupted while staging: nothing switched"
+        ctx.audit("deploy", new_id, "interrupted", "while staging")
+        return result
+    except UnreachableError as exc:
+        result.outcome, result.message = Outcome.UNREACHABLE, exc.one_line()
+        audit.append_local(audit.audit_line(host, svc, "deploy", new_id, "unreachable", exc.one_line()))
+        return result
+    except OpsctlError as exc:
+        _mark_bad(ctx, new_id, f"staging failed: {exc.message}")
+        result.outcome, result.message = Outcome.FAILED, f"staging failed, nothing switched: {exc.one_line()}"
+        ctx.audit("deploy", new_id, "failed", result.message)
+        return result
+
+    # --- go live ---
+    reason = ""
+    try:
+        ctx.check_cancel()
+        ctx.say(f"switching to {new_id} and restarting {paths.unit_name}")
+        t_restart = time.monotonic()
+        baseline = _restart(ctx, new_id)
+        result.timings["restart_s"] = time.monotonic() - t_restart
+        gate = _gate(ctx, settings, baseline)
+        if gate.ok:
+            result.timings["healthy_s"] = gate.time_to_healthy or 0.0
+            ctx.say(f"healthy after {gate.time_to_healthy:.1f}s; re-checked after the readiness delay")
+            if settings.smoke:
+                ctx.check_cancel()
+                t_smoke = time.monotonic()
+                smoke = smoke_service(
+                    ctx.http, host, svc, health.base_url(ctx.inv_host, ctx.service),
+                    health.auth_headers(ctx.service.api_key),
+                )  # fmt: skip
+                result.timings["smoke_s"] = time.monotonic() - t_smoke
+                if not smoke.ok:
+                    reason = "smoke gate failed: " + "; ".join(smoke.reasons)
+                else:
+                    ctx.say(f"smoke ok: {smoke.text.strip()[:60]!r}")
+        else:
+            reason = f"health gate failed: {gate.reason}"
+        ctx.check_cancel()
+    except Interrupted:
+        reason = "interrupted"
+    except UnreachableError as exc:
+        result.outcome, result.message = Outcome.UNREACHABLE, f"host became unreachable mid-deploy: {exc.one_line()}"
+        audit.append_local(audit.audit_line(host, svc, "deploy", new_id, "unreachable", exc.one_line()))
+        result.timings["total_s"] = time.monotonic() - start
+        return result
+    except OpsctlError as exc:
+        reason = exc.one_line()
+
+    if not reason:
+        pruned = _prune(ctx, settings.keep)
+        result.outcome = Outcome.DEPLOYED
+        result.message = f"deployed {new_id}" + (f" (pruned {len(pruned)} old releases)" if pruned else "")
+        result.timings["total_s"] = time.monotonic() - start
+        ctx.audit("deploy", new_id, "ok", f"previous={facts.current or '-'}")
+        return result
+
+    # --- failure after the switch: roll back ---
+    result.journal_tail = journal_tail(ctx)
+    ctx.say(f"FAILED: {reason}")
+    result.outcome, result.message = _roll_back_after_failure(ctx, settings, facts.current, new_id, reason)
+    result.timings["total_s"] = time.monotonic() - start
+    return result
+
+
+def _mark_bad(ctx: ServiceContext, release_id: str, why: str) -> None:
+    try:
+        ctx.run(release.mark_bad_cmd(ctx.paths, release_id, why), check=False)
+    except OpsctlError:
+        pass
+
+
+def _roll_back_after_failure(
+    ctx: ServiceContext, settings: DeploySettings, previous: str | None, failed: str, reason: str
+) -> tuple[Outcome, str]:
+    interrupted = reason == "interrupted"
+    try:
+        _mark_bad(ctx, failed, reason)
+        if previous is None:
+            _stop_and_remove(ctx)
+            ctx.audit("deploy", failed, "failed", f"{reason}; no previous release: service stopped")
+            outcome = Outcome.INTERRUPTED if interrupted else Outcome.FAILED
+            return outcome, f"{reason}; no previous release to roll back to: service stopped"
+        ctx.say(f"rolling back to {previous}")
+        baseline = _restart(ctx, previous)
+        # A shorter re-check: this release served before; the point is to confirm it answers again.
+        quick = replace(settings, readiness_delay=min(ctx.service.readiness_delay, 5.0))
+        gate = _gate(ctx, quick, baseline)
+    except UnreachableError as exc:
+        return Outcome.UNREACHABLE, f"{reason}; rollback impossible: {exc.one_line()}"
+    except OpsctlError as exc:
+        ctx.audit("rollback-auto", previous, "failed", f"{reason}; {exc.one_line()}")
+        return Outcome.FAILED, f"{reason}; rollback to {previous} failed: {exc.one_line()}"
+    if not gate.ok:
+        ctx.audit("rollback-auto", previous, "failed", f"{reason}; previous unhealthy: {gate.reason}")
+        return Outcome.FAILED, f"{reason}; rolled back to {previous} but it is not healthy: {gate.reason}"
+    ctx.audit("rollback-auto", previous, "ok", reason)
+    if interrupted:
+        return Outcome.INTERRUPTED, f"interrupted: {previous} restored and healthy; {failed} marked bad"
+    return Outcome.ROLLED_BACK, f"{reason}; rolled back to {previous} (healthy); {failed} marked bad"
+
+
+def _prune(ctx: ServiceContext, keep: int) -> list[str]:
+    try:
+        facts = read_facts(ctx)
+        doomed = release.plan_prune(facts, keep)
+        if doomed:
+            ctx.run(release.remove_releases_cmd(ctx.paths, doomed))
+        return doomed
+    except OpsctlError:
+        return []
+
+
+def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | None = None) -> ServiceResult:
+    """Back to the previous good release (or `to`), health gated; the old current is restored if that fails."""
+    start = time.monotonic()
+    host, svc = ctx.inv_host.name, ctx.service.name
+    result = ServiceResult(host, svc, Outcome.FAILED)
+    facts = read_facts(ctx)
+    result.previous = facts.current
+    if to is not None:
+        release.ReleaseId.parse(to)
+        entry = facts.entry(to)
+        if entry is None or not entry.complete:
+            raise DeployError(f"{host}/{svc}: no complete release {to}", f"see `opsctl status` for {svc}'s releases")
+        if to == facts.current:
+            raise DeployError(f"{host}/{svc}: {to} is already current", "nothing to roll back")
+        target = to
+    else:
+        found = facts.previous_good()
+        if found is None:
+            raise DeployError(
+                f"{host}/{svc}: nothing to roll back to (no good release older than {facts.current or 'none'})",
+                "deploy a fixed configuration instead",
+            )
+        target = found
+    result.release = target
+    if settings.plan:
+        result.outcome, result.message = Outcome.PLANNED, f"would roll back {facts.current} -> {target}"
+        return result
+    ctx.say(f"rolling back {facts.current} -> {target}")
+    baseline = _restart(ctx, target)
+    gate = _gate(ctx, settings, baseline)
+    result.timings["total_s"] = time.monotonic() - start
+    if gate.ok:
+        ctx.audit("rollback", target, "ok", f"from={facts.current or '-'}")
+        result.outcome, result.message = Outcome.DEPLOYED, f"rolled back to {target} (healthy)"
+        return result
+    result.journal_tail = journal_tail(ctx)
+    if facts.current:
+        _mark_bad(ctx, target, f"rollback target unhealthy: {gate.reason}")
+        baseline = _restart(ctx, facts.current)
+        _gate(ctx, settings, baseline)
+    ctx.audit("rollback", target, "failed", gate.reason)
+    result.outcome = Outcome.FAILED
+    result.message = f"{target} failed its health gate ({gate.reason}); {facts.current} restored"
+    return result

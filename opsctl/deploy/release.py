@@ -1,0 +1,270 @@
+"""Releases: ids, host layout, manifest, the facts read from a host, and pruning. Pure, except nothing.
+
+A release id is `<UTC time>-<config hash>` (`20261129T221500Z-3f9c0a1b2c4d`): it sorts by time, and the hash
+says whether two releases carry the same configuration, so an unchanged deploy is detected from the id alone.
+The hash covers the rendered files, the argv and the runtime wheel's sha256, rendered with a placeholder id so
+it does not depend on the id it is part of.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+from opsctl import layout
+from opsctl.commands import Cmd, sh
+from opsctl.errors import DeployError
+
+PLACEHOLDER_ID = "00000000T000000Z-000000000000"  # used to render for hashing (same length as real ids)
+HASH_LEN = 12
+_ID = re.compile(r"^(\d{8}T\d{6}Z)-([0-9a-f]{12})$")
+BAD_MARKER = "BAD"  # a file in a release dir: the release failed its gates; its content says why
+MANIFEST = "manifest.json"
+DEFAULT_KEEP = 5
+
+
+def config_hash(files: Mapping[str, str], argv: tuple[str, ...], runtime_sha256: str) -> str:
+    """Stable hash of everything that defines a release (files by name, argv, runtime wheel)."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(f"file {name} {len(files[name])}\n".encode())
+        digest.update(files[name].encode())
+    digest.update(("argv " + "\0".join(argv) + "\n").encode())
+    digest.update(f"runtime {runtime_sha256}\n".encode())
+    return digest.hexdigest()[:HASH_LEN]
+
+
+def new_release_id(now: datetime, chash: str) -> str:
+    if len(chash) != HASH_LEN:
+        raise ValueError(f"config hash must be {HASH_LEN} hex chars: {chash!r}")
+    return f"{now.astimezone(UTC).strftime('%Y%m%dT%H%M%SZ')}-{chash}"
+
+
+@dataclass(frozen=True, order=True)
+class ReleaseId:
+    time: datetime
+    chash: str
+
+    @staticmethod
+    def parse(text: str) -> ReleaseId:
+        match = _ID.match(text)
+        if not match:
+            raise DeployError(f"not a release id: {text!r}", "release ids look like 20261129T221500Z-3f9c0a1b2c4d")
+        when = datetime.strptime(match.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+        return ReleaseId(when, match.group(2))
+
+    def __str__(self) -> str:
+        return new_release_id(self.time, self.chash)
+
+
+def is_release_id(text: str) -> bool:
+    return bool(_ID.match(text))
+
+
+@dataclass(frozen=True)
+class ServicePaths:
+    """Where one service's releases live on its host."""
+
+    service: str
+
+    @property
+    def root(self) -> str:
+        return layout.service_root(self.service)
+
+    @property
+    def releases(self) -> str:
+        return layout.releases_dir(self.service)
+
+    @property
+    def current(self) -> str:
+        return layout.current_link(self.service)
+
+    @property
+    def unit_name(self) -> str:
+        return layout.unit_name(self.service)
+
+    @property
+    def installed_unit(self) -> str:
+        return layout.unit_path(self.service)
+
+    def release(self, release_id: str) -> str:
+        return layout.release_dir(self.service, release_id)
+
+    def release_unit(self, release_id: str) -> str:
+        # Named like the unit so `systemd-analyze verify` accepts it as a .service file.
+        return f"{self.release(release_id)}/{self.unit_name}"
+
+    def release_file(self, release_id: str, name: str) -> str:
+        return f"{self.release(release_id)}/{self.unit_name if name == 'unit' else name}"
+
+    def site(self, release_id: str) -> str:
+        return f"{self.release(release_id)}/site"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """manifest.json of a release: what it is, written last when staging completed."""
+
+    release_id: str
+    service: str
+    host: str
+    mode: str
+    engine: str
+    config_hash: str
+    created_at: str  # ISO 8601 UTC
+    runtime_wheel: str  # file name of the installed ddtree-runtime wheel
+    runtime_sha256: str
+    runtime_version: str
+    opsctl_version: str
+    argv: tuple[str, ...]
+    files: dict[str, str] = field(default_factory=dict)  # name -> sha256 of the content
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @staticmethod
+    def from_json(text: str) -> Manifest:
+        try:
+            data = json.loads(text)
+            data["argv"] = tuple(data.get("argv", ()))
+            return Manifest(**data)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise DeployError(f"unreadable release manifest: {exc}", "the release dir may be damaged") from None
+
+
+def file_digests(files: Mapping[str, str]) -> dict[str, str]:
+    return {name: hashlib.sha256(text.encode()).hexdigest() for name, text in sorted(files.items())}
+
+
+def wheel_version(wheel_name: str) -> str:
+    """`ddtree_runtime-0.1.0-py3-none-any.whl` -> `0.1.0`."""
+    parts = wheel_name.split("-")
+    return parts[1] if len(parts) >= 5 and wheel_name.endswith(".whl") else "unknown"
+
+
+# ---------------------------------------------------------------- facts read from the host
+
+
+@dataclass(frozen=True)
+class ReleaseEntry:
+    release_id: str
+    bad: bool
+    complete: bool  # manifest.json present (staging finished)
+
+
+@dataclass(frozen=True)
+class ReleaseFacts:
+    current: str | None  # the release id `current` points to
+    releases: tuple[ReleaseEntry, ...]  # sorted oldest first
+
+    @property
+    def current_hash(self) -> str | None:
+        return self.current.rsplit("-", 1)[1] if self.current and is_release_id(self.current) else None
+
+    def entry(self, release_id: str) -> ReleaseEntry | None:
+        return next((r for r in self.releases if r.release_id == release_id), None)
+
+    def previous_good(self, before: str | None = None) -> str | None:
+        """The newest complete, not-bad release older than `before` (default: current)."""
+        limit = before if before is not None else self.current
+        candidates = [
+            r.release_id
+            for r in self.releases
+            if r.complete and not r.bad and r.release_id != limit and (limit is None or r.release_id < limit)
+        ]
+        return candidates[-1] if candidates else None
+
+
+def facts_cmd(paths: ServicePaths) -> Cmd:
+    """One round trip: where `current` points and every release with its bad/complete flags."""
+    script = (
+        f'cur=$(readlink {shlex.quote(paths.current)} 2>/dev/null || true); echo "current $cur"; '
+        f'for d in {shlex.quote(paths.releases)}/*/; do [ -d "$d" ] || continue; '
+        'id=$(basename "$d"); b=0; c=0; '
+        f'[ -e "$d{BAD_MARKER}" ] && b=1; [ -e "$d{MANIFEST}" ] && c=1; '
+        'echo "release $id $b $c"; done'
+    )
+    return sh(script, sudo=True)
+
+
+def parse_release_facts(stdout: str) -> ReleaseFacts:
+    """Parse facts_cmd output. Unknown lines and non-release directories are ignored."""
+    current: str | None = None
+    entries: list[ReleaseEntry] = []
+    for line in stdout.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] == "current":
+            target = parts[1] if len(parts) > 1 else ""
+            name = target.rstrip("/").rsplit("/", 1)[-1]
+            current = name if is_release_id(name) else None
+        elif parts[0] == "release" and len(parts) == 4 and is_release_id(parts[1]):
+            entries.append(ReleaseEntry(parts[1], parts[2] == "1", parts[3] == "1"))
+    entries.sort(key=lambda e: e.release_id)
+    return ReleaseFacts(current, tuple(entries))
+
+
+# ---------------------------------------------------------------- commands
+
+
+def switch_cmd(paths: ServicePaths, release_id: str) -> Cmd:
+    """Point `current` at a release atomically: a new symlink, then rename over the old one (mv -T)."""
+    tmp = f"{paths.current}.tmp"
+    return sh(
+        f"ln -sfn releases/{shlex.quote(release_id)} {shlex.quote(tmp)} && mv -T {shlex.quote(tmp)} "
+        f"{shlex.quote(paths.current)}",
+        sudo=True,
+    )
+
+
+def install_unit_cmd(paths: ServicePaths, release_id: str) -> Cmd:
+    return Cmd.of("install", "-m", "0644", paths.release_unit(release_id), paths.installed_unit, sudo=True)
+
+
+def verify_unit_cmd(paths: ServicePaths, release_id: str) -> Cmd:
+    # 2>&1: warnings go to stderr and count as failures too (no output allowed).
+    return sh(f"systemd-analyze verify {shlex.quote(paths.release_unit(release_id))} 2>&1", sudo=True)
+
+
+def pip_install_cmd(venv: str, wheel_path: str, site: str) -> Cmd:
+    """The runtime into the release's own site dir; its dependencies come from the shared venv."""
+    return Cmd.of(
+        f"{venv}/bin/python",
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-index",
+        "--disable-pip-version-check",
+        "--target",
+        site,
+        wheel_path,
+        sudo=True,
+    )
+
+
+def mark_bad_cmd(paths: ServicePaths, release_id: str, reason: str) -> Cmd:
+    marker = f"{paths.release(release_id)}/{BAD_MARKER}"
+    return sh(f"printf '%s\\n' {shlex.quote(reason)} > {shlex.quote(marker)}", sudo=True)
+
+
+def remove_releases_cmd(paths: ServicePaths, release_ids: list[str]) -> Cmd:
+    return Cmd.of("rm", "-rf", "--", *[paths.release(r) for r in release_ids], sudo=True)
+
+
+def plan_prune(facts: ReleaseFacts, keep: int, protect: tuple[str, ...] = ()) -> list[str]:
+    """Release ids to delete: all but the `keep` newest, never current nor anything in `protect`."""
+    if keep < 1:
+        raise DeployError(f"keep_releases must be >= 1, got {keep}")
+    ids = [r.release_id for r in facts.releases]
+    keep_set = set(ids[-keep:]) | set(protect)
+    if facts.current:
+        keep_set.add(facts.current)
+    return [r for r in ids if r not in keep_set]

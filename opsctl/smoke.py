@@ -1,0 +1,317 @@
+"""Smoke test and equivalence check of a service over its OpenAI-compatible API.
+
+Judging is pure (`judge_chat`, `compare_tokens`, `summarize_equivalence`), so every pass/fail rule is unit
+tested on recorded responses; the request functions only fetch. Smoke requests disable thinking
+(`chat_template_kwargs: {"enable_thinking": false}`) and accept text in either `content` or
+`reasoning_content` (Qwen3.6 answers in a thinking block by default).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from opsctl.errors import SmokeError
+
+SMOKE_PROMPT = "What is 2+2? Answer with just the number."
+SMOKE_MAX_TOKENS = 32
+GOOD_FINISH = ("stop", "length")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reasons: tuple[str, ...]  # why it failed (empty when ok)
+    text: str  # content, or reasoning_content when content is empty
+    finish_reason: str | None
+    completion_tokens: int | None
+
+
+def judge_chat(status_code: int, body: Any) -> Verdict:
+    """Pass only if HTTP 200, finish_reason stop|length, completion_tokens > 0, content or reasoning non-empty."""
+    reasons: list[str] = []
+    if status_code != 200:
+        detail = ""
+        if isinstance(body, Mapping):
+            err = body.get("error", body.get("message", body.get("detail")))
+            detail = f": {err.get('message', err) if isinstance(err, Mapping) else err}" if err else ""
+        return Verdict(False, (f"HTTP {status_code}{detail}",), "", None, None)
+    if not isinstance(body, Mapping):
+        return Verdict(False, ("response is not a JSON object",), "", None, None)
+    choices = body.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], Mapping) else None
+    if choice is None:
+        reasons.append("no choices in the response")
+    message = choice.get("message") if choice else None
+    message = message if isinstance(message, Mapping) else {}
+    content = message.get("content") or ""
+    reasoning = message.get("reasoning_content") or ""
+    text = (
+        content if isinstance(content, str) and content.strip() else (reasoning if isinstance(reasoning, str) else "")
+    )
+    finish = choice.get("finish_reason") if choice else None
+    if choice is not None and finish not in GOOD_FINISH:
+        reasons.append(f"finish_reason is {finish!r}, expected stop or length")
+    usage = body.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
+    if not isinstance(tokens, int) or isinstance(tokens, bool):
+        reasons.append("usage.completion_tokens missing")
+        tokens = None
+    elif tokens <= 0:
+        reasons.append(f"completion_tokens is {tokens}")
+    if choice is not None and not text.strip():
+        reasons.append("content and reasoning_content are both empty")
+    return Verdict(not reasons, tuple(reasons), text, finish if isinstance(finish, str) else None, tokens)
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    host: str
+    service: str
+    model: str | None
+    ok: bool
+    reasons: tuple[str, ...]
+    text: str
+    finish_reason: str | None
+    completion_tokens: int | None
+    latency_s: float
+
+
+def chat_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+
+
+def first_model(client: httpx.Client, base: str, headers: Mapping[str, str], timeout: float) -> str:
+    """The served model name from /v1/models (the name every request must carry)."""
+    try:
+        response = client.get(f"{base}/v1/models", headers=dict(headers), timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise SmokeError(f"{base}/v1/models: {type(exc).__name__}: {exc}", "is the service running?") from None
+    if response.status_code != 200:
+        raise SmokeError(f"{base}/v1/models: HTTP {response.status_code}", "check the API key and the service")
+    try:
+        data = response.json()["data"]
+        return str(data[0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise SmokeError(f"{base}/v1/models: no model listed", "check the server's --served-model-name") from None
+
+
+def smoke_service(
+    client: httpx.Client,
+    host: str,
+    service: str,
+    base: str,
+    headers: Mapping[str, str],
+    prompt: str = SMOKE_PROMPT,
+    max_tokens: int = SMOKE_MAX_TOKENS,
+    timeout: float = 120.0,
+) -> SmokeResult:
+    """/v1/models then one chat completion at temperature 0, judged by `judge_chat`."""
+    start = time.monotonic()
+    try:
+        model = first_model(client, base, headers, timeout)
+    except SmokeError as exc:
+        return SmokeResult(host, service, None, False, (exc.message,), "", None, None, time.monotonic() - start)
+    try:
+        response = client.post(
+            f"{base}/v1/chat/completions", json=chat_body(model, prompt, max_tokens), headers=dict(headers),
+            timeout=timeout,
+        )  # fmt: skip
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = None
+        verdict = judge_chat(response.status_code, body)
+    except httpx.HTTPError as exc:
+        verdict = Verdict(False, (f"{type(exc).__name__}: {exc}",), "", None, None)
+    return SmokeResult(
+        host, service, model, verdict.ok, verdict.reasons, verdict.text, verdict.finish_reason,
+        verdict.completion_tokens, time.monotonic() - start,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- equivalence
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+    max_tokens: int = 64
+
+
+def load_prompts(path: Path | None = None) -> list[Prompt]:
+    """The user's YAML prompt file, or the shipped default set (opsctl/data/prompts/equivalence.yaml).
+
+    Format: `prompts: [{id: name, prompt: text, max_tokens: 64}, ...]` (max_tokens optional).
+    """
+    if path is None:
+        text = resources.files("opsctl").joinpath("data/prompts/equivalence.yaml").read_text()
+        where = "the shipped prompt set"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise SmokeError(f"cannot read prompt file {path}: {exc.strerror}", "check the --prompts path") from None
+        where = str(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SmokeError(f"{where}: not valid YAML: {str(exc).splitlines()[0]}", "fix the file") from None
+    items = data.get("prompts") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not items:
+        raise SmokeError(f"{where}: expected `prompts:` with a non-empty list", "see docs/deploy.md for the format")
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
+            raise SmokeError(f"{where}: prompts[{i}] needs a non-empty `prompt` string", "fix the file")
+        unknown = set(item) - {"id", "prompt", "max_tokens"}
+        if unknown:
+            raise SmokeError(f"{where}: prompts[{i}]: unknown keys {sorted(unknown)}", "use id, prompt, max_tokens")
+        pid = str(item.get("id", f"p{i}"))
+        if pid in seen:
+            raise SmokeError(f"{where}: prompts[{i}]: duplicate id {pid!r}", "ids must be unique")
+        seen.add(pid)
+        max_tokens = item.get("max_tokens", 64)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 4096:
+            raise SmokeError(f"{where}: prompts[{i}].max_tokens must be an integer 1..4096", "fix the file")
+        prompts.append(Prompt(pid, item["prompt"], max_tokens))
+    return prompts
+
+
+@dataclass(frozen=True)
+class Generation:
+    ids: tuple[int, ...] | None  # output token ids (None when the server returned only text)
+    text: str
+    via: str  # "generate+chat-template" | "generate+text"
+
+
+@dataclass(frozen=True)
+class PromptAgreement:
+    id: str
+    equal: bool
+    first_divergence: int | None  # index of the first differing token (or char, text mode); None when equal
+    length_service: int
+    length_baseline: int
+    unit: str  # "tokens" | "chars"
+
+
+def first_divergence(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """First index where the sequences differ (a prefix differs at the shorter length); None if identical."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(prompt_id: str, service: Generation, baseline: Generation) -> PromptAgreement:
+    if service.ids is not None and baseline.ids is not None:
+        at = first_divergence(service.ids, baseline.ids)
+        return PromptAgreement(prompt_id, at is None, at, len(service.ids), len(baseline.ids), "tokens")
+    at = first_divergence(service.text, baseline.text)
+    return PromptAgreement(prompt_id, at is None, at, len(service.text), len(baseline.text), "chars")
+
+
+@dataclass(frozen=True)
+class EquivalenceReport:
+    service: str
+    baseline: str
+    threshold: float  # required fraction of prompts in full agreement
+    prompts: tuple[PromptAgreement, ...] = field(default=())
+    agreement: float = 0.0  # fraction of prompts whose outputs are identical
+    token_agreement: float = 0.0  # fraction of positions equal up to each pair's shorter length
+    passed: bool = False
+
+
+def summarize_equivalence(
+    service: str, baseline: str, results: Sequence[PromptAgreement], threshold: float = 1.0
+) -> EquivalenceReport:
+    if not results:
+        return EquivalenceReport(service, baseline, threshold, (), 0.0, 0.0, False)
+    agree = sum(1 for r in results if r.equal) / len(results)
+    compared = sum(max(r.length_service, r.length_baseline) for r in results)
+    matched = sum(
+        max(r.length_service, r.length_baseline) if r.first_divergence is None else r.first_divergence for r in results
+    )
+    tok = matched / compared if compared else 1.0
+    return EquivalenceReport(service, baseline, threshold, tuple(results), agree, tok, agree >= threshold - 1e-12)
+
+
+def _post(client: httpx.Client, url: str, body: dict[str, Any], headers: Mapping[str, str], timeout: float) -> Any:
+    try:
+        response = client.post(url, json=body, headers=dict(headers), timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise SmokeError(f"{url}: {type(exc).__name__}: {exc}", "is the service running?") from None
+    if response.status_code != 200:
+        raise SmokeError(f"{url}: HTTP {response.status_code}: {response.text[:200]}", "check the service's logs")
+    try:
+        return response.json()
+    except ValueError:
+        raise SmokeError(f"{url}: response is not JSON", "check the service") from None
+
+
+def chat_input_ids(
+    client: httpx.Client, base: str, model: str, prompt: str, headers: Mapping[str, str], timeout: float
+) -> list[int] | None:
+    """The chat-templated prompt's token ids from the server's /tokenize (thinking off), or None if the
+    server has no such endpoint (then equivalence compares plain-text /generate outputs)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "add_generation_prompt": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    for path in ("/tokenize", "/v1/tokenize"):
+        try:
+            response = client.post(f"{base}{path}", json=body, headers=dict(headers), timeout=timeout)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            continue
+        try:
+            tokens = response.json().get("tokens")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens):
+            return tokens
+    return None
+
+
+def generate(
+    client: httpx.Client,
+    base: str,
+    prompt: Prompt,
+    headers: Mapping[str, str],
+    input_ids: list[int] | None,
+    timeout: float = 300.0,
+) -> Generation:
+    """Greedy generation through SGLang's native /generate (token ids out)."""
+    sampling = {"temperature": 0, "max_new_tokens": prompt.max_tokens}
+    body: dict[str, Any] = {"sampling_params": sampling}
+    if input_ids is not None:
+        body["input_ids"] = input_ids
+    else:
+        body["text"] = prompt.text
+    data = _post(client, f"{base}/generate", body, headers, timeout)
+    if isinstance(data, list):  # SGLang answers a batch shape for some inputs
+        data = data[0] if data else {}
+    if not isinstance(data, Mapping):
+        raise SmokeError(f"{base}/generate: unexpected response shape", "check the server version")
+    ids = data.get("output_ids")
+    out_ids = tuple(ids) if isinstance(ids, list) and all(isinstance(t, int) for t in ids) else None
+    via = "generate+chat-template" if input_ids is not None else "generate+text"
+    return Generation(out_ids, str(data.get("text", "")), via)

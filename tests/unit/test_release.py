@@ -1,0 +1,140 @@
+from datetime import UTC, datetime
+
+import pytest
+
+from opsctl.deploy import release
+from opsctl.deploy.release import Manifest, ReleaseId, ServicePaths
+from opsctl.errors import DeployError
+
+NOW = datetime(2026, 11, 29, 22, 15, 0, tzinfo=UTC)
+
+
+def test_config_hash_is_stable_and_sensitive():
+    files = {"unit": "[Service]\nExecStart=x\n", "env": "A=1\n", "server.yaml": "port: 1\n"}
+    h = release.config_hash(files, ("python", "-m", "ddtree.serve"), "abc")
+    assert len(h) == 12 and all(c in "0123456789abcdef" for c in h)
+    assert h == release.config_hash(dict(reversed(list(files.items()))), ("python", "-m", "ddtree.serve"), "abc")
+    assert h != release.config_hash({**files, "env": "A=2\n"}, ("python", "-m", "ddtree.serve"), "abc")
+    assert h != release.config_hash(files, ("python", "-m", "ddtree.serve", "--x"), "abc")
+    assert h != release.config_hash(files, ("python", "-m", "ddtree.serve"), "abd")
+    # a boundary shift between two files must change the hash
+    assert release.config_hash({"a": "xy", "b": ""}, (), "") != release.config_hash({"a": "x", "b": "y"}, (), "")
+
+
+def test_release_id_roundtrip_and_sorting():
+    rid = release.new_release_id(NOW, "0123456789ab")
+    assert rid == "20261129T221500Z-0123456789ab"
+    parsed = ReleaseId.parse(rid)
+    assert parsed.time == NOW and parsed.chash == "0123456789ab" and str(parsed) == rid
+    later = release.new_release_id(datetime(2026, 11, 29, 22, 15, 1, tzinfo=UTC), "000000000000")
+    assert sorted([later, rid]) == [rid, later]
+    assert len(release.PLACEHOLDER_ID) == len(rid)
+
+
+@pytest.mark.parametrize("bad", ["", "latest", "20261129T221500Z", "20261129T221500Z-XYZ", "2026-11-29-0123456789ab"])
+def test_release_id_rejects_garbage(bad):
+    with pytest.raises(DeployError, match="not a release id"):
+        ReleaseId.parse(bad)
+
+
+def test_new_release_id_needs_full_hash():
+    with pytest.raises(ValueError):
+        release.new_release_id(NOW, "abc")
+
+
+def test_paths():
+    p = ServicePaths("gpu0")
+    assert p.current == "/opt/opsctl/services/gpu0/current"
+    assert p.release("R") == "/opt/opsctl/services/gpu0/releases/R"
+    assert p.release_unit("R") == "/opt/opsctl/services/gpu0/releases/R/opsctl-gpu0.service"
+    assert p.release_file("R", "env") == "/opt/opsctl/services/gpu0/releases/R/env"
+    assert p.release_file("R", "unit") == p.release_unit("R")
+    assert p.installed_unit == "/etc/systemd/system/opsctl-gpu0.service"
+    assert p.site("R") == "/opt/opsctl/services/gpu0/releases/R/site"
+
+
+def test_manifest_roundtrip():
+    m = Manifest(
+        "20261129T221500Z-0123456789ab", "gpu0", "ct200", "tree", "sglang", "0123456789ab", "2026-11-29T22:15:00Z",
+        "ddtree_runtime-0.1.0-py3-none-any.whl", "f" * 64, "0.1.0", "0.1.0", ("python", "-m", "x"), {"unit": "aa"},
+    )  # fmt: skip
+    assert Manifest.from_json(m.to_json()) == m
+    with pytest.raises(DeployError, match="unreadable release manifest"):
+        Manifest.from_json("{not json")
+    with pytest.raises(DeployError):
+        Manifest.from_json('{"release_id": "x"}')
+
+
+def test_wheel_version():
+    assert release.wheel_version("ddtree_runtime-0.1.0-py3-none-any.whl") == "0.1.0"
+    assert release.wheel_version("weird.whl") == "unknown"
+
+
+FACTS = """current /opt/opsctl/services/gpu0/releases/20261129T221500Z-bbbbbbbbbbbb
+release 20261129T220000Z-aaaaaaaaaaaa 0 1
+release 20261129T221500Z-bbbbbbbbbbbb 0 1
+release 20261129T210000Z-cccccccccccc 1 1
+release 20261129T223000Z-dddddddddddd 1 1
+release 20261129T200000Z-eeeeeeeeeeee 0 0
+release notarelease 0 1
+garbage line
+"""
+
+
+def test_parse_release_facts():
+    facts = release.parse_release_facts(FACTS)
+    assert facts.current == "20261129T221500Z-bbbbbbbbbbbb"
+    assert facts.current_hash == "bbbbbbbbbbbb"
+    assert [r.release_id[:15] for r in facts.releases] == [
+        "20261129T200000", "20261129T210000", "20261129T220000", "20261129T221500", "20261129T223000",
+    ]  # fmt: skip
+    assert facts.entry("20261129T210000Z-cccccccccccc").bad
+    assert not facts.entry("20261129T200000Z-eeeeeeeeeeee").complete
+
+
+def test_previous_good_skips_bad_and_incomplete():
+    facts = release.parse_release_facts(FACTS)
+    assert facts.previous_good() == "20261129T220000Z-aaaaaaaaaaaa"
+    assert facts.previous_good("20261129T220000Z-aaaaaaaaaaaa") is None  # older ones are bad or incomplete
+
+
+def test_no_current():
+    facts = release.parse_release_facts("current \n")
+    assert facts.current is None and facts.current_hash is None and facts.releases == ()
+    assert facts.previous_good() is None
+
+
+def test_plan_prune_keeps_newest_and_current():
+    facts = release.parse_release_facts(FACTS)
+    doomed = release.plan_prune(facts, keep=2)
+    # the two newest are 221500 (current) and 223000; everything older goes
+    assert doomed == [
+        "20261129T200000Z-eeeeeeeeeeee", "20261129T210000Z-cccccccccccc", "20261129T220000Z-aaaaaaaaaaaa",
+    ]  # fmt: skip
+    old_current = release.ReleaseFacts("20261129T200000Z-eeeeeeeeeeee", facts.releases)
+    assert "20261129T200000Z-eeeeeeeeeeee" not in release.plan_prune(old_current, keep=1)
+    assert release.plan_prune(facts, keep=5) == []
+    with pytest.raises(DeployError):
+        release.plan_prune(facts, keep=0)
+
+
+def test_commands_exact():
+    p = ServicePaths("gpu0")
+    rid = "20261129T221500Z-0123456789ab"
+    assert release.switch_cmd(p, rid).display() == (
+        "sh -c 'ln -sfn releases/20261129T221500Z-0123456789ab /opt/opsctl/services/gpu0/current.tmp && "
+        "mv -T /opt/opsctl/services/gpu0/current.tmp /opt/opsctl/services/gpu0/current'"
+    )
+    assert release.install_unit_cmd(p, rid).display() == (
+        "install -m 0644 /opt/opsctl/services/gpu0/releases/20261129T221500Z-0123456789ab/opsctl-gpu0.service "
+        "/etc/systemd/system/opsctl-gpu0.service"
+    )
+    assert release.pip_install_cmd("/opt/opsctl/venv", "/opt/opsctl/wheels/w.whl", p.site(rid)).display() == (
+        "/opt/opsctl/venv/bin/python -m pip install --quiet --no-deps --no-index --disable-pip-version-check "
+        "--target /opt/opsctl/services/gpu0/releases/20261129T221500Z-0123456789ab/site /opt/opsctl/wheels/w.whl"
+    )
+    assert release.switch_cmd(p, rid).sudo and release.verify_unit_cmd(p, rid).sudo
+    assert "2>&1" in release.verify_unit_cmd(p, rid).display()
+    assert release.mark_bad_cmd(p, rid, "it's broken").display().endswith(
+        "/opt/opsctl/services/gpu0/releases/20261129T221500Z-0123456789ab/BAD'"
+    )
