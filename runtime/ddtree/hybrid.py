@@ -1,0 +1,224 @@
+"""Exact tree verify through Gated DeltaNet (GDN) layers, and the naive flat-order `unsafe` path.
+
+In a flat forward a recurrent layer advances its state in node order, so a node starts from its previous
+sibling's state and its causal conv window mixes in non-ancestors. Here every node starts from its *parent's*
+state and takes its conv window from its ancestors:
+
+- the per-token projections (qkv, z, a, b) run for all N nodes at once;
+- the causal conv (kernel K = 4) of node i reads its own input and its K-1 nearest ancestors', reaching into
+  the committed conv state near the root (`GDNPlan.conv_index`, a gather, no loop);
+- the delta-rule recurrence runs depth by depth: the nodes of depth d start from their parents' states, which
+  are the previous depth's states gathered by parent slot. Only one depth's states are alive at a time
+  (width x H x d_k x d_v per layer), never one state per node per layer.
+
+The tree forward does not touch the cache. It keeps, per layer, each node's pre-conv input and its recurrence
+inputs (k, v, g, beta: N x (C + H(d_k + d_v + 2)) floats). `commit_gdn` rebuilds the committed state by
+replaying only the accepted path's steps (tau steps per layer), which costs far less memory than keeping
+every node's recurrent state until the walk is done.
+
+`unsafe` runs the same code with the flat chain (parent of node i = node i - 1): what a naive tree verify does.
+It exists to measure the error; its commit still replays the accepted path exactly.
+
+The layer forward is swapped per call by `tree_gdn` (a context manager that restores it on exit).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ddtree.config import HybridMode
+
+if TYPE_CHECKING:
+    from ddtree.verify import HFCompat
+
+__all__ = ["GDNPlan", "GDNStash", "HybridMode", "commit_gdn", "delta_step", "find_gdn_layers", "tree_gdn"]
+
+
+_GDN_ATTRS = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias", "norm", "out_proj")
+
+
+def find_gdn_layers(model: nn.Module) -> list[nn.Module]:
+    """The Gated DeltaNet modules of a transformers Qwen3.5/3.6 model, in layer order."""
+    layers = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+    for m in layers:
+        missing = [a for a in _GDN_ATTRS if not hasattr(m, a)]
+        if missing:
+            raise TypeError(f"unsupported GatedDeltaNet layout {type(m).__name__}: missing {missing}")
+    return sorted(layers, key=lambda m: int(m.layer_idx))
+
+
+@dataclass(frozen=True)
+class GDNPlan:
+    """Index math for one tree, shared by every GDN layer (pure tensors)."""
+
+    parents: Tensor  # [N] parent used by the recurrence (tree parents, or i - 1 when flat)
+    depth_groups: tuple[Tensor, ...]  # node ids processed together, parents always in the previous group
+    slot: Tensor  # [N] position of each node inside its group
+    conv_index: Tensor  # [N, K] rows into [conv_state (K cols) | nodes (N)], oldest first, self last
+
+    @classmethod
+    def build(cls, parents: Tensor, depth_groups: Sequence[Tensor], conv_kernel: int, flat: bool) -> GDNPlan:
+        n = parents.shape[0]
+        dev = parents.device
+        if flat:
+            parents = torch.arange(n, device=dev) - 1
+            depth_groups = tuple(torch.tensor([i], device=dev) for i in range(n))
+        groups = tuple(g.to(dev) for g in depth_groups)
+        slot = torch.empty(n, dtype=torch.long, device=dev)
+        for g in groups:
+            slot[g] = torch.arange(g.shape[0], device=dev)
+        k = conv_kernel
+        # ext rows: 0..K-1 the committed conv state (oldest first), K + i the tree node i.
+        # up[r] = the row one step back in time from row r along the node's ancestry.
+        state_up = torch.arange(k, device=dev) - 1  # state row r -> r - 1 (row 0 is never walked past)
+        node_up = torch.where(parents >= 0, parents + k, torch.full_like(parents, k - 1))
+        up = torch.cat([state_up.clamp(min=0), node_up])  # [K + N]
+        cols = [torch.arange(n, device=dev) + k]  # self
+        for _ in range(k - 1):
+            cols.append(up[cols[-1]])
+        conv_index = torch.stack(cols[::-1], dim=1)  # [N, K] oldest first
+        return cls(parents=parents, depth_groups=groups, slot=slot, conv_index=conv_index)
+
+
+@dataclass(frozen=True)
+class GDNStash:
+    """Per-node inputs of one GDN layer, kept from verify to commit."""
+
+    mixed: Tensor  # [N, C] pre-conv qkv projections (what the conv state stores)
+    key: Tensor  # [N, H_v, d_k] fp32, l2-normalised
+    value: Tensor  # [N, H_v, d_v] fp32
+    g: Tensor  # [N, H_v] fp32 log-decay
+    beta: Tensor  # [N, H_v] fp32
+
+
+def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    # same formula as transformers' (and FLA's) l2norm
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def delta_step(state: Tensor, key: Tensor, value: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+    """One gated delta-rule step for M independent rows (op order as transformers' recurrent kernel).
+
+    state: [M, H, d_k, d_v]; key: [M, H, d_k]; value: [M, H, d_v]; g, beta: [M, H] -> new state."""
+    state = state * g.exp()[..., None, None]
+    kv_mem = (state * key[..., None]).sum(dim=-2)  # [M, H, d_v]
+    delta = (value - kv_mem) * beta[..., None]
+    return state + key[..., None] * delta[..., None, :]
+
+
+def _gdn_tree_forward(
+    mod: nn.Module,
+    plan: GDNPlan,
+    compat: HFCompat,
+    stashes: dict[int, GDNStash],
+    hidden_states: Tensor,  # [1, N, hidden]
+    cache: Any = None,
+    cache_params: Any = None,
+    attention_mask: Tensor | None = None,
+    **_: Any,
+) -> Tensor:
+    cache = cache if cache is not None else cache_params
+    if cache is None:
+        raise RuntimeError("tree verify through a GDN layer needs the committed cache")
+    bsz, n, _h = hidden_states.shape
+    if bsz != 1:
+        raise ValueError("tree verify supports batch size 1")
+    x = hidden_states[0]  # [N, hidden]
+    dtype = x.dtype
+    conv_state, rec_state = compat.gdn_state(cache, mod.layer_idx)  # [1, C, K], [1, H_v, d_k, d_v]
+
+    mixed = mod.in_proj_qkv(x)  # [N, C]
+    z = mod.in_proj_z(x).reshape(n, -1, mod.head_v_dim)  # [N, H_v, d_v]
+    b = mod.in_proj_b(x)  # [N, H_v]
+    a = mod.in_proj_a(x)  # [N, H_v]
+
+    # causal conv over each node's ancestry: ext rows = [conv_state | nodes]
+    ext = torch.cat([conv_state[0].transpose(0, 1).to(mixed.dtype), mixed], dim=0)  # [K + N, C]
+    windows = ext[plan.conv_index]  # [N, K, C]
+    weight = mod.conv1d.weight.squeeze(1)  # [C, K]
+    conv = (windows.to(weight.dtype) * weight.transpose(0, 1)[None]).sum(dim=1)  # [N, C]
+    if mod.conv1d.bias is not None:
+        conv = conv + mod.conv1d.bias
+    conv = _act(mod.activation)(conv).to(dtype)
+
+    q, k, v = torch.split(conv, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
+    q = q.reshape(n, -1, mod.head_k_dim)
+    k = k.reshape(n, -1, mod.head_k_dim)
+    v = v.reshape(n, -1, mod.head_v_dim)
+    rep = mod.num_v_heads // mod.num_k_heads
+    if rep > 1:
+        q = q.repeat_interleave(rep, dim=1)
+        k = k.repeat_interleave(rep, dim=1)
+    beta = b.sigmoid().float()  # [N, H_v]
+    g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)  # [N, H_v]
+    q = _l2norm(q.float()) * (q.shape[-1] ** -0.5)  # [N, H_v, d_k]
+    k = _l2norm(k.float())
+    v = v.float()
+
+    # recurrence depth by depth; `frontier` holds the previous group's states only
+    core = torch.empty(n, mod.num_v_heads, mod.head_v_dim, dtype=torch.float32, device=x.device)
+    frontier = rec_state.float()  # [1, H_v, d_k, d_v], the root's parent state
+    for group in plan.depth_groups:
+        par = plan.parents[group]  # [W]
+        start = frontier[plan.slot[par]] if int(par[0]) >= 0 else frontier.expand(group.shape[0], -1, -1, -1)
+        frontier = delta_step(start, k[group], v[group], g[group], beta[group])  # [W, H_v, d_k, d_v]
+        core[group] = (frontier * q[group][..., None]).sum(dim=-2)  # [W, H_v, d_v]
+    stashes[int(mod.layer_idx)] = GDNStash(mixed=mixed, key=k, value=v, g=g, beta=beta)
+
+    out = mod.norm(core.to(dtype).reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
+    return mod.out_proj(out.reshape(1, n, -1))  # [1, N, hidden]
+
+
+def _act(name: str) -> Any:
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
+
+
+@contextmanager
+def tree_gdn(layers: Sequence[nn.Module], plan: GDNPlan, compat: HFCompat) -> Iterator[dict[int, GDNStash]]:
+    """Within the block, every GDN layer runs the tree forward of `plan`; the original forward comes back on exit.
+
+    Yields the dict that collects each layer's `GDNStash` (filled during the forward)."""
+    stashes: dict[int, GDNStash] = {}
+    saved: list[tuple[nn.Module, Any]] = []
+    try:
+        for mod in layers:
+            saved.append((mod, mod.__dict__.get("forward")))
+            mod.forward = functools.partial(_gdn_tree_forward, mod, plan, compat, stashes)  # type: ignore[method-assign]
+        yield stashes
+    finally:
+        for mod, previous in saved:
+            if previous is None:
+                del mod.forward
+            else:
+                mod.forward = previous  # type: ignore[method-assign]
+
+
+def commit_gdn(
+    layers: Sequence[nn.Module],
+    stashes: dict[int, GDNStash],
+    path: Tensor,  # [A] accepted node ids, root first
+    cache: Any,
+    compat: HFCompat,
+) -> None:
+    """Install the accepted path's final conv and recurrent state in every GDN layer by replaying its steps."""
+    for mod in layers:
+        idx = int(mod.layer_idx)
+        st = stashes[idx]
+        conv_state, rec_state = compat.gdn_state(cache, idx)  # [1, C, K], [1, H_v, d_k, d_v]
+        kernel = conv_state.shape[-1]
+        inputs = st.mixed[path].transpose(0, 1)[None].to(conv_state.dtype)  # [1, C, A]
+        new_conv = torch.cat([conv_state, inputs], dim=-1)[..., -kernel:]  # [1, C, K]
+        state = rec_state.float()
+        for node in path.tolist():
+            state = delta_step(state, st.key[node][None], st.value[node][None], st.g[node][None], st.beta[node][None])
+        compat.set_gdn_state(cache, idx, new_conv, state.to(rec_state.dtype))
