@@ -1,0 +1,157 @@
+"""ddtree.config (DDTREE_* environment) and ddtree.metrics (the exact DDTREE log lines)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from ddtree import __version__
+from ddtree.config import DDTreeConfig, HybridMode, VerifyMode
+from ddtree.metrics import MetricsLog, RoundStats, format_metrics, summarize
+
+pytestmark = pytest.mark.runtime
+
+# --------------------------------------------------------------------------------------- config
+
+
+def test_defaults_from_an_empty_environment():
+    config = DDTreeConfig.from_env({"PATH": "/usr/bin"})
+    assert config == DDTreeConfig(verify=VerifyMode.TREE, budget=32, topk=8, allow_hybrid_unsafe=False, log_interval=50)
+    assert config.verify == "tree"
+
+
+def test_good_values():
+    env = {
+        "DDTREE_VERIFY": "shadow",
+        "DDTREE_BUDGET": "64",
+        "DDTREE_TOPK": " 4 ",
+        "DDTREE_ALLOW_HYBRID_UNSAFE": "1",
+        "DDTREE_LOG_INTERVAL": "10",
+    }
+    config = DDTreeConfig.from_env(env)
+    assert config == DDTreeConfig(
+        verify=VerifyMode.SHADOW, budget=64, topk=4, allow_hybrid_unsafe=True, log_interval=10
+    )
+    assert DDTreeConfig.from_env(config.to_env()) == config
+
+
+def test_empty_values_take_the_default():
+    env = {k: "" for k in DDTreeConfig().to_env()}
+    assert DDTreeConfig.from_env(env) == DDTreeConfig()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("DDTREE_VERIFY", "linear", "DDTREE_VERIFY='linear': expected one of shadow, tree"),
+        ("DDTREE_BUDGET", "abc", "DDTREE_BUDGET='abc': expected an integer >= 1"),
+        ("DDTREE_BUDGET", "0", "DDTREE_BUDGET='0': expected an integer >= 1"),
+        ("DDTREE_BUDGET", "-3", "DDTREE_BUDGET='-3': expected an integer >= 1"),
+        ("DDTREE_TOPK", "1.5", "DDTREE_TOPK='1.5': expected an integer >= 1"),
+        ("DDTREE_ALLOW_HYBRID_UNSAFE", "yes", "DDTREE_ALLOW_HYBRID_UNSAFE='yes': expected 0 or 1"),
+        ("DDTREE_LOG_INTERVAL", "0", "DDTREE_LOG_INTERVAL='0': expected an integer >= 1"),
+    ],
+)
+def test_bad_values_raise_one_line(key: str, value: str, expected: str):
+    with pytest.raises(ValueError) as excinfo:
+        DDTreeConfig.from_env({key: value})
+    assert str(excinfo.value) == expected
+
+
+def test_direct_construction_is_validated():
+    with pytest.raises(ValueError, match="budget"):
+        DDTreeConfig(budget=0)
+    assert DDTreeConfig(verify="shadow").verify is VerifyMode.SHADOW  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------- metrics
+
+R1 = RoundStats(
+    accepted_len=3,
+    nodes=32,
+    depth=5,
+    off_spine=False,
+    draft_ms=1.5,
+    build_ms=0.25,
+    verify_ms=10.0,
+    commit_ms=0.25,
+    width=8,
+)
+R2 = RoundStats(
+    accepted_len=5,
+    nodes=30,
+    depth=7,
+    off_spine=True,
+    draft_ms=2.5,
+    build_ms=0.75,
+    verify_ms=12.0,
+    commit_ms=0.75,
+    width=6,
+)
+METRICS_KEYS = [
+    "rounds",
+    "tokens",
+    "tau",
+    "nodes",
+    "depth",
+    "off_spine",
+    "draft_ms",
+    "build_ms",
+    "verify_ms",
+    "commit_ms",
+    "tok_s",
+    "width",
+]
+
+
+def ddtree_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "ddtree"]
+
+
+def test_log_lines_exact(caplog: pytest.LogCaptureFixture):
+    caplog.set_level(logging.INFO, logger="ddtree")
+    log = MetricsLog(DDTreeConfig(budget=32, topk=8, log_interval=2), block_size=16, hybrid="exact")
+    log.start()
+    for stats in (R1, R2, R1):
+        log.record(stats)
+    log.flush()
+    assert log.flush() is None  # nothing pending
+    assert ddtree_lines(caplog) == [
+        f"DDTREE init mode=tree budget=32 topk=8 block=16 hybrid=exact log_interval=2 version={__version__}",
+        "DDTREE verify completed accept_length=3 nodes=32",
+        "DDTREE metrics rounds=2 tokens=8 tau=4.000 nodes=31.000 depth=6.000 off_spine=0.500 draft_ms=2.000 "
+        "build_ms=0.500 verify_ms=11.000 commit_ms=0.500 tok_s=285.714 width=7.000",
+        "DDTREE metrics rounds=3 tokens=11 tau=3.000 nodes=32.000 depth=5.000 off_spine=0.000 draft_ms=1.500 "
+        "build_ms=0.250 verify_ms=10.000 commit_ms=0.250 tok_s=250.000 width=8.000",
+    ]
+
+
+def test_unsafe_marks_every_metrics_line(caplog: pytest.LogCaptureFixture):
+    caplog.set_level(logging.INFO, logger="ddtree")
+    log = MetricsLog(DDTreeConfig(verify=VerifyMode.SHADOW, log_interval=1), 16, HybridMode.UNSAFE)
+    log.start()
+    log.record(R1)
+    log.record(R2)
+    init, verify, *metrics = ddtree_lines(caplog)
+    assert init.startswith("DDTREE init mode=shadow budget=32 topk=8 block=16 hybrid=unsafe ")
+    assert verify == "DDTREE verify completed accept_length=3 nodes=32"
+    assert len(metrics) == 2
+    assert all(line.endswith(" hybrid=unsafe") for line in metrics)
+
+
+def test_metrics_keys_are_stable_and_parse_as_key_value():
+    line = format_metrics(summarize([R1, R2], 2, 8), HybridMode.NONE)
+    assert line.startswith("DDTREE metrics ")
+    pairs = [p.split("=", 1) for p in line.removeprefix("DDTREE metrics ").split(" ")]
+    assert [k for k, _ in pairs] == METRICS_KEYS
+    values = dict(pairs)
+    assert values["rounds"] == "2" and values["tokens"] == "8"
+    assert all(len(values[k].split(".")[1]) == 3 for k in METRICS_KEYS[2:])  # fixed 3 decimals
+
+
+def test_zero_time_window_reports_zero_throughput():
+    zero = RoundStats(2, 4, 2, False, 0.0, 0.0, 0.0, 0.0)
+    summary = summarize([zero], 1, 2)
+    assert summary.tok_s == 0.0 and summary.tau == 2.0 and summary.width == 0.0
+    with pytest.raises(ValueError):
+        summarize([], 0, 0)
