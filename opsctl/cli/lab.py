@@ -1,0 +1,92 @@
+"""`opsctl lab up|status|down`: disposable local test hosts (systemd-nspawn + SSH). Needs root."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from opsctl.cli.common import JsonOpt, console, emit_json, handle_errors
+from opsctl.errors import LabError
+from opsctl.lab import LabConfig, LabReport, down, status, up
+
+SubnetOpt = Annotated[
+    str, typer.Option("--subnet", help="Private IPv4 range the lab owns (refused if it overlaps a route).")
+]
+LabInventoryOpt = Annotated[
+    Path, typer.Option("--inventory", "-i", help="Where `up` writes the lab inventory.", show_default=True)
+]
+DEFAULTS = LabConfig()
+DEFAULT_SUBNET = str(DEFAULTS.subnet)
+
+
+def _config(subnet: str = DEFAULT_SUBNET, inventory: Path = DEFAULTS.inventory_path) -> LabConfig:
+    try:
+        network = ipaddress.IPv4Network(subnet, strict=True)
+    except ValueError as exc:
+        raise LabError(f"--subnet {subnet!r} is not an IPv4 network: {exc}", "e.g. --subnet 10.213.0.0/24") from None
+    if not network.is_private or network.prefixlen > 28:
+        raise LabError(f"--subnet {subnet} must be a private range of at least /28")
+    return LabConfig(subnet=network, inventory_path=inventory)
+
+
+def _print(report: LabReport) -> None:
+    if not report.hosts:
+        console.print("no lab is running")
+        return
+    for host in report.hosts:
+        ssh = "ssh ok" if host.ssh else "ssh down"
+        console.print(f"{host.name:8} {host.address:15} {host.state:8} {ssh}")
+    if report.inventory:
+        console.print(f"inventory: {report.inventory}")
+
+
+def register(app: typer.Typer) -> None:
+    lab = typer.Typer(
+        name="lab",
+        help="Disposable local test hosts: real systemd + sshd in network namespaces (needs root).",
+        no_args_is_help=True,
+    )
+
+    @lab.command("up")
+    @handle_errors
+    def _up(
+        hosts: Annotated[int, typer.Option("--hosts", min=1, max=32, help="Number of hosts.")] = 2,
+        subnet: SubnetOpt = DEFAULT_SUBNET,
+        inventory: LabInventoryOpt = DEFAULTS.inventory_path,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Boot lab1..labN (idempotent); write the lab inventory."""
+        report = up(_config(subnet, inventory), hosts)
+        if report.rootfs_build_s is not None:
+            console.print(f"built the rootfs in {report.rootfs_build_s:.0f}s ({report.rootfs})")
+        started = ", ".join(report.started) or "none (all running)"
+        console.print(f"started: {started} in {report.up_s or 0:.1f}s")
+        if json_out:
+            emit_json(report)
+        else:
+            _print(report)
+
+    @lab.command("status")
+    @handle_errors
+    def _status(json_out: JsonOpt = False) -> None:
+        """List lab hosts and their state."""
+        report = status(_config())
+        if json_out:
+            emit_json(report)
+        else:
+            _print(report)
+
+    @lab.command("down")
+    @handle_errors
+    def _down(json_out: JsonOpt = False) -> None:
+        """Remove every lab container, namespace, veth, mount and per-host directory (idempotent)."""
+        removed = down(_config())
+        if json_out:
+            emit_json({"removed": removed})
+        else:
+            console.print(f"removed: {', '.join(removed) or 'nothing (no lab)'}")
+
+    app.add_typer(lab)

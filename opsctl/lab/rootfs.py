@@ -1,0 +1,92 @@
+"""The lab hosts' root filesystem: debootstrap once, prepare, cache under cfg.cache_dir.
+
+Every host mounts the cache read-only as the lower layer of its own overlay, so a new host costs no copy.
+The cache directory name includes a hash of the recipe (suite, mirror, packages, preparation version): a
+changed recipe builds a new directory and never modifies one that running hosts use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from opsctl.lab import system
+from opsctl.lab.config import ROOTFS_PACKAGES, ROOTFS_RECIPE, LabConfig
+
+log = logging.getLogger("opsctl.lab")
+
+SSHD_DROP_IN = """\
+# opsctl lab: keys only, no reverse DNS (lab hosts have no resolver)
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UseDNS no
+"""
+
+
+def cache_path(cfg: LabConfig) -> Path:
+    recipe = json.dumps([cfg.suite, cfg.mirror, ROOTFS_PACKAGES, ROOTFS_RECIPE])
+    key = hashlib.sha256(recipe.encode()).hexdigest()[:10]
+    return cfg.cache_dir / f"rootfs-{cfg.suite}-{key}"
+
+
+def ensure(cfg: LabConfig) -> tuple[Path, float | None]:
+    """The cached rootfs, built if missing. Returns (path, build seconds or None when cached)."""
+    path = cache_path(cfg)
+    if path.is_dir():
+        return path, None
+    cfg.cache_dir.mkdir(parents=True, exist_ok=True)
+    with _build_lock(cfg):
+        if path.is_dir():  # built by a concurrent caller while we waited
+            return path, None
+        start = time.monotonic()
+        tmp = cfg.cache_dir / f".build-{path.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.info("building the lab rootfs (%s, about 2 minutes, once)", cfg.suite)
+        try:
+            system.run(
+                "debootstrap",
+                "--variant=minbase",
+                "--include=" + ",".join(ROOTFS_PACKAGES),
+                cfg.suite,
+                str(tmp),
+                cfg.mirror,
+                timeout=1800,
+            )
+            prepare(tmp)
+            os.rename(tmp, path)  # atomic: a cache directory is complete or absent
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return path, time.monotonic() - start
+
+
+def prepare(root: Path) -> None:
+    """Make a debootstrapped tree a template: no host identity (keys, machine-id, hostname) baked in."""
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    (root / "etc/machine-id").write_text("")
+    (root / "etc/hostname").unlink(missing_ok=True)
+    (root / "etc/ssh/sshd_config.d").mkdir(exist_ok=True)
+    (root / "etc/ssh/sshd_config.d/opsctl-lab.conf").write_text(SSHD_DROP_IN)
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    for deb in (root / "var/cache/apt/archives").glob("*.deb"):
+        deb.unlink()
+
+
+@contextlib.contextmanager
+def _build_lock(cfg: LabConfig) -> Iterator[None]:
+    with (cfg.cache_dir / ".build.lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

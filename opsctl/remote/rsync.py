@@ -1,0 +1,68 @@
+"""rsync transport for big files: the OpenSSH client with exactly the settings paramiko uses.
+
+paramiko's SFTP is slow for multi-GB models; rsync over `ssh` is fast and resumable. The ssh command is built
+here as a value so the host-key rule (strict, the inventory's known_hosts only) is the same on both paths.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from opsctl.errors import HostKeyError, OpsctlError, RemoteError, UnreachableError
+from opsctl.inventory.model import SshConfig
+
+if TYPE_CHECKING:
+    from opsctl.remote.ssh import Endpoint
+
+# rsync exit codes that mean the transport failed (not the copy): 255 = ssh itself, 12/10 = stream/socket.
+_TRANSPORT_CODES = {10, 12, 255}
+
+
+def ssh_command(config: SshConfig, known_hosts: Path, key_file: str | None, jump: Endpoint | None) -> list[str]:
+    """`ssh` argv (without destination) for rsync -e. Host keys are already checked/recorded by paramiko,
+    so StrictHostKeyChecking is always yes here."""
+    argv = [
+        "ssh",
+        "-p",
+        str(config.port),
+        *_options(config, known_hosts),
+    ]
+    if key_file:
+        argv += ["-i", key_file, "-o", "IdentitiesOnly=yes"]
+    if jump is not None:
+        hop = ["ssh", "-p", str(jump.port), *_options(config, known_hosts)]
+        if key_file:
+            hop += ["-i", key_file, "-o", "IdentitiesOnly=yes"]
+        hop += ["-W", "%h:%p", f"{jump.user}@{jump.address}"]
+        argv += ["-o", "ProxyCommand=" + shlex.join(hop)]
+    return argv
+
+
+def _options(config: SshConfig, known_hosts: Path) -> list[str]:
+    opts = {
+        "BatchMode": "yes",
+        "StrictHostKeyChecking": "yes",
+        "UserKnownHostsFile": str(known_hosts),
+        "GlobalKnownHostsFile": "/dev/null",
+        "ConnectTimeout": str(max(1, int(config.connect_timeout))),
+        "ServerAliveInterval": str(config.keepalive),
+        "ServerAliveCountMax": "3",
+        "LogLevel": "ERROR",
+    }
+    argv: list[str] = []
+    for key, value in opts.items():
+        argv += ["-o", f"{key}={value}"]
+    return argv
+
+
+def rsync_error(host: str, display: str, code: int, stderr: str) -> OpsctlError:
+    """Translate a failed rsync into the error tree."""
+    text = stderr.strip()
+    if "Host key verification failed" in text or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
+        return HostKeyError(host, f"ssh (rsync) refused the host key: {text.splitlines()[-1]}")
+    if code in _TRANSPORT_CODES:
+        last = text.splitlines()[0] if text else f"rsync exited {code}"
+        return UnreachableError(host, f"rsync transport failed: {last}")
+    return RemoteError(host, display, code, text)

@@ -1,0 +1,395 @@
+"""SSH hosts on paramiko: strict host keys, timeouts, keepalive, retries, jump host, one connection per host.
+
+paramiko is used directly (Fabric's Connection adds nothing we need and hides the channel, which we need for
+timeouts and for killing the remote process group on timeout or Ctrl-C). Every paramiko/socket exception is
+translated into opsctl.errors here and nowhere else.
+
+Remote processes: sshd starts each command's shell as a session leader (setsid), so the shell's pid is the
+process group of everything the command starts. The command first prints that pid on a marker line; on timeout
+or Ctrl-C we `kill -- -PGID` over a second channel, so nothing is left running on the host. (A pty would do it
+through SIGHUP, but a pty merges stderr into stdout and echoes stdin, which carries secrets.)
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import shlex
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import paramiko
+
+from opsctl.commands import Cmd
+from opsctl.errors import CommandTimeout, HostKeyError, RemoteError, UnreachableError
+from opsctl.inventory.model import Host as InventoryHost
+from opsctl.inventory.model import HostKeyPolicy, SshConfig
+from opsctl.remote import base
+from opsctl.remote.base import RunResult
+from opsctl.remote.rsync import rsync_error, ssh_command
+
+log = logging.getLogger("opsctl.remote")
+
+PGID_MARK = "__OPSCTL_PGID__="
+EOF_GRACE_S = 2.0  # after the exit status, how long to wait for the output streams to close
+BACKOFF_S = 0.5  # first retry delay; doubles per attempt
+BACKOFF_MAX_S = 8.0
+_KNOWN_HOSTS_LOCK = threading.Lock()  # one writer of known_hosts files per process
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to connect: address, port, user (the target or a jump host)."""
+
+    address: str
+    port: int
+    user: str
+
+    @staticmethod
+    def parse_jump(text: str, default_user: str) -> Endpoint:
+        """`[user@]host[:port]`."""
+        user, _, rest = text.rpartition("@")
+        host, sep, port = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
+        if not sep:
+            host = rest
+        return Endpoint(host, int(port) if port else 22, user or default_user)
+
+    @property
+    def known_hosts_name(self) -> str:
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    pass
+
+
+class _Policy(paramiko.MissingHostKeyPolicy):
+    """Unknown host keys: refuse (strict) or accept once and append to known_hosts (accept-new).
+
+    A changed key is never accepted: paramiko raises BadHostKeyException before consulting the policy.
+    """
+
+    def __init__(self, policy: HostKeyPolicy, known_hosts: Path) -> None:
+        self.policy = policy
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if self.policy is not HostKeyPolicy.ACCEPT_NEW:
+            raise _UnknownHostKey(f"{hostname} is not in {self.known_hosts} ({_fingerprint(key)})")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with _KNOWN_HOSTS_LOCK:
+            self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+            with self.known_hosts.open("a") as fh:
+                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        log.warning("recorded new host key for %s in %s (%s)", hostname, self.known_hosts, _fingerprint(key))
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+class SshHost:
+    """One inventory host over SSH. Connects lazily; the connection is reused by every call and thread."""
+
+    def __init__(self, host: InventoryHost) -> None:
+        self.name = host.name
+        self.config: SshConfig = host.ssh
+        self.endpoint = Endpoint(host.address, host.ssh.port, host.ssh.user)
+        self.known_hosts = Path(host.ssh.known_hosts_file).expanduser()
+        self.key_file = str(Path(host.ssh.key_file).expanduser()) if host.ssh.key_file else None
+        self.jump = Endpoint.parse_jump(host.ssh.jump_host, host.ssh.user) if host.ssh.jump_host else None
+        self._lock = threading.Lock()
+        self._client: paramiko.SSHClient | None = None
+        self._jump_client: paramiko.SSHClient | None = None
+
+    # -- connection ------------------------------------------------------------------------------------
+
+    @property
+    def as_root(self) -> bool:
+        return self.config.user == "root"
+
+    def open(self) -> SshHost:
+        """Connect now (otherwise the first call connects)."""
+        self._transport()
+        return self
+
+    def _transport(self) -> paramiko.Transport:
+        with self._lock:
+            if self._client is not None:
+                transport = self._client.get_transport()
+                if transport is not None and transport.is_active():
+                    return transport
+                self._close_clients()
+            self._client = self._connect_with_retries()
+            transport = self._client.get_transport()
+            assert transport is not None  # connect() succeeded
+            return transport
+
+    def _connect_with_retries(self) -> paramiko.SSHClient:
+        attempts = max(1, self.config.connect_retries)
+        reason = ""
+        for attempt in range(attempts):
+            try:
+                return self._connect_once()
+            except (_UnknownHostKey, paramiko.BadHostKeyException) as exc:
+                raise HostKeyError(self.name, _host_key_reason(exc, self.known_hosts)) from None
+            except paramiko.AuthenticationException as exc:
+                raise UnreachableError(
+                    self.name,
+                    f"authentication failed for {self.endpoint.user}@{self.endpoint.address}: {exc}",
+                    "check ssh.user and ssh.key_file, and that the key is in the host's authorized_keys",
+                ) from None
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                reason = _describe(exc)
+                self._close_clients()
+                if attempt + 1 < attempts:
+                    delay = min(BACKOFF_S * 2**attempt, BACKOFF_MAX_S)
+                    log.info("%s: connect failed (%s); retry %d in %.1fs", self.name, reason, attempt + 1, delay)
+                    time.sleep(delay)
+        where = f"{self.endpoint.address}:{self.endpoint.port}"
+        raise UnreachableError(self.name, f"{where}: {reason} (after {attempts} attempts)")
+
+    def _connect_once(self) -> paramiko.SSHClient:
+        sock: paramiko.Channel | None = None
+        if self.jump is not None:
+            self._jump_client = self._new_client(self.jump, None)
+            jump_transport = self._jump_client.get_transport()
+            assert jump_transport is not None
+            sock = jump_transport.open_channel(
+                "direct-tcpip",
+                (self.endpoint.address, self.endpoint.port),
+                ("127.0.0.1", 0),
+                timeout=self.config.connect_timeout,
+            )
+        return self._new_client(self.endpoint, sock)
+
+    def _new_client(self, endpoint: Endpoint, sock: paramiko.Channel | None) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        if self.known_hosts.exists():
+            client.load_host_keys(str(self.known_hosts))
+        elif self.config.host_key_policy is HostKeyPolicy.STRICT:
+            raise _UnknownHostKey(f"known_hosts file {self.known_hosts} does not exist")
+        client.set_missing_host_key_policy(_Policy(self.config.host_key_policy, self.known_hosts))
+        timeout = self.config.connect_timeout
+        try:
+            client.connect(
+                endpoint.address,
+                port=endpoint.port,
+                username=endpoint.user,
+                key_filename=self.key_file,
+                allow_agent=self.key_file is None,
+                look_for_keys=self.key_file is None,
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
+                channel_timeout=timeout,
+                sock=sock,
+            )
+        except BaseException:
+            client.close()
+            raise
+        transport = client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(self.config.keepalive)
+        return client
+
+    def _close_clients(self) -> None:
+        for client in (self._client, self._jump_client):
+            if client is not None:
+                client.close()
+        self._client = None
+        self._jump_client = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_clients()
+
+    def __enter__(self) -> SshHost:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- commands --------------------------------------------------------------------------------------
+
+    def run(self, cmd: Cmd, timeout: float | None = None, check: bool = True) -> RunResult:
+        line = base.command_line(self.name, cmd, self.as_root)
+        display = cmd.display()
+        limit = self.config.command_timeout if timeout is None else timeout
+        log.debug("%s: run %s", self.name, display)
+        start = time.monotonic()
+        chan = self._open_channel(display)
+        pgid: list[int] = []
+        try:
+            chan.exec_command(f"echo {PGID_MARK}$$; {line}")
+            if cmd.stdin is not None:
+                chan.sendall(cmd.stdin.encode())
+            chan.shutdown_write()
+            out, err, code = self._wait(chan, display, start + limit, pgid)
+        except CommandTimeout:
+            self._kill_group(pgid, cmd.sudo)
+            raise CommandTimeout(self.name, display, limit) from None
+        except KeyboardInterrupt:
+            self._kill_group(pgid, cmd.sudo)
+            raise
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise UnreachableError(self.name, f"connection lost during `{display}`: {_describe(exc)}") from None
+        finally:
+            chan.close()
+        result = RunResult(self.name, display, code, out, err, time.monotonic() - start)
+        return base.checked(result, check)
+
+    def _open_channel(self, display: str) -> paramiko.Channel:
+        for attempt in (1, 2):
+            transport = self._transport()
+            try:
+                return transport.open_session(timeout=self.config.connect_timeout)
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                # A cached connection can die between calls (host rebooted): reconnect once.
+                self.close()
+                if attempt == 2:
+                    raise UnreachableError(self.name, f"cannot open a channel: {_describe(exc)}") from None
+        raise AssertionError("unreachable")
+
+    def _wait(self, chan: paramiko.Channel, display: str, deadline: float, pgid: list[int]) -> tuple[str, str, int]:
+        """Collect output until exit (and EOF); raise CommandTimeout/KeyboardInterrupt/UnreachableError."""
+        out = bytearray()
+        err = bytearray()
+        exited_at: float | None = None
+        while True:
+            while chan.recv_ready():
+                out += chan.recv(65536)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            if not pgid and b"\n" in out:
+                first, _, rest = bytes(out).partition(b"\n")
+                text = first.decode(errors="replace")
+                if text.startswith(PGID_MARK):
+                    pgid.append(int(text[len(PGID_MARK) :]))
+                    out = bytearray(rest)
+            now = time.monotonic()
+            if chan.exit_status_ready():
+                exited_at = exited_at or now
+                closed = chan.eof_received or now - exited_at > EOF_GRACE_S
+                if closed and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+            elif chan.closed:
+                raise UnreachableError(self.name, f"connection lost during `{display}`")
+            if base.CANCEL.is_set():
+                raise KeyboardInterrupt
+            if now > deadline:
+                raise CommandTimeout(self.name, display, 0)
+            select.select([chan], [], [], base.POLL_S)
+        return out.decode(errors="replace"), err.decode(errors="replace"), chan.recv_exit_status()
+
+    def _kill_group(self, pgid: list[int], sudo: bool) -> None:
+        """Terminate the remote process group of an abandoned command (best effort)."""
+        if not pgid:
+            return
+        group = f"-{pgid[0]}"
+        script = f"kill -TERM -- {group} 2>/dev/null; sleep 1; kill -KILL -- {group} 2>/dev/null; true"
+        line = base.command_line(self.name, Cmd.of("sh", "-c", script, sudo=sudo), self.as_root)
+        try:
+            transport = self._transport()
+            chan = transport.open_session(timeout=self.config.connect_timeout)
+            try:
+                chan.exec_command(line)
+                chan.settimeout(self.config.connect_timeout + 2)
+                chan.recv_exit_status()
+            finally:
+                chan.close()
+            log.info("%s: killed remote process group %s", self.name, pgid[0])
+        except Exception as exc:  # the host may be gone; nothing more we can do
+            log.warning("%s: could not kill remote process group %s: %s", self.name, pgid[0], exc)
+
+    # -- files -----------------------------------------------------------------------------------------
+
+    def put_text(self, text: str, remote_path: str, mode: int = 0o644) -> None:
+        """Atomic write: temp file (0600 from creation) in the same directory, chmod, rename.
+
+        The content travels on stdin, so secrets never appear on a command line; works with sudo too.
+        """
+        self.run(_put_text_cmd(remote_path, mode, text), timeout=self.config.command_timeout)
+
+    def put_file(self, local: Path, remote_path: str, mode: int = 0o644) -> None:
+        """Copy one file with rsync over the same SSH settings (rsync writes a temp file and renames)."""
+        self._rsync([str(local)], remote_path, [f"--chmod=F{mode:o}", "--perms", "--times"])
+
+    def get_text(self, remote_path: str) -> str:
+        return self.run(Cmd.of("cat", "--", remote_path, sudo=True)).stdout
+
+    def sync_dir(self, local_dir: Path, remote_dir: str) -> None:
+        self.run(Cmd.of("mkdir", "-p", "--", remote_dir, sudo=True))
+        self._rsync([str(local_dir).rstrip("/") + "/"], remote_dir.rstrip("/") + "/", ["-a"])
+
+    def _rsync(self, sources: list[str], dest: str, flags: list[str]) -> None:
+        self._transport()  # verifies (or, with accept-new, records) the host key before ssh checks strictly
+        argv = [
+            "rsync",
+            *flags,
+            "-e",
+            shlex.join(ssh_command(self.config, self.known_hosts, self.key_file, self.jump)),
+        ]
+        if not self.as_root:
+            argv.append("--rsync-path=sudo -n rsync")
+        target = f"{self.endpoint.user}@{_bracket(self.endpoint.address)}:{dest}"
+        argv += ["--", *sources, target]
+        display = shlex.join(argv)
+        log.debug("%s: %s", self.name, display)
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.config.command_timeout)
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout(self.name, display, self.config.command_timeout) from None
+        except FileNotFoundError:
+            raise RemoteError(
+                self.name,
+                display,
+                None,
+                message="rsync is not installed on the control machine",
+                hint="apt-get install -y rsync",
+            ) from None
+        if proc.returncode != 0:
+            raise rsync_error(self.name, display, proc.returncode, proc.stderr)
+
+
+def connect(host: InventoryHost) -> SshHost:
+    """An SSH host for an inventory host. Lazy: the first call connects (errors surface per host there)."""
+    return SshHost(host)
+
+
+def _put_text_cmd(remote_path: str, mode: int, text: str) -> Cmd:
+    script = (
+        'umask 077 && tmp=$(mktemp "$1.opsctl-tmp-XXXXXX") && cat > "$tmp" && chmod "$2" "$tmp"'
+        ' && mv -f "$tmp" "$1" || { rc=$?; rm -f "$tmp"; exit $rc; }'
+    )
+    return Cmd.of("sh", "-c", script, "put_text", remote_path, f"{mode:o}", stdin=text, sudo=True)
+
+
+def _bracket(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return "connection refused"
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return "timed out"
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def _host_key_reason(exc: Exception, known_hosts: Path) -> str:
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return (
+            f"the key of {exc.hostname} CHANGED: it offers {_fingerprint(exc.key)}, "
+            f"{known_hosts} has {_fingerprint(exc.expected_key)} "
+            " (possible man-in-the-middle, or a reinstalled host)"
+        )
+    return f"unknown host key: {exc}"
