@@ -1,0 +1,354 @@
+"""HTTP surface: SGLang's endpoints on FastAPI. Handlers validate, queue through the worker, and format."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ddtree.serve import sse
+from ddtree.serve.auth import authorized, is_exempt
+from ddtree.serve.chat import render_chat
+from ddtree.serve.protocol import (
+    RequestError,
+    Sampling,
+    check_model,
+    parse_chat,
+    parse_completion,
+    parse_generate,
+    resolve_max_tokens,
+)
+from ddtree.serve.reasoning import StreamingSplitter, forced_reasoning, split_reasoning
+from ddtree.serve.service import EngineError, Outcome, run, run_all
+from ddtree.serve.state import AppState, Loaded, Phase
+from ddtree.serve.worker import GenParams
+
+log = logging.getLogger("ddtree.serve")
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    """SGLang's ErrorResponse shape."""
+    kind = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailable"}
+    return JSONResponse(
+        {"object": "error", "message": message, "type": kind.get(status, "Error"), "param": param, "code": status},
+        status_code=status,
+    )
+
+
+class _NotReady(Exception):
+    pass
+
+
+def create_app(state: AppState) -> FastAPI:
+    app = FastAPI(title="ddtree reference server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    args = state.args
+
+    if args.api_key is not None:
+        key = args.api_key
+
+        @app.middleware("http")
+        async def check_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+            if is_exempt(request.url.path, request.method) or authorized(request.headers.get("authorization"), key):
+                return await call_next(request)
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
+
+    @app.exception_handler(RequestError)
+    async def _bad_request(_: Request, exc: RequestError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(_NotReady)
+    async def _not_ready(_: Request, exc: _NotReady) -> JSONResponse:
+        return error_response(503, str(exc))
+
+    @app.exception_handler(EngineError)
+    async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
+        return error_response(500, f"generation failed: {exc}")
+
+    def ready() -> Loaded:
+        if state.phase is not Phase.READY or state.loaded is None:
+            raise _NotReady(f"the server is not ready (phase: {state.phase.value})")
+        return state.loaded
+
+    # -- health ----------------------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> Response:
+        ok = state.phase is Phase.READY and state.loaded is not None and state.loaded.worker.alive()
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/ready")
+    async def ready_endpoint() -> Response:
+        ok = state.phase is Phase.READY
+        return JSONResponse({"status": state.phase.value}, status_code=200 if ok else 503)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        """SGLang's deep health check: one real token through the queue."""
+        try:
+            loaded = ready()
+            ids = list(loaded.tokenizer.encode("hi", add_special_tokens=False)) or [0]
+            await run_all(loaded.worker, _decoder(loaded), GenParams(tuple(ids), 1, 0.0, None, ()), ())
+        except (_NotReady, EngineError):
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    # -- info ------------------------------------------------------------------------------------------------
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": args.served_model_name,
+            "object": "model",
+            "created": int(state.started_wall),
+            "owned_by": "sglang",
+            "root": args.model_path,
+            "max_model_len": state.info.context_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info() -> dict[str, Any]:
+        return state.server_info()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        loaded = state.loaded
+        if loaded is not None:
+            state.stats.set_queue(loaded.worker.queued)
+        return Response(generate_latest(state.stats.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- generation ------------------------------------------------------------------------------------------
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        req = parse_chat(await _json(request))
+        check_model(req.model, args.served_model_name, args.model_path)
+        loaded = ready()
+        prompt = render_chat(loaded.tokenizer, req.messages, req.chat_template_kwargs)
+        params = _params(state, loaded, prompt, req.sampling)
+        split = args.reasoning_parser is not None and req.separate_reasoning
+        force = split and forced_reasoning(args.reasoning_parser, dict(req.chat_template_kwargs))
+        rid, created = uuid.uuid4().hex, int(time.time())
+        head = {"id": rid, "created": created, "model": args.served_model_name}
+        if req.stream:
+            return _sse(_chat_stream(loaded, params, req.sampling.stop, head, split, force, req.include_usage))
+        out = await run_all(loaded.worker, _decoder(loaded), params, req.sampling.stop)
+        reasoning, content = (split_reasoning(out.text, force) if split else None), out.text
+        if reasoning is not None:
+            content = reasoning.content
+        message = {
+            "role": "assistant",
+            "content": content or None,
+            "reasoning_content": (reasoning.reasoning or None) if reasoning else None,
+            "tool_calls": None,
+        }
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": _openai_reason(out),
+            "matched_stop": out.matched_stop,
+        }
+        return JSONResponse({**head, "object": "chat.completion", "choices": [choice], "usage": out.usage})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = parse_completion(await _json(request))
+        check_model(req.model, args.served_model_name, args.model_path)
+        loaded = ready()
+        if isinstance(req.prompt, str):
+            prompt = list(loaded.tokenizer.encode(req.prompt, add_special_tokens=False))
+        else:
+            prompt = _check_vocab(list(req.prompt), loaded, "prompt")
+        if not prompt:
+            raise RequestError("prompt must not be empty", "prompt")
+        params = _params(state, loaded, prompt, req.sampling)
+        rid, created = uuid.uuid4().hex, int(time.time())
+        head = {"id": rid, "created": created, "model": args.served_model_name}
+        if req.stream:
+            return _sse(_completion_stream(loaded, params, req.sampling.stop, head, req.include_usage))
+        out = await run_all(loaded.worker, _decoder(loaded), params, req.sampling.stop)
+        choice = {
+            "index": 0,
+            "text": out.text,
+            "logprobs": None,
+            "finish_reason": _openai_reason(out),
+            "matched_stop": out.matched_stop,
+        }
+        return JSONResponse({**head, "object": "text_completion", "choices": [choice], "usage": out.usage})
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        req = parse_generate(await _json(request))
+        loaded = ready()
+        if req.input_ids is not None:
+            prompt = _check_vocab(list(req.input_ids), loaded, "input_ids")
+        else:
+            prompt = list(loaded.tokenizer.encode(req.text or "", add_special_tokens=False))
+            if not prompt:
+                raise RequestError("text must not be empty", "text")
+        params = _params(state, loaded, prompt, req.sampling)
+        rid, t0 = uuid.uuid4().hex, time.perf_counter()
+        if req.stream:
+            return _sse(_generate_stream(loaded, params, req.sampling.stop, rid, t0))
+        out = await run_all(loaded.worker, _decoder(loaded), params, req.sampling.stop)
+        return JSONResponse(_generate_body(out, rid, t0))
+
+    return app
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
+async def _json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"Malformed JSON in request body: {exc}") from None
+
+
+def _decoder(loaded: Loaded) -> Callable[[Any], str]:
+    tok = loaded.tokenizer
+
+    def decode(ids: Any) -> str:
+        return str(tok.decode(list(ids), skip_special_tokens=True))
+
+    return decode
+
+
+def _check_vocab(ids: list[int], loaded: Loaded, param: str) -> list[int]:
+    n = len(loaded.tokenizer)
+    bad = [t for t in ids if t >= n]
+    if bad:
+        raise RequestError(f"{param}: token id {bad[0]} is outside the vocabulary (size {n})", param)
+    return ids
+
+
+def _params(state: AppState, loaded: Loaded, prompt: list[int], s: Sampling) -> GenParams:
+    max_new = resolve_max_tokens(s.max_tokens, len(prompt), state.info.context_len)
+    stops = tuple(dict.fromkeys((() if s.ignore_eos else loaded.stop_token_ids) + s.stop_token_ids))
+    seed = s.seed if s.seed is not None else state.args.random_seed
+    return GenParams(tuple(prompt), max_new, s.temperature, seed, stops)
+
+
+def _openai_reason(out: Outcome) -> str:
+    return "length" if out.finish_reason == "length" else "stop"
+
+
+def _sse(gen: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _chat_stream(
+    loaded: Loaded,
+    params: GenParams,
+    stop: tuple[str, ...],
+    head: dict[str, Any],
+    split: bool,
+    force: bool,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    base = {**head, "object": "chat.completion.chunk"}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, matched: Any = None) -> str:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            choice["matched_stop"] = matched
+        return sse.event({**base, "choices": [choice]})
+
+    splitter = StreamingSplitter(force) if split else None
+
+    def deltas(text: str, final: bool = False) -> list[str]:
+        if splitter is None:
+            return [chunk({"content": text})] if text else []
+        part = splitter.flush() if final else splitter.feed(text)
+        out = []
+        if part.reasoning:
+            out.append(chunk({"reasoning_content": part.reasoning}))
+        if part.content:
+            out.append(chunk({"content": part.content}))
+        return out
+
+    yield chunk({"role": "assistant", "content": ""})
+    try:
+        async for item in run(loaded.worker, _decoder(loaded), params, stop):
+            if isinstance(item, str):
+                for c in deltas(item):
+                    yield c
+                continue
+            for c in deltas("", final=True):
+                yield c
+            yield chunk({}, _openai_reason(item), item.matched_stop)
+            if include_usage:
+                yield sse.event({**base, "choices": [], "usage": item.usage})
+    except EngineError as exc:
+        yield sse.event({"error": {"message": f"generation failed: {exc}", "type": "InternalServerError", "code": 500}})
+    yield sse.DONE
+
+
+async def _completion_stream(
+    loaded: Loaded, params: GenParams, stop: tuple[str, ...], head: dict[str, Any], include_usage: bool
+) -> AsyncIterator[str]:
+    base = {**head, "object": "text_completion"}
+    try:
+        async for item in run(loaded.worker, _decoder(loaded), params, stop):
+            if isinstance(item, str):
+                choice = {"index": 0, "text": item, "logprobs": None, "finish_reason": None}
+                yield sse.event({**base, "choices": [choice]})
+                continue
+            choice = {
+                "index": 0,
+                "text": "",
+                "logprobs": None,
+                "finish_reason": _openai_reason(item),
+                "matched_stop": item.matched_stop,
+            }
+            yield sse.event({**base, "choices": [choice]})
+            if include_usage:
+                yield sse.event({**base, "choices": [], "usage": item.usage})
+    except EngineError as exc:
+        yield sse.event({"error": {"message": f"generation failed: {exc}", "type": "InternalServerError", "code": 500}})
+    yield sse.DONE
+
+
+def _generate_body(out: Outcome, rid: str, t0: float, partial_text: str | None = None) -> dict[str, Any]:
+    if out.finish_reason == "length":
+        finish: dict[str, Any] | None = {"type": "length", "length": len(out.tokens)}
+    elif out.finish_reason == "abort":
+        finish = {"type": "abort", "message": "aborted"}
+    else:
+        finish = {"type": "stop", "matched": out.matched_stop}
+    meta = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": len(out.tokens),
+        "cached_tokens": 0,
+        "e2e_latency": time.perf_counter() - t0,
+        "spec_verify_ct": out.rounds,
+        "spec_accept_lengths": list(out.accept_lengths),
+    }
+    return {"text": out.text, "output_ids": list(out.tokens), "meta_info": meta}
+
+
+async def _generate_stream(
+    loaded: Loaded, params: GenParams, stop: tuple[str, ...], rid: str, t0: float
+) -> AsyncIterator[str]:
+    """SGLang streams /generate as cumulative ``text`` with ``finish_reason: null`` until the last chunk."""
+    text = ""
+    try:
+        async for item in run(loaded.worker, _decoder(loaded), params, stop):
+            if isinstance(item, str):
+                text += item
+                meta = {"id": rid, "finish_reason": None, "prompt_tokens": len(params.prompt_ids)}
+                yield sse.event({"text": text, "meta_info": meta})
+                continue
+            yield sse.event(_generate_body(item, rid, t0))
+    except EngineError as exc:
+        yield sse.event({"error": {"message": f"generation failed: {exc}", "code": 500}})
+    yield sse.DONE

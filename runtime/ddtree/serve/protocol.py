@@ -1,0 +1,294 @@
+"""Request bodies validated once at the boundary into frozen dataclasses; bad input raises ``RequestError``.
+
+Pure functions over already-parsed JSON; the app turns ``RequestError`` into a 400 with SGLang's error shape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class RequestError(ValueError):
+    """A client error: 400 with ``message``; ``param`` names the offending field when there is one."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int | None  # None = up to the context length (chat) / endpoint default applied later
+    temperature: float
+    seed: int | None
+    stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    ignore_eos: bool
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str | None
+    messages: tuple[ChatMessage, ...]
+    sampling: Sampling
+    stream: bool
+    include_usage: bool
+    chat_template_kwargs: Mapping[str, Any]
+    separate_reasoning: bool
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str | None
+    prompt: str | tuple[int, ...]
+    sampling: Sampling
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    text: str | None
+    input_ids: tuple[int, ...] | None
+    sampling: Sampling
+    stream: bool
+
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
+
+
+def _require_object(body: Any, what: str = "request body") -> Mapping[str, Any]:
+    if not isinstance(body, dict):
+        raise RequestError(f"{what} must be a JSON object")
+    return body
+
+
+def _opt_int(body: Mapping[str, Any], key: str, lo: int | None = None) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        else:
+            raise RequestError(f"{key} must be an integer, got {v!r}", key)
+    if lo is not None and v < lo:
+        raise RequestError(f"{key} must be >= {lo}, got {v}", key)
+    return v
+
+
+def _opt_float(body: Mapping[str, Any], key: str, lo: float, hi: float) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise RequestError(f"{key} must be a number, got {v!r}", key)
+    if not lo <= v <= hi:
+        raise RequestError(f"{key} must be in [{lo}, {hi}], got {v}", key)
+    return float(v)
+
+
+def _opt_bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise RequestError(f"{key} must be true or false, got {v!r}", key)
+    return v
+
+
+def _token_ids(v: Any, key: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        raise RequestError(f"{key} must be a list of integer token ids", key)
+    if any(t < 0 for t in v):
+        raise RequestError(f"{key} must not contain negative token ids", key)
+    return tuple(v)
+
+
+def _stop(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise RequestError("stop must be a string or a list of strings", "stop")
+    if any(s == "" for s in v):
+        raise RequestError("stop strings must not be empty", "stop")
+    return tuple(v)
+
+
+def _model(body: Mapping[str, Any]) -> str | None:
+    v = body.get("model")
+    if v is not None and not isinstance(v, str):
+        raise RequestError("model must be a string", "model")
+    return v
+
+
+def _n(body: Mapping[str, Any]) -> None:
+    n = _opt_int(body, "n", lo=1)
+    if n not in (None, 1):
+        raise RequestError("only n=1 is supported", "n")
+
+
+def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    stream = _opt_bool(body, "stream")
+    opts = body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        include_usage = _opt_bool(_require_object(opts, "stream_options"), "include_usage")
+    return stream, include_usage
+
+
+def _openai_sampling(body: Mapping[str, Any], max_key_names: tuple[str, ...]) -> Sampling:
+    max_tokens = None
+    for key in max_key_names:
+        v = _opt_int(body, key, lo=1)
+        if v is not None:
+            max_tokens = v
+            break
+    _opt_float(body, "top_p", 0.0, 1.0)  # accepted, validated, ignored (greedy or full-distribution sampling)
+    temperature = _opt_float(body, "temperature", 0.0, 2.0)
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=1.0 if temperature is None else temperature,
+        seed=_opt_int(body, "seed"),
+        stop=_stop(body.get("stop")),
+        stop_token_ids=_token_ids(body["stop_token_ids"], "stop_token_ids") if body.get("stop_token_ids") else (),
+        ignore_eos=_opt_bool(body, "ignore_eos"),
+    )
+
+
+def _message(m: Any, i: int) -> ChatMessage:
+    if not isinstance(m, dict):
+        raise RequestError(f"messages[{i}] must be an object", "messages")
+    role = m.get("role")
+    if role not in ("system", "user", "assistant", "tool", "developer"):
+        raise RequestError(f"messages[{i}].role must be system, user, assistant or tool; got {role!r}", "messages")
+    content = m.get("content")
+    if content is None:
+        content = ""
+    if isinstance(content, list):  # OpenAI content parts: only text parts are supported here
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
+            texts.append(part["text"])
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise RequestError(f"messages[{i}].content must be a string or a list of text parts", "messages")
+    return ChatMessage(role=role, content=content)
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    body = _require_object(body)
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise RequestError("messages must be a non-empty list", "messages")
+    _n(body)
+    raw_kwargs = body.get("chat_template_kwargs")
+    kwargs = {} if raw_kwargs is None else dict(_require_object(raw_kwargs, "chat_template_kwargs"))
+    stream, include_usage = _stream(body)
+    return ChatRequest(
+        model=_model(body),
+        messages=tuple(_message(m, i) for i, m in enumerate(msgs)),
+        sampling=_openai_sampling(body, ("max_completion_tokens", "max_tokens")),
+        stream=stream,
+        include_usage=include_usage,
+        chat_template_kwargs=kwargs,
+        separate_reasoning=_opt_bool(body, "separate_reasoning", default=True),
+    )
+
+
+def parse_completion(body: Any) -> CompletionRequest:
+    body = _require_object(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and any(isinstance(p, str | list) for p in prompt):
+        raise RequestError("prompt batches are not supported: send one prompt per request", "prompt")
+    if isinstance(prompt, list):
+        parsed: str | tuple[int, ...] = _token_ids(prompt, "prompt")
+        if not parsed:
+            raise RequestError("prompt must not be empty", "prompt")
+    elif isinstance(prompt, str):
+        parsed = prompt
+    else:
+        raise RequestError("prompt must be a string or a list of token ids", "prompt")
+    _n(body)
+    if body.get("echo"):
+        raise RequestError("echo is not supported", "echo")
+    stream, include_usage = _stream(body)
+    sampling = _openai_sampling(body, ("max_tokens",))
+    if sampling.max_tokens is None:
+        sampling = _replace_max(sampling, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    return CompletionRequest(
+        model=_model(body), prompt=parsed, sampling=sampling, stream=stream, include_usage=include_usage
+    )
+
+
+def parse_generate(body: Any) -> GenerateRequest:
+    """SGLang's native /generate: ``{"text" | "input_ids", "sampling_params": {...}, "stream"}``."""
+    body = _require_object(body)
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise RequestError("exactly one of text or input_ids is required", "input_ids")
+    if text is not None and not isinstance(text, str):
+        raise RequestError("text must be a string (batches are not supported)", "text")
+    input_ids = _token_ids(ids, "input_ids") if ids is not None else None
+    if input_ids is not None and not input_ids:
+        raise RequestError("input_ids must not be empty", "input_ids")
+    sp = _require_object(body.get("sampling_params") or {}, "sampling_params")
+    max_new = _opt_int(sp, "max_new_tokens", lo=1)
+    temperature = _opt_float(sp, "temperature", 0.0, 2.0)
+    _opt_float(sp, "top_p", 0.0, 1.0)
+    sampling = Sampling(
+        max_tokens=GENERATE_DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new,
+        temperature=1.0 if temperature is None else temperature,
+        seed=_opt_int(sp, "seed") if sp.get("seed") is not None else _opt_int(sp, "sampling_seed"),
+        stop=_stop(sp.get("stop")),
+        stop_token_ids=_token_ids(sp["stop_token_ids"], "stop_token_ids") if sp.get("stop_token_ids") else (),
+        ignore_eos=_opt_bool(sp, "ignore_eos"),
+    )
+    return GenerateRequest(text=text, input_ids=input_ids, sampling=sampling, stream=_opt_bool(body, "stream"))
+
+
+def _replace_max(s: Sampling, max_tokens: int) -> Sampling:
+    return Sampling(max_tokens, s.temperature, s.seed, s.stop, s.stop_token_ids, s.ignore_eos)
+
+
+def resolve_max_tokens(requested: int | None, prompt_len: int, context_len: int) -> int:
+    """Tokens to generate, or a 400 worded like SGLang's when prompt + completion exceed the context."""
+    if prompt_len >= context_len:
+        raise RequestError(
+            f"The input ({prompt_len} tokens) is longer than the model's context length ({context_len} tokens).",
+            "messages",
+        )
+    if requested is None:
+        return context_len - prompt_len
+    if prompt_len + requested > context_len:
+        raise RequestError(
+            f"Requested token count exceeds the model's maximum context length of {context_len} tokens. "
+            f"You requested a total of {prompt_len + requested} tokens: {prompt_len} tokens from the input "
+            f"messages and {requested} tokens for the completion. Please reduce the number of tokens in the "
+            "input messages or the completion to fit within the limit.",
+            "max_tokens",
+        )
+    return requested
+
+
+def check_model(requested: str | None, served: str, model_path: str) -> None:
+    if requested is None or requested in (served, model_path):
+        return
+    raise RequestError(f"The model `{requested}` does not exist; this server serves `{served}`.", "model")

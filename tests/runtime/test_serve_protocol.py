@@ -1,0 +1,138 @@
+"""ddtree.serve request validation and statistics (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ddtree.serve.protocol import (
+    RequestError,
+    check_model,
+    parse_chat,
+    parse_completion,
+    parse_generate,
+    resolve_max_tokens,
+)
+from ddtree.serve.stats import DecodeWindow, ServerStats, decode_batch_line
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.runtime
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_chat_fields() -> None:
+    r = parse_chat(
+        {
+            **CHAT,
+            "model": "m",
+            "max_tokens": 8,
+            "temperature": 0,
+            "seed": 3,
+            "stop": "x",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+    )
+    assert (r.model, r.sampling.max_tokens, r.sampling.temperature, r.sampling.seed) == ("m", 8, 0.0, 3)
+    assert r.sampling.stop == ("x",) and r.stream and r.include_usage
+    assert r.chat_template_kwargs == {"enable_thinking": False}
+    assert parse_chat(CHAT).sampling.max_tokens is None and parse_chat(CHAT).sampling.temperature == 1.0
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    assert parse_chat(parts).messages[0].content == "ab"
+    assert parse_chat({**CHAT, "max_completion_tokens": 5, "max_tokens": 9}).sampling.max_tokens == 5
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        ([1, 2], None, "must be a JSON object"),
+        ({}, "messages", "non-empty list"),
+        ({**CHAT, "max_tokens": -1}, "max_tokens", "must be >= 1"),
+        ({**CHAT, "max_tokens": 0}, "max_tokens", "must be >= 1"),
+        ({**CHAT, "max_tokens": "10"}, "max_tokens", "must be an integer"),
+        ({**CHAT, "max_tokens": True}, "max_tokens", "must be an integer"),
+        ({**CHAT, "temperature": -0.5}, "temperature", "must be in"),
+        ({**CHAT, "stop": [1]}, "stop", "string or a list of strings"),
+        ({**CHAT, "stop": [""]}, "stop", "must not be empty"),
+        ({**CHAT, "n": 2}, "n", "only n=1"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages", "role must be"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages", "only text parts"),
+        ({**CHAT, "stream": "yes"}, "stream", "true or false"),
+        ({**CHAT, "chat_template_kwargs": []}, None, "must be a JSON object"),
+    ],
+)
+def test_chat_rejects(body: Any, param: str | None, fragment: str) -> None:
+    with pytest.raises(RequestError) as exc:
+        parse_chat(body)
+    assert exc.value.status == 400 and exc.value.param == param and fragment in exc.value.message
+
+
+def test_completion_and_generate() -> None:
+    c = parse_completion({"prompt": "hello"})
+    assert c.prompt == "hello" and c.sampling.max_tokens == 16  # OpenAI's default
+    assert parse_completion({"prompt": [[1, 2, 3]], "max_tokens": 4}).prompt == (1, 2, 3)
+    with pytest.raises(RequestError, match="batches are not supported"):
+        parse_completion({"prompt": ["a", "b"]})
+    with pytest.raises(RequestError, match="negative"):
+        parse_completion({"prompt": [1, -2]})
+    g = parse_generate({"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
+    assert g.input_ids == (5, 6) and g.sampling.max_tokens == 3 and g.sampling.temperature == 0.0
+    assert parse_generate({"text": "x"}).sampling.max_tokens == 128  # SGLang's default
+    with pytest.raises(RequestError, match="exactly one of text or input_ids"):
+        parse_generate({"text": "x", "input_ids": [1]})
+    with pytest.raises(RequestError, match="max_new_tokens must be >= 1"):
+        parse_generate({"input_ids": [1], "sampling_params": {"max_new_tokens": -4}})
+
+
+def test_max_tokens_against_context() -> None:
+    assert resolve_max_tokens(None, 10, 64) == 54
+    assert resolve_max_tokens(54, 10, 64) == 54
+    with pytest.raises(RequestError, match="maximum context length of 64 tokens") as exc:
+        resolve_max_tokens(10**9, 10, 64)
+    assert exc.value.param == "max_tokens"
+    with pytest.raises(RequestError, match="longer than the model's context length"):
+        resolve_max_tokens(1, 64, 64)
+
+
+def test_check_model() -> None:
+    check_model(None, "served", "/path")
+    check_model("served", "served", "/path")
+    check_model("/path", "served", "/path")
+    with pytest.raises(RequestError, match="The model `gpt-4` does not exist"):
+        check_model("gpt-4", "served", "/path")
+
+
+def test_decode_batch_line_matches_sglang() -> None:
+    w = DecodeWindow(1, 300, 0.07, 3.25, 0.45, 41.5, 2)
+    assert decode_batch_line(w) == (
+        "Decode batch, #running-req: 1, #token: 300, token usage: 0.07, accept len: 3.25, accept rate: 0.45, "
+        "cuda graph: False, gen throughput (token/s): 41.50, #queue-req: 2"
+    )
+    base = DecodeWindow(1, 12, 0.0, None, None, 9.0, 0)
+    assert decode_batch_line(base) == (
+        "Decode batch, #running-req: 1, #token: 12, token usage: 0.00, cuda graph: False, "
+        "gen throughput (token/s): 9.00, #queue-req: 0"
+    )
+
+
+def test_stats_windows_and_prometheus_text() -> None:
+    lines: list[str] = []
+    s = ServerStats("m", context_len=100, speculative=True, draft_tokens_per_round=3, log_every=2, emit=lines.append)
+    s.set_queue(1)
+    s.on_start(prompt_len=10)
+    for committed in (4, 2, 3):
+        s.on_round(committed, seconds=0.5)
+    s.on_finish(2.0)
+    assert lines == [
+        "Decode batch, #running-req: 1, #token: 16, token usage: 0.16, accept len: 3.00, accept rate: 0.67, "
+        "cuda graph: False, gen throughput (token/s): 6.00, #queue-req: 1"
+    ]
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(s.registry).decode())}
+    value = {f: families[f].samples[0].value for f in families}
+    assert value["sglang:prompt_tokens"] == 10 and value["sglang:generation_tokens"] == 9
+    assert value["sglang:spec_accept_length"] == 3.0 and value["sglang:num_queue_reqs"] == 1
+    assert value["sglang:num_running_reqs"] == 0 and value["sglang:num_requests"] == 1
+    assert families["sglang:prompt_tokens"].samples[0].labels == {"model_name": "m"}
