@@ -135,6 +135,8 @@ def test_commands_exact():
     )
     assert release.switch_cmd(p, rid).sudo and release.verify_unit_cmd(p, rid).sudo
     assert "2>&1" in release.verify_unit_cmd(p, rid).display()
-    assert release.mark_bad_cmd(p, rid, "it's broken").display().endswith(
-        "/opt/opsctl/services/gpu0/releases/20261129T221500Z-0123456789ab/BAD'"
+    assert (
+        release.mark_bad_cmd(p, rid, "it's broken")
+        .display()
+        .endswith("/opt/opsctl/services/gpu0/releases/20261129T221500Z-0123456789ab/BAD'")
     )

@@ -1,0 +1,80 @@
+from pathlib import Path
+
+import pytest
+
+from opsctl import metrics
+from opsctl.metrics import DDTreeInit, DDTreeMetrics, DDTreeVerify, DecodeBatch, Malformed
+
+LOGS = Path(__file__).parents[1] / "fixtures" / "logs"
+
+
+def _records(name):
+    return metrics.parse_lines((LOGS / name).read_text().splitlines())
+
+
+def test_ddtree_contract_lines():
+    recs = _records("ddtree_contract.log")
+    init, verify, m1, decode, m2 = recs
+    assert init == DDTreeInit("tree", 32, 8, 16, "exact", {"target": "/dev/shm/target"})
+    assert verify == DDTreeVerify(3, 33)
+    assert isinstance(m1, DDTreeMetrics) and m1.rounds == 50 and m1.tokens == 161 and m1.tau == 3.22
+    assert (m1.nodes, m1.depth, m1.off_spine, m1.tok_s) == (32.0, 6.4, 0.18, 118.5)
+    assert not m1.hybrid_unsafe
+    assert isinstance(m2, DDTreeMetrics) and m2.hybrid_unsafe and m2.extra == {"new_key": "7"}
+    assert isinstance(decode, DecodeBatch) and decode.accept_len == 3.22 and decode.graph is False
+
+
+def test_sglang_dense_decode_lines():
+    recs = _records("sglang_decode_dense.log")
+    assert len(recs) == 3  # Prefill and access-log lines are not records
+    first, second, old_style = recs
+    assert first == DecodeBatch(1, 90, 0.0, 124.2, 0, 3.21, 0.44, None, True, False, {})
+    assert second.running_req == 2 and second.queue_req == 1 and second.gen_throughput == 100.1
+    assert old_style.accept_len is None and old_style.tokens == 77 and old_style.gen_throughput == 41.05
+
+
+def test_sglang_hybrid_decode_lines():
+    recs = _records("sglang_decode_hybrid.log")
+    assert len(recs) == 2
+    plain, spec = recs
+    assert plain.hybrid and plain.tokens == 1051 and plain.token_usage == 0.2 and plain.mamba_usage == 0.2
+    assert plain.extra == {"mamba num": "16"} and plain.accept_len is None
+    assert spec.hybrid and spec.accept_len == 4.12 and spec.accept_rate == 0.26 and spec.gen_throughput == 174.1
+
+
+def test_malformed_lines_become_records_not_exceptions():
+    recs = _records("malformed.log")
+    assert all(isinstance(r, Malformed) for r in recs)
+    reasons = [r.reason for r in recs]
+    assert "invalid literal" in reasons[0]
+    assert "without #running-req" in reasons[1]
+    assert "invalid literal" in reasons[2]
+    assert "without" in reasons[3] and "tau" in reasons[3]
+    assert "without topk" in reasons[4]
+    assert "unknown DDTREE line kind" in reasons[5]
+    assert len(recs) == 6  # the bare "DDTREE" line carries no record
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["", "hello world", "INFO: 127.0.0.1 - GET /health 200", "Prefill batch, #new-seq: 1, #new-token: 3"],
+)
+def test_unrelated_lines(line):
+    assert metrics.parse_line(line) is None
+
+
+def test_summarize():
+    recs = _records("sglang_decode_dense.log") + _records("ddtree_contract.log")
+    s = metrics.summarize(recs)
+    assert s.init is not None and s.init.mode == "tree"
+    assert s.first_verify == DDTreeVerify(3, 33)
+    assert s.last_metrics is not None and s.last_metrics.tau == 3.36
+    assert s.metrics_lines == 2 and s.decode_lines == 4 and s.malformed == 0
+    assert s.mean_accept_len == pytest.approx((3.21 + 2.79 + 3.22) / 3)
+    assert s.hybrid_unsafe
+
+
+def test_summarize_resets_on_restart():
+    recs = [*_records("ddtree_contract.log")[:3], DDTreeInit("shadow", 16, 4, 16, "none")]
+    s = metrics.summarize(recs)
+    assert s.init.mode == "shadow" and s.last_metrics is None and s.first_verify is None

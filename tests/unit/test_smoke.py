@@ -1,0 +1,148 @@
+from pathlib import Path
+
+import httpx
+import pytest
+
+from opsctl import smoke
+from opsctl.errors import SmokeError
+from opsctl.smoke import Generation
+
+
+def _body(content="4", reasoning=None, finish="stop", tokens=2):
+    return {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "reasoning_content": reasoning},
+                     "finish_reason": finish}],
+        "usage": {"prompt_tokens": 20, "completion_tokens": tokens, "total_tokens": 20 + (tokens or 0)},
+    }  # fmt: skip
+
+
+def test_judge_pass():
+    v = smoke.judge_chat(200, _body())
+    assert v.ok and v.reasons == () and v.text == "4" and v.finish_reason == "stop" and v.completion_tokens == 2
+
+
+def test_judge_accepts_reasoning_only_like_qwen36_seed():
+    # The seed's first smoke test: content null, text in reasoning_content, cut at max_tokens.
+    v = smoke.judge_chat(200, _body(content=None, reasoning="Here's a thinking process:", finish="length", tokens=32))
+    assert v.ok and v.text.startswith("Here's a thinking process")
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "reason"),
+    [
+        (503, {"error": {"message": "loading"}}, "HTTP 503: loading"),
+        (200, _body(finish="abort"), "finish_reason is 'abort'"),
+        (200, _body(finish=None), "finish_reason is None"),
+        (200, _body(tokens=0), "completion_tokens is 0"),
+        (200, _body(tokens=None), "usage.completion_tokens missing"),
+        (200, _body(content="", reasoning=""), "content and reasoning_content are both empty"),
+        (200, _body(content="   ", reasoning=None), "content and reasoning_content are both empty"),
+        (200, {"choices": []}, "no choices"),
+        (200, ["not", "an", "object"], "not a JSON object"),
+        (401, None, "HTTP 401"),
+    ],
+)
+def test_judge_failures(status, body, reason):
+    v = smoke.judge_chat(status, body)
+    assert not v.ok
+    assert any(reason in r for r in v.reasons), v.reasons
+
+
+def test_chat_body_disables_thinking():
+    body = smoke.chat_body("m", "hi", 32)
+    assert body["temperature"] == 0 and body["max_tokens"] == 32
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_first_divergence():
+    assert smoke.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert smoke.first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert smoke.first_divergence([1, 2], [1, 2, 3]) == 2
+    assert smoke.first_divergence([], []) is None
+    assert smoke.first_divergence([5], []) == 0
+
+
+def test_compare_prefers_tokens_and_falls_back_to_text():
+    a = smoke.compare("p", Generation((1, 2, 3), "abc", "generate+text"), Generation((1, 2, 4), "abd", "generate+text"))
+    assert not a.equal and a.first_divergence == 2 and a.unit == "tokens"
+    b = smoke.compare("p", Generation(None, "hello", "generate+text"), Generation((1,), "help", "generate+text"))
+    assert not b.equal and b.first_divergence == 3 and b.unit == "chars"
+
+
+def test_summarize_equivalence_threshold():
+    same = smoke.PromptAgreement("a", True, None, 10, 10, "tokens")
+    diff = smoke.PromptAgreement("b", False, 5, 10, 10, "tokens")
+    full = smoke.summarize_equivalence("tree", "base", [same, same])
+    assert full.passed and full.agreement == 1.0 and full.token_agreement == 1.0
+    half = smoke.summarize_equivalence("tree", "base", [same, diff])
+    assert not half.passed and half.agreement == 0.5 and half.token_agreement == 15 / 20
+    assert smoke.summarize_equivalence("tree", "base", [same, diff], threshold=0.5).passed
+    assert not smoke.summarize_equivalence("tree", "base", []).passed
+
+
+def test_default_prompt_set_is_varied():
+    prompts = smoke.load_prompts()
+    assert len(prompts) >= 20
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert len({p.max_tokens for p in prompts}) >= 4
+    assert any("JSON" in p.text for p in prompts) and any("Python" in p.text for p in prompts)
+
+
+@pytest.mark.parametrize(
+    ("text", "msg"),
+    [
+        ("prompts: []", "non-empty list"),
+        ("- a\n- b", "expected `prompts:`"),
+        ("prompts: [{id: a}]", "non-empty `prompt`"),
+        ("prompts: [{prompt: x, colour: red}]", "unknown keys"),
+        ("prompts: [{id: a, prompt: x}, {id: a, prompt: y}]", "duplicate id"),
+        ("prompts: [{prompt: x, max_tokens: 0}]", "max_tokens"),
+        ("prompts: [{prompt: x", "not valid YAML"),
+    ],
+)
+def test_bad_prompt_files(tmp_path: Path, text, msg):
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(SmokeError, match=msg):
+        smoke.load_prompts(path)
+
+
+def test_missing_prompt_file(tmp_path: Path):
+    with pytest.raises(SmokeError, match="cannot read prompt file"):
+        smoke.load_prompts(tmp_path / "nope.yaml")
+
+
+def _client(handler) -> httpx.Client:
+    return httpx.Client(transport=httpx.MockTransport(handler))
+
+
+def test_smoke_service_over_http():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path))
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny"}]})
+        return httpx.Response(200, json=_body(content="4"))
+
+    with _client(handler) as client:
+        r = smoke.smoke_service(client, "h", "s", "http://h:1", {})
+    assert r.ok and r.model == "tiny" and r.text == "4"
+    assert seen == [("GET", "/v1/models"), ("POST", "/v1/chat/completions")]
+
+
+def test_generate_uses_input_ids_when_given():
+    bodies = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        import json
+
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json={"text": "x", "output_ids": [5, 6], "meta_info": {}})
+
+    with _client(handler) as client:
+        g = smoke.generate(client, "http://h:1", smoke.Prompt("a", "hi", 8), {}, [1, 2, 3])
+        t = smoke.generate(client, "http://h:1", smoke.Prompt("a", "hi", 8), {}, None)
+    assert g.ids == (5, 6) and g.via == "generate+chat-template" and t.via == "generate+text"
+    assert bodies[0]["input_ids"] == [1, 2, 3] and "text" not in bodies[0]
+    assert bodies[1]["text"] == "hi" and bodies[1]["sampling_params"] == {"temperature": 0, "max_new_tokens": 8}
