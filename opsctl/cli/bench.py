@@ -1,16 +1,132 @@
-"""`opsctl bench` (placeholder until its issue lands: says so and exits non-zero)."""
+"""`opsctl bench`: the selected services side by side (tok/s, TTFT, tau), as a table, JSON and a PNG chart."""
 
 from __future__ import annotations
 
-import typer
+from pathlib import Path
+from typing import Annotated, Any
 
-from opsctl.cli.common import handle_errors
-from opsctl.errors import NotImplementedYet
+import typer
+from rich.table import Table
+
+from opsctl.bench.chart import write_chart
+from opsctl.bench.measure import Sample
+from opsctl.bench.prompts import load_prompts
+from opsctl.bench.report import TABLE_HEADER, Report, summarize, table_rows
+from opsctl.bench.run import BenchSettings, bench_service
+from opsctl.bench.sweep import parse_sweep, run_sweep
+from opsctl.cli.common import (
+    HostOpt,
+    InventoryOpt,
+    JsonOpt,
+    console,
+    emit_json,
+    handle_errors,
+    load_inventory,
+    split_selector,
+)
+from opsctl.errors import OpsctlError
+from opsctl.inventory.select import select
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    @app.command("bench")
     @handle_errors
-    def _bench() -> None:
-        """Not implemented yet."""
-        raise NotImplementedYet("bench")
+    def bench(
+        inventory: InventoryOpt,
+        host: HostOpt = None,
+        services: Annotated[
+            list[str] | None, typer.Option("--services", "--service", help="Services to compare, in order (A,B,...).")
+        ] = None,
+        sweep: Annotated[
+            str | None,
+            typer.Option("--sweep", help="Redeploy ONE service across settings: budget=15,32,64 or topk=4,8."),
+        ] = None,
+        prompts: Annotated[Path | None, typer.Option("--prompts", help="YAML prompt set (default: shipped).")] = None,
+        repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions per prompt.")] = 3,
+        max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=8192)] = 128,
+        chart: Annotated[Path | None, typer.Option("--chart", help="Write a PNG chart of tok/s and tau.")] = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Benchmark services: warm-up, N repeats of a prompt set at temperature 0, medians and min-max."""
+        inv = load_inventory(inventory)
+        wanted = split_selector(services)
+        picked = [(h, s) for h, svcs in select(inv, split_selector(host), wanted) for s in svcs]
+        if wanted:  # keep the user's order: the first arm is the reference of every ratio
+            picked.sort(key=lambda hs: wanted.index(hs[1].name))
+        if not picked:
+            raise OpsctlError("no service selected", "name services with --services")
+        settings = BenchSettings(repeat=repeat, max_tokens=max_tokens)
+        prompt_set = load_prompts(prompts)
+        progress = console.print if not as_json else (lambda _: None)
+        if sweep:
+            if len(picked) != 1:
+                raise OpsctlError("--sweep works on exactly one service", "select it with --services NAME")
+            knob, values = parse_sweep(sweep)
+            arms = run_sweep(inv, picked[0][0], picked[0][1], knob, values, prompt_set, settings, progress)
+        else:
+            arms = [bench_service(h, s, prompt_set, settings, progress=progress) for h, s in picked]
+        report = summarize(arms)
+        if chart is not None:
+            write_chart(report, chart)
+        if as_json:
+            emit_json(report_json(report, settings))
+        else:
+            _print_table(report)
+        for warning in report.warnings:
+            console.print(f"[bold yellow]WARNING:[/] {warning}")
+
+
+def _print_table(report: Report) -> None:
+    table = Table(*TABLE_HEADER, title="opsctl bench (tok/s = completion tokens / wall time, per request)")
+    for row in table_rows(report):
+        table.add_row(*row)
+    console.print(table)
+
+
+def _sample_json(sample: Sample) -> dict[str, Any]:
+    return {
+        "prompt_id": sample.prompt_id,
+        "repeat": sample.repeat,
+        "completion_tokens": sample.completion_tokens,
+        "wall_s": sample.wall_s,
+        "ttft_s": sample.ttft_s,
+        "tok_s": sample.tok_s,
+        "finish_reason": sample.finish_reason,
+    }
+
+
+def report_json(report: Report, settings: BenchSettings) -> dict[str, Any]:
+    arms = []
+    for arm, summary in zip(report.arms, report.summaries, strict=True):
+        arms.append(
+            {
+                "label": arm.label,
+                "host": arm.host,
+                "service": arm.service,
+                "mode": arm.mode,
+                "engine": arm.engine,
+                "budget": arm.budget,
+                "topk": arm.topk,
+                "server_settings": dict(arm.settings),
+                "accept_length": arm.accept_length,
+                "samples": [_sample_json(s) for s in arm.samples],
+                "summary": {
+                    "requests": summary.requests,
+                    "completion_tokens": summary.completion_tokens,
+                    "tok_s": vars(summary.tok_s),
+                    "ttft_s": vars(summary.ttft_s),
+                    "ratio_to_first": summary.ratio,
+                },
+            }
+        )
+    return {
+        "settings": {
+            "repeat": settings.repeat,
+            "max_tokens": settings.max_tokens,
+            "temperature": 0,
+            "warmup": settings.warmup,
+            "thinking": False,
+        },
+        "arms": arms,
+        "warnings": list(report.warnings),
+    }

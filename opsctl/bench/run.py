@@ -1,0 +1,92 @@
+"""Run the prompt set against each selected service: warm-up, N repeats, then the server's own view
+(acceptance length from /metrics, biasing settings from /server_info)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from opsctl.bench.measure import Sample, chat_body, stream_chat
+from opsctl.bench.prompts import BenchPrompt
+from opsctl.bench.report import BIAS_KEYS, Arm, parse_prometheus
+from opsctl.errors import OpsctlError
+from opsctl.health import auth_headers, base_url
+from opsctl.inventory.model import Host, Service
+
+ACCEPT_METRIC = "sglang:spec_accept_length"
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    repeat: int = 3
+    max_tokens: int = 128
+    warmup: int = 1
+    timeout_s: float = 600.0
+
+
+def served_model(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
+    try:
+        response = client.get(f"{base}/v1/models", headers=headers, timeout=30)
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        raise OpsctlError(f"{base}/v1/models: {type(exc).__name__}", "is the service up? try `opsctl status`") from None
+
+
+def server_settings(client: httpx.Client, base: str, headers: dict[str, str]) -> dict[str, object]:
+    try:
+        info = client.get(f"{base}/server_info", headers=headers, timeout=30).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return {key: info[key] for key in BIAS_KEYS if isinstance(info, dict) and key in info}
+
+
+def accept_length(client: httpx.Client, base: str, headers: dict[str, str]) -> float | None:
+    try:
+        text = client.get(f"{base}/metrics", headers=headers, timeout=30).text
+    except httpx.HTTPError:
+        return None
+    value = parse_prometheus(text).get(ACCEPT_METRIC)
+    return value if value and value > 0 else None
+
+
+def bench_service(
+    host: Host,
+    service: Service,
+    prompts: Sequence[BenchPrompt],
+    settings: BenchSettings,
+    label: str | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> Arm:
+    base = base_url(host, service)
+    headers = auth_headers(service.api_key)
+    with httpx.Client() as client:
+        model = served_model(client, base, headers)
+        url = f"{base}/v1/chat/completions"
+        for _ in range(settings.warmup):
+            stream_chat(
+                client, url, chat_body(model, prompts[0].prompt, settings.max_tokens), headers, settings.timeout_s
+            )
+        samples: list[Sample] = []
+        for repeat in range(settings.repeat):
+            for prompt in prompts:
+                body = chat_body(model, prompt.prompt, settings.max_tokens)
+                wall, ttft, tokens, finish = stream_chat(client, url, body, headers, settings.timeout_s)
+                samples.append(Sample(prompt.id, repeat, tokens, wall, ttft, finish))
+                progress(f"{label or service.name}: {prompt.id} #{repeat + 1}: {tokens} tok in {wall:.2f}s")
+        tau = accept_length(client, base, headers) if service.mode.speculative else 1.0
+        knobs = service.ddtree if service.mode.ddtree else None
+        return Arm(
+            label=label or f"{host.name}/{service.name}",
+            host=host.name,
+            service=service.name,
+            mode=service.mode.value,
+            engine=service.engine.value,
+            settings=server_settings(client, base, headers),
+            samples=tuple(samples),
+            accept_length=tau,
+            budget=knobs.budget if knobs else None,
+            topk=knobs.topk if knobs else None,
+        )
