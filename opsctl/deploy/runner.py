@@ -1,0 +1,205 @@
+"""Runs deploys and rollbacks across hosts: connections, per-host locks, canary/batches/max-fail, Ctrl-C.
+
+Its own thread pool (not remote.run_parallel): on Ctrl-C the workers must still run commands (switch back to
+the previous release, restart it, release the lock), so cancellation is an Event the deploy flow checks
+between steps and inside the gates, never a kill of in-flight commands.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+
+from opsctl import remote
+from opsctl.deploy.flow import DeploySettings, ServiceContext, ServiceResult, deploy_service, rollback_service
+from opsctl.deploy.lock import LockHeld, host_lock
+from opsctl.deploy.rollout import Outcome, Target, count_failures, group_by_host, plan_batches, should_continue
+from opsctl.deploy.wheel import RuntimeWheel
+from opsctl.errors import ExitCode, OpsctlError, UnreachableError
+from opsctl.inventory.model import Host as InvHost
+from opsctl.inventory.model import Service
+from opsctl.remote.base import Host
+
+Connect = Callable[[InvHost], Host]
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    canary: bool = False
+    batch: int | None = None  # targets per batch after the canary; None = all at once
+    max_fail: int = 0  # stop starting new batches once cumulative failures exceed this
+    lock_wait: float = 0.0  # seconds to wait for a held host lock
+    forks: int = 16
+
+
+@dataclass
+class RunReport:
+    action: str  # deploy | rollback
+    results: list[ServiceResult] = field(default_factory=list)
+    interrupted: bool = False
+    stopped_early: bool = False  # max-fail reached
+
+    @property
+    def failures(self) -> int:
+        return count_failures([r.outcome for r in self.results])
+
+    def exit_code(self, plan: bool = False) -> ExitCode:
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
+        if self.failures:
+            return ExitCode.ERROR
+        if plan and any(r.outcome is Outcome.PLANNED for r in self.results):
+            return ExitCode.CHANGES_PENDING
+        return ExitCode.OK
+
+
+Work = Callable[[ServiceContext], ServiceResult]
+
+
+def run(
+    action: str,
+    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    work: Work,
+    options: RolloutOptions,
+    say: Callable[[str], None],
+    connect: Connect = remote.connect,
+    take_lock: bool = True,
+) -> RunReport:
+    """Apply `work` to every selected (host, service), in batches, each host under its deploy lock."""
+    report = RunReport(action)
+    hosts = {h.name: h for h, _ in selection}
+    services = {(h.name, s.name): s for h, svcs in selection for s in svcs}
+    targets = [Target(h.name, s.name) for h, svcs in selection for s in svcs]
+    batches = plan_batches(targets, options.canary, options.batch)
+    cancel = threading.Event()
+    conns: dict[str, Host] = {}
+    results: dict[Target, ServiceResult] = {}
+    now = datetime.now(UTC)
+
+    def on_host(host_name: str, group: list[Target]) -> list[ServiceResult]:
+        inv_host = hosts[host_name]
+        out: list[ServiceResult] = []
+
+        def rest(outcome: Outcome, message: str) -> list[ServiceResult]:
+            done = {r.service for r in out}
+            return [
+                ServiceResult(host_name, t.service, outcome, message=message) for t in group if t.service not in done
+            ]
+
+        try:
+            with ExitStack() as stack:
+                conn = conns.setdefault(host_name, connect(inv_host))
+                if take_lock:
+                    names = ",".join(t.service for t in group)
+                    stack.enter_context(
+                        host_lock(conn, f"{action} {names}", options.lock_wait, cancelled=cancel.is_set)
+                    )
+                http = stack.enter_context(httpx.Client())
+                for target in group:
+                    if cancel.is_set():
+                        out.append(ServiceResult(host_name, target.service, Outcome.SKIPPED, message="interrupted"))
+                        continue
+                    svc = services[(host_name, target.service)]
+                    ctx = ServiceContext(inv_host, svc, conn, http, cancel, say=_prefixed(say, str(target)), now=now)
+                    try:
+                        out.append(work(ctx))
+                    except UnreachableError as exc:
+                        out.append(
+                            ServiceResult(host_name, target.service, Outcome.UNREACHABLE, message=exc.one_line())
+                        )
+                    except OpsctlError as exc:
+                        outcome = Outcome.INTERRUPTED if cancel.is_set() else Outcome.FAILED
+                        out.append(ServiceResult(host_name, target.service, outcome, message=exc.one_line()))
+        except LockHeld as exc:
+            out += rest(Outcome.LOCKED, exc.one_line())
+        except UnreachableError as exc:
+            out += rest(Outcome.UNREACHABLE, exc.one_line())
+        except OpsctlError as exc:
+            out += rest(Outcome.FAILED, exc.one_line())
+        return out
+
+    pool = ThreadPoolExecutor(max_workers=max(1, options.forks), thread_name_prefix="opsctl-deploy")
+    try:
+        for index, batch in enumerate(batches):
+            if report.interrupted or not should_continue(
+                count_failures([r.outcome for r in results.values()]), options.max_fail
+            ):
+                report.stopped_early = not report.interrupted
+                for t in batch:
+                    why = "interrupted" if report.interrupted else f"not started: more than {options.max_fail} failures"
+                    results[t] = ServiceResult(t.host, t.service, Outcome.SKIPPED, message=why)
+                continue
+            if len(batches) > 1:
+                say(f"batch {index + 1}/{len(batches)}: {', '.join(str(t) for t in batch)}")
+            futures: dict[Future[list[ServiceResult]], str] = {
+                pool.submit(on_host, host_name, group): host_name for host_name, group in group_by_host(batch).items()
+            }
+            pending = set(futures)
+            while pending:
+                try:
+                    _, pending = wait(pending, timeout=0.2)
+                except KeyboardInterrupt:
+                    if not cancel.is_set():
+                        say("interrupted: restoring previous releases and releasing locks (Ctrl-C again is ignored)")
+                    cancel.set()
+                    report.interrupted = True
+            for future in futures:
+                for r in future.result():
+                    results[Target(r.host, r.service)] = r
+    finally:
+        pool.shutdown(wait=True)
+        for conn in conns.values():
+            try:
+                conn.close()
+            except Exception:  # closing is best effort
+                pass
+    report.results = [results[t] for t in targets if t in results]
+    return report
+
+
+def deploy(
+    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    wheel: RuntimeWheel,
+    settings: DeploySettings,
+    options: RolloutOptions,
+    say: Callable[[str], None],
+    connect: Connect = remote.connect,
+) -> RunReport:
+    return run(
+        "deploy",
+        selection,
+        lambda ctx: deploy_service(ctx, wheel, settings),
+        options,
+        say,
+        connect,
+        take_lock=not settings.plan,
+    )
+
+
+def rollback(
+    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    settings: DeploySettings,
+    options: RolloutOptions,
+    say: Callable[[str], None],
+    to: str | None = None,
+    connect: Connect = remote.connect,
+) -> RunReport:
+    return run(
+        "rollback",
+        selection,
+        lambda ctx: rollback_service(ctx, settings, to),
+        options,
+        say,
+        connect,
+        take_lock=not settings.plan,
+    )
+
+
+def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    return lambda message: say(f"{prefix}: {message}")
