@@ -1,0 +1,163 @@
+"""The `Operation` protocol: read facts -> compare with the desired state -> a plan of actions -> apply.
+
+A plan is a value: an exact, ordered tuple of actions (remote commands, file pushes, small file writes,
+verifications). `--plan` prints it; apply executes it action by action and stops at the first failure.
+Facts are read with read-only commands only, so planning never changes a host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from opsctl.commands import Cmd
+from opsctl.inventory.model import Host as HostSpec
+from opsctl.ops.errors import ProvisionError
+from opsctl.ops.facts.manifest import Manifest
+
+
+class RunResultLike(Protocol):
+    """What operations read from `opsctl.remote.RunResult`."""
+
+    @property
+    def exit_code(self) -> int: ...
+    @property
+    def stdout(self) -> str: ...
+    @property
+    def stderr(self) -> str: ...
+
+
+class RemoteHost(Protocol):
+    """The subset of `opsctl.remote.Host` operations use (structural: the real Host and FakeHost fit)."""
+
+    name: str
+
+    def run(self, cmd: Cmd, timeout: float | None = None, check: bool = True) -> RunResultLike: ...
+    def put_text(self, text: str, remote_path: str, mode: int = 0o644) -> None: ...
+    def put_file(self, local: Path, remote_path: str, mode: int = 0o644) -> None: ...
+    def sync_dir(self, local_dir: Path, remote_dir: str) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Push:
+    """Copy a local directory's contents (rsync -a) or a single file to the host."""
+
+    local: Path
+    remote: str
+
+    def display(self) -> str:
+        return f"push {self.local} -> {self.remote}"
+
+
+@dataclass(frozen=True)
+class PutText:
+    """Write a small file atomically (temp + rename) on the host."""
+
+    remote: str
+    text: str = field(repr=False)
+    mode: int = 0o644
+
+    def display(self) -> str:
+        return f"write {self.remote} ({len(self.text.encode())} bytes, mode {self.mode:o})"
+
+
+@dataclass(frozen=True)
+class Verify:
+    """Run a read-only command and judge its result; `judge` raises an OpsctlError when it is wrong."""
+
+    cmd: Cmd
+    judge: Callable[[int, str, str], None] = field(compare=False, repr=False)
+    what: str = ""
+
+    def display(self) -> str:
+        return f"verify {self.what}: {self.cmd.display()}" if self.what else f"verify: {self.cmd.display()}"
+
+
+Action = Cmd | Push | PutText | Verify
+
+
+def display(action: Action) -> str:
+    return action.display() if not isinstance(action, Cmd) else ("sudo " if action.sudo else "") + action.display()
+
+
+@dataclass(frozen=True)
+class Plan:
+    op: str
+    actions: tuple[Action, ...] = ()
+    notes: tuple[str, ...] = ()  # one-line facts worth showing ("no NVIDIA GPU detected")
+    reboot_required: bool = False  # the host needs a reboot before this step can be checked again
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.actions)
+
+    def commands(self) -> list[str]:
+        return [display(a) for a in self.actions]
+
+
+@dataclass(frozen=True)
+class Options:
+    reboot: bool = False  # allowed to reboot a host after a driver install
+    require_gpu: bool = False  # a host without an NVIDIA GPU is an error
+    reboot_timeout: float = 900.0  # seconds to wait for SSH after a reboot
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """Things built once per run on the control machine and shared by every host."""
+
+    wheelhouses: Mapping[str, Path] = field(default_factory=dict)  # profile -> local wheel dir to push
+    runtime_wheel: Path | None = None  # the ddtree-runtime wheel built from runtime/
+    manifests: Mapping[str, Manifest] = field(default_factory=dict)  # control-side model source -> manifest
+
+
+@dataclass(frozen=True)
+class Context:
+    spec: HostSpec  # the inventory's view of the host
+    remote: RemoteHost
+    options: Options = field(default_factory=Options)
+    artifacts: Artifacts = field(default_factory=Artifacts)
+
+
+class Operation(Protocol):
+    name: str
+
+    def plan(self, ctx: Context) -> Plan:
+        """Read facts (read-only commands) and return the actions that reach the desired state."""
+        ...
+
+    def apply(self, ctx: Context, plan: Plan) -> Plan:
+        """Execute the plan; return the plan that remains afterwards (normally empty, or reboot_required)."""
+        ...
+
+
+def execute(remote: RemoteHost, actions: tuple[Action, ...], timeout: float | None = None) -> None:
+    """Run the actions in order; the first failure raises (RemoteError, or the judge's error)."""
+    for action in actions:
+        if isinstance(action, Cmd):
+            remote.run(action, timeout=timeout)
+        elif isinstance(action, Push):
+            if action.local.is_dir():
+                remote.sync_dir(action.local, action.remote)
+            else:
+                remote.put_file(action.local, action.remote)
+        elif isinstance(action, PutText):
+            remote.put_text(action.text, action.remote, mode=action.mode)
+        else:
+            result = remote.run(action.cmd, timeout=timeout, check=False)
+            action.judge(result.exit_code, result.stdout, result.stderr)
+
+
+def read(remote: RemoteHost, cmd: Cmd, timeout: float | None = 120.0) -> RunResultLike:
+    """A fact read: never raises for a non-zero exit (the parser decides what it means)."""
+    return remote.run(cmd, timeout=timeout, check=False)
+
+
+def require_ok(result: RunResultLike, what: str) -> str:
+    if result.exit_code != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()
+        raise ProvisionError(f"{what} failed (exit {result.exit_code})" + (f": {tail[-1]}" if tail else ""))
+    return result.stdout

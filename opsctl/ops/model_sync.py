@@ -1,0 +1,230 @@
+"""model_sync: every model and draft model of a host's services at its ModelSpec.path (under /dev/shm), whole
+and verified.
+
+Copy protocol (the final path never holds a partial model):
+1. read the manifest (size + sha256 per file) of the source: hashed on the control machine (cached by size and
+   mtime) or on the host for a host-side source;
+2. hash what the host has at the final path and in the staging dir `.opsctl-sync-<name>` (a previous,
+   interrupted run); skip the model when the final path matches the manifest;
+3. refuse when /dev/shm cannot hold the bytes still to copy, with the numbers;
+4. stage: hard-link the files that are already good at the final path (tmpfs hard links cost no space), drop
+   corrupted or stale files, rsync the source over the staging dir, `sha256sum -c` it against the manifest,
+   write the manifest into it;
+5. swap: final -> .opsctl-old-<name>, staging -> final (two renames), remove the old copy.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl.commands import Cmd
+from opsctl.inventory.model import Host as HostSpec
+from opsctl.inventory.model import ModelSourceKind, ModelSpec
+from opsctl.ops.base import Action, Context, Plan, Push, PutText, RemoteHost, Verify, execute, read
+from opsctl.ops.errors import ManifestMismatchError, ProvisionError, ShmTooSmallError
+from opsctl.ops.facts.manifest import (
+    MANIFEST_NAME,
+    DirState,
+    FileEntry,
+    Manifest,
+    compare,
+    hash_listing_cmd,
+    parse_hash_listing,
+    parse_manifest_json,
+)
+from opsctl.ops.facts.system import DiskSpace, gib, parse_df
+
+NAME = "model_sync"
+
+
+@dataclass(frozen=True)
+class ModelPaths:
+    final: str
+    staging: str
+    old: str
+
+    @staticmethod
+    def of(path: str) -> ModelPaths:
+        final = path.rstrip("/")
+        parent, name = posixpath.split(final)
+        return ModelPaths(final, f"{parent}/.opsctl-sync-{name}", f"{parent}/.opsctl-old-{name}")
+
+    @property
+    def parent(self) -> str:
+        return posixpath.dirname(self.final)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    final_exists: bool
+    final: Mapping[str, FileEntry]  # hash listing of the final path
+    stored_manifest: Manifest | None  # .opsctl-manifest.json at the final path
+    staging: Mapping[str, FileEntry]  # hash listing of the staging dir (empty when absent)
+    staging_exists: bool
+    space: DiskSpace  # of the filesystem holding the final path
+
+
+def models_of(host: HostSpec) -> list[ModelSpec]:
+    """Distinct models (by destination) of the host's services, in service order."""
+    seen: dict[str, ModelSpec] = {}
+    for svc in host.services:
+        for spec in (svc.model, svc.draft_model):
+            if spec is not None and spec.path not in seen:
+                seen[spec.path] = spec
+    return list(seen.values())
+
+
+def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[list[Action], list[str]]:
+    """The pure decision for one model: (actions, notes)."""
+    p = ModelPaths.of(spec.path)
+    state = compare(manifest, facts.final) if facts.final_exists else None
+    if state is not None and state.matches:
+        actions: list[Action] = []
+        notes = [f"{p.final}: {len(manifest.files)} files, {gib(manifest.total_bytes)}, manifest verified"]
+        if facts.stored_manifest != manifest:
+            actions.append(PutText(f"{p.final}/{MANIFEST_NAME}", manifest.to_json()))
+            notes.append(f"{p.final}: write the manifest")
+        if facts.staging_exists:
+            actions.append(Cmd.of("rm", "-rf", p.staging))
+        return actions, notes
+    staged = compare(manifest, facts.staging)
+    good_final = state.good if state is not None else frozenset()
+    have = good_final | staged.good
+    need = sum(e.size for path, e in manifest.files.items() if path not in have)
+    if need > facts.space.available:
+        raise ShmTooSmallError(
+            f"{spec.name} needs {gib(need)} more in {facts.space.mount} ({need} bytes; model "
+            f"{gib(manifest.total_bytes)}), only {gib(facts.space.available)} available "
+            f"({facts.space.available} bytes)",
+            f"free space in {facts.space.mount} (remove unused models) or enlarge it",
+        )
+    notes = [_why(p, manifest, state, need)]
+    actions = [Cmd.of("rm", "-rf", p.old), Cmd.of("mkdir", "-p", p.staging)]
+    drop = sorted((staged.bad | staged.extra) - good_final)
+    if drop:
+        actions.append(Cmd.of("rm", "-f", "--", *(f"{p.staging}/{f}" for f in drop)))
+    link = sorted(good_final - staged.good)
+    if link:
+        cp = shlex.join(["cp", "-alf", "--parents", "-t", p.staging, "--", *link])
+        actions.append(Cmd.of("sh", "-c", f"cd {shlex.quote(p.final)} && {cp}"))
+    if spec.source_on is ModelSourceKind.CONTROL:
+        actions.append(Push(Path(spec.source), p.staging))
+    else:
+        actions.append(Cmd.of("rsync", "-a", f"{spec.source.rstrip('/')}/", f"{p.staging}/"))
+    actions.append(
+        Verify(
+            Cmd.of(
+                "sh",
+                "-c",
+                f"cd {shlex.quote(p.staging)} && sha256sum --quiet --strict -c -",
+                stdin=manifest.sha256sum_lines(),
+            ),
+            judge=_verify_judge(spec.name),
+            what=f"sha256 of {len(manifest.files)} files",
+        )
+    )
+    actions.append(PutText(f"{p.staging}/{MANIFEST_NAME}", manifest.to_json()))
+    final, staging, old = (shlex.quote(x) for x in (p.final, p.staging, p.old))
+    actions.append(
+        Cmd.of(
+            "sh",
+            "-c",
+            f"set -e; if [ -e {final} ]; then mv -T {final} {old}; fi; mv -T {staging} {final}; rm -rf {old}",
+        )
+    )
+    return actions, notes
+
+
+def _why(p: ModelPaths, manifest: Manifest, state: DirState | None, need: int) -> str:
+    size = f"{len(manifest.files)} files, {gib(manifest.total_bytes)}"
+    if state is None:
+        return f"{p.final}: absent; copy {size} ({gib(need)} to transfer)"
+    parts = []
+    if state.bad:
+        parts.append(f"{len(state.bad)} corrupted or changed ({', '.join(sorted(state.bad)[:3])})")
+    if state.missing:
+        parts.append(f"{len(state.missing)} missing")
+    if state.extra:
+        parts.append(f"{len(state.extra)} not in the source")
+    return f"{p.final}: {'; '.join(parts)}; re-copy ({gib(need)} to transfer)"
+
+
+def _verify_judge(name: str) -> Callable[[int, str, str], None]:
+    def judge(exit_code: int, stdout: str, stderr: str) -> None:
+        if exit_code != 0:
+            failed = [ln for ln in (stdout + stderr).splitlines() if ln.strip()][:3]
+            raise ManifestMismatchError(
+                f"{name}: the copy does not match the source manifest: {'; '.join(failed) or f'exit {exit_code}'}",
+                "the source changed during the copy, or the host's memory is faulty; run provision again",
+            )
+
+    return judge
+
+
+def read_facts(remote: RemoteHost, spec: ModelSpec) -> ModelFacts:
+    p = ModelPaths.of(spec.path)
+    final_exists = read(remote, Cmd.of("test", "-d", p.final)).exit_code == 0
+    staging_exists = read(remote, Cmd.of("test", "-d", p.staging)).exit_code == 0
+    final = _listing(remote, p.final) if final_exists else {}
+    staging = _listing(remote, p.staging) if staging_exists else {}
+    stored = read(remote, Cmd.of("cat", f"{p.final}/{MANIFEST_NAME}")) if final_exists else None
+    space = read(remote, Cmd.of("df", "-P", "-B1", p.parent))
+    if space.exit_code != 0:
+        raise ProvisionError(f"{p.parent} does not exist on the host", "models go under /dev/shm")
+    return ModelFacts(
+        final_exists,
+        final,
+        parse_manifest_json(stored.stdout) if stored is not None and stored.exit_code == 0 else None,
+        staging,
+        staging_exists,
+        parse_df(space.stdout),
+    )
+
+
+def _listing(remote: RemoteHost, directory: str) -> dict[str, FileEntry]:
+    result = read(remote, hash_listing_cmd(directory), timeout=3600.0)
+    if result.exit_code != 0:
+        raise ProvisionError(f"hashing {directory} failed: {result.stderr.strip()[-200:]}")
+    return parse_hash_listing(result.stdout)
+
+
+def host_source_manifest(remote: RemoteHost, spec: ModelSpec) -> Manifest:
+    if read(remote, Cmd.of("test", "-d", spec.source)).exit_code != 0:
+        raise ProvisionError(f"model source {spec.source} does not exist on the host", "fix models.source")
+    return Manifest(_listing(remote, spec.source))
+
+
+def manifest_for(ctx: Context, spec: ModelSpec) -> Manifest:
+    if spec.source_on is ModelSourceKind.HOST:
+        return host_source_manifest(ctx.remote, spec)
+    manifest = ctx.artifacts.manifests.get(spec.source)
+    if manifest is None:
+        raise ProvisionError(f"no manifest for {spec.source} (it is built before hosts are provisioned)")
+    return manifest
+
+
+class ModelSync:
+    name = NAME
+
+    def plan(self, ctx: Context) -> Plan:
+        actions: list[Action] = []
+        notes: list[str] = []
+        for spec in models_of(ctx.spec):
+            manifest = manifest_for(ctx, spec)
+            if not manifest.files:
+                raise ProvisionError(f"model source {spec.source} has no files", "fix models.source")
+            acts, why = plan_model(spec, manifest, read_facts(ctx.remote, spec))
+            actions += acts
+            notes += why
+        if not models_of(ctx.spec):
+            notes.append("no models (the host has no services)")
+        return Plan(NAME, actions=tuple(actions), notes=tuple(notes))
+
+    def apply(self, ctx: Context, plan: Plan) -> Plan:
+        execute(ctx.remote, plan.actions, timeout=7200.0)
+        # Re-reading facts would hash everything again; the copy was verified before the rename.
+        return Plan(NAME, notes=plan.notes)

@@ -1,0 +1,248 @@
+"""`opsctl provision`: run playbooks/provision.yaml's steps on every selected host, hosts in parallel.
+
+Per host the steps run in order; the first failing step stops that host (later steps are reported skipped),
+never the others. A step that needs a reboot stops the host too (exit 3) unless --reboot was given.
+Things every host shares are prepared once on the control machine first: the wheelhouse(s), the runtime
+wheel, and the manifests of control-side models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import yaml
+
+from opsctl import wheelhouse
+from opsctl.errors import ExitCode, OpsctlError
+from opsctl.inventory.model import Host as HostSpec
+from opsctl.inventory.model import ModelSourceKind
+from opsctl.ops.base import Artifacts, Context, Operation, Options, Plan, RemoteHost
+from opsctl.ops.cuda_toolkit import CudaToolkit
+from opsctl.ops.errors import ProvisionError
+from opsctl.ops.facts.manifest import Manifest, build_local_manifest
+from opsctl.ops.gpu_driver import GpuDriver
+from opsctl.ops.locks import lock_for
+from opsctl.ops.model_sync import ModelSync, models_of
+from opsctl.ops.python_venv import PythonVenv
+from opsctl.ops.runtime_wheel import RuntimeWheel
+
+PLAYBOOK = Path(__file__).resolve().parents[1] / "playbooks" / "provision.yaml"
+MANIFEST_CACHE = Path("/var/cache/opsctl/manifests")
+
+OPERATIONS: dict[str, Callable[[], Operation]] = {
+    "gpu_driver": GpuDriver,
+    "cuda_toolkit": CudaToolkit,
+    "python_venv": PythonVenv,
+    "runtime_wheel": RuntimeWheel,
+    "model_sync": ModelSync,
+}
+
+
+class StepStatus(StrEnum):
+    UNCHANGED = "unchanged"  # already in the desired state
+    CHANGED = "changed"  # commands ran and the step converged
+    PENDING = "pending"  # --plan: commands would run
+    REBOOT = "reboot_required"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # an earlier step failed or needs a reboot
+
+
+class HostStatus(StrEnum):
+    UNCHANGED = "unchanged"
+    CHANGED = "changed"
+    PENDING = "pending"
+    REBOOT = "reboot_required"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class StepReport:
+    op: str
+    status: StepStatus
+    commands: tuple[str, ...] = ()  # display forms (secrets masked): planned, or run
+    notes: tuple[str, ...] = ()
+    error: str | None = None
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class HostReport:
+    host: str
+    steps: tuple[StepReport, ...] = ()
+    error: str | None = None  # a failure outside any step (e.g. unreachable)
+    hint: str | None = None
+
+    @property
+    def status(self) -> HostStatus:
+        statuses = {s.status for s in self.steps}
+        if self.error is not None or StepStatus.FAILED in statuses:
+            return HostStatus.FAILED
+        if StepStatus.REBOOT in statuses:
+            return HostStatus.REBOOT
+        if StepStatus.CHANGED in statuses:
+            return HostStatus.CHANGED
+        if StepStatus.PENDING in statuses:
+            return HostStatus.PENDING
+        return HostStatus.UNCHANGED
+
+    @property
+    def changes(self) -> int:
+        return sum(len(s.commands) for s in self.steps if s.status in (StepStatus.CHANGED, StepStatus.PENDING))
+
+
+@dataclass(frozen=True)
+class Settings:
+    plan_only: bool = False
+    options: Options = field(default_factory=Options)
+    wheelhouse: Path | None = None  # --wheelhouse DIR: used as given for every host
+    forks: int = 16
+    playbook: Path = PLAYBOOK
+
+
+@dataclass(frozen=True)
+class Result:
+    plan: bool
+    hosts: tuple[HostReport, ...] = field(default=())
+
+    @property
+    def exit_code(self) -> ExitCode:
+        statuses = {h.status for h in self.hosts}
+        if HostStatus.FAILED in statuses:
+            return ExitCode.ERROR
+        if HostStatus.REBOOT in statuses:
+            return ExitCode.REBOOT_REQUIRED
+        if self.plan and HostStatus.PENDING in statuses:
+            return ExitCode.CHANGES_PENDING
+        return ExitCode.OK
+
+
+def load_playbook(path: Path) -> tuple[str, ...]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProvisionError(f"cannot read playbook {path}: {exc}") from None
+    steps = data.get("steps") if isinstance(data, dict) else None
+    if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
+        raise ProvisionError(f"{path}: `steps:` must be a list of operation names")
+    unknown = [s for s in steps if s not in OPERATIONS]
+    if unknown:
+        raise ProvisionError(f"{path}: unknown step {unknown[0]!r}", f"known: {', '.join(OPERATIONS)}")
+    return tuple(steps)
+
+
+def prepare(hosts: Sequence[HostSpec], steps: Sequence[str], settings: Settings) -> Artifacts:
+    """Build what every host shares, once, on the control machine (also for --plan: caches only)."""
+    wheelhouses: dict[str, Path] = {}
+    if "python_venv" in steps:
+        for host in hosts:
+            lock = lock_for(host)
+            if settings.wheelhouse is not None:
+                wheelhouses[lock.profile] = wheelhouse.given(settings.wheelhouse).path
+            elif host.wheelhouse is not None and lock.profile not in wheelhouses:
+                wheelhouses[lock.profile] = wheelhouse.ensure(lock, Path(host.wheelhouse)).path
+    runtime = None
+    if "runtime_wheel" in steps:
+        from opsctl.deploy.wheel import runtime_wheel
+
+        runtime = runtime_wheel().path
+    manifests: dict[str, Manifest] = {}
+    if "model_sync" in steps:
+        for host in hosts:
+            for spec in models_of(host):
+                if spec.source_on is ModelSourceKind.CONTROL and spec.source not in manifests:
+                    manifests[spec.source] = control_manifest(Path(spec.source))
+    return Artifacts(wheelhouses=wheelhouses, runtime_wheel=runtime, manifests=manifests)
+
+
+def control_manifest(source: Path) -> Manifest:
+    if not source.is_dir():
+        raise ProvisionError(f"model source {source} is not a directory on the control machine", "fix models.source")
+    key = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
+    cache = MANIFEST_CACHE / f"{key}.json"
+    try:
+        return build_local_manifest(source, cache)
+    except PermissionError:
+        return build_local_manifest(source, None)
+
+
+def provision_host(
+    spec: HostSpec,
+    remote: RemoteHost,
+    steps: Sequence[str],
+    settings: Settings,
+    artifacts: Artifacts,
+    progress: Callable[[str, StepReport], None] | None = None,
+) -> HostReport:
+    ctx = Context(spec, remote, settings.options, artifacts)
+    reports: list[StepReport] = []
+    stop: StepStatus | None = None
+    for name in steps:
+        if stop is not None:
+            reports.append(StepReport(name, StepStatus.SKIPPED))
+            continue
+        report = run_step(OPERATIONS[name](), ctx, settings.plan_only)
+        reports.append(report)
+        if progress is not None:
+            progress(spec.name, report)
+        if report.status is StepStatus.FAILED or (report.status is StepStatus.REBOOT and not settings.plan_only):
+            stop = report.status
+    return HostReport(spec.name, tuple(reports))
+
+
+def run_step(op: Operation, ctx: Context, plan_only: bool) -> StepReport:
+    plan: Plan | None = None
+    try:
+        plan = op.plan(ctx)
+        if plan_only:
+            status = (
+                StepStatus.REBOOT
+                if plan.reboot_required
+                else (StepStatus.PENDING if plan.changes else StepStatus.UNCHANGED)
+            )
+            return StepReport(op.name, status, tuple(plan.commands()), plan.notes)
+        if not plan.changes and not plan.reboot_required:
+            return StepReport(op.name, StepStatus.UNCHANGED, (), plan.notes)
+        after = op.apply(ctx, plan)
+        status = (
+            StepStatus.REBOOT
+            if after.reboot_required
+            else (StepStatus.CHANGED if plan.changes else StepStatus.UNCHANGED)
+        )
+        return StepReport(op.name, status, tuple(plan.commands()), (*plan.notes, *after.notes))
+    except OpsctlError as exc:
+        commands = tuple(plan.commands()) if plan is not None else ()
+        notes = plan.notes if plan is not None else ()
+        return StepReport(op.name, StepStatus.FAILED, commands, notes, exc.message, exc.hint)
+
+
+def provision(
+    hosts: Sequence[HostSpec],
+    settings: Settings,
+    connect: Callable[[HostSpec], RemoteHost] | None = None,
+    progress: Callable[[str, StepReport], None] | None = None,
+) -> Result:
+    from opsctl.remote import connect as ssh_connect
+    from opsctl.remote import run_parallel
+
+    steps = load_playbook(settings.playbook)
+    artifacts = prepare(hosts, steps, settings)
+    opener: Callable[[HostSpec], RemoteHost] = connect or ssh_connect
+
+    def one(spec: HostSpec) -> HostReport:
+        remote = opener(spec)
+        try:
+            return provision_host(spec, remote, steps, settings, artifacts, progress)
+        finally:
+            remote.close()
+
+    outcomes = run_parallel(list(hosts), key=lambda h: h.name, fn=one, forks=settings.forks)
+    reports = [
+        o.value if o.value is not None else HostReport(o.host, error=o.error.message if o.error else "?",
+                                                       hint=o.error.hint if o.error else None)
+        for o in outcomes
+    ]  # fmt: skip
+    return Result(settings.plan_only, tuple(reports))
