@@ -315,3 +315,31 @@ def generate(
     out_ids = tuple(ids) if isinstance(ids, list) and all(isinstance(t, int) for t in ids) else None
     via = "generate+chat-template" if input_ids is not None else "generate+text"
     return Generation(out_ids, str(data.get("text", "")), via)
+
+
+def run_equivalence(
+    client: httpx.Client,
+    service: tuple[str, str, Mapping[str, str]],  # (name, base url, headers)
+    baseline: tuple[str, str, Mapping[str, str]],
+    prompts: Sequence[Prompt],
+    threshold: float = 1.0,
+    baseline_cache: dict[str, Generation] | None = None,
+    progress: Any = None,
+) -> EquivalenceReport:
+    """Greedy outputs of `service` vs `baseline` per prompt. Input ids come from the baseline's /tokenize
+    (chat template, thinking off) when it has one, and both servers get the very same ids."""
+    name, base, headers = service
+    b_name, b_base, b_headers = baseline
+    cache = baseline_cache if baseline_cache is not None else {}
+    model = first_model(client, b_base, b_headers, 30.0)
+    results: list[PromptAgreement] = []
+    for prompt in prompts:
+        ids = chat_input_ids(client, b_base, model, prompt.text, b_headers, 30.0)
+        if prompt.id not in cache:
+            cache[prompt.id] = generate(client, b_base, prompt, b_headers, ids)
+        mine = generate(client, base, prompt, headers, ids)
+        agreement = compare(prompt.id, mine, cache[prompt.id])
+        results.append(agreement)
+        if progress is not None:
+            progress(agreement)
+    return summarize_equivalence(name, b_name, results, threshold)

@@ -1,16 +1,154 @@
-"""`opsctl logs` (placeholder until its issue lands: says so and exits non-zero)."""
+"""`opsctl logs`: journalctl of the selected units on all selected hosts in parallel, lines prefixed with
+host/service; `-f` follows (cursor polling, nothing left running remotely); `--metrics` parses DDTREE and
+SGLang `Decode batch` lines into a table or --json."""
 
 from __future__ import annotations
 
-import typer
+import time
+from collections.abc import Callable
+from typing import Annotated
 
-from opsctl.cli.common import handle_errors
-from opsctl.errors import NotImplementedYet
+import typer
+from rich.table import Table
+
+from opsctl import metrics
+from opsctl.cli.common import (
+    ForksOpt,
+    HostOpt,
+    InventoryOpt,
+    JsonOpt,
+    ServiceOpt,
+    console,
+    emit_json,
+    handle_errors,
+    load_inventory,
+    split_selector,
+)
+from opsctl.errors import ExitCode, SelectorError
+from opsctl.inventory.model import Host, Service
+from opsctl.inventory.select import select
+from opsctl.logs import METRICS_PATTERN, JournalQuery, Source, follow, journal_cmd, parse_journal, valid_grep
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("logs", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    @app.command("logs")
     @handle_errors
-    def _logs() -> None:
-        """Not implemented yet."""
-        raise NotImplementedYet("logs")
+    def logs(
+        inventory: InventoryOpt,
+        service_arg: Annotated[str | None, typer.Argument(metavar="[SERVICE]", help="Only this service.")] = None,
+        host: HostOpt = None,
+        service: ServiceOpt = None,
+        follow_: Annotated[
+            bool, typer.Option("-f", "--follow", help="Keep printing new lines (Ctrl-C stops).")
+        ] = False,
+        since: Annotated[str | None, typer.Option("--since", help="journalctl --since, e.g. '10 min ago'.")] = None,
+        lines: Annotated[int, typer.Option("-n", "--lines", min=1, help="Lines per unit.")] = 200,
+        grep: Annotated[str | None, typer.Option("--grep", help="Only lines matching this regex.")] = None,
+        show_metrics: Annotated[
+            bool, typer.Option("--metrics", help="Parse DDTREE / Decode batch lines into a table.")
+        ] = False,
+        forks: ForksOpt = 16,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Show the services' journal, each line prefixed with host/service."""
+        from opsctl.remote import connect, run_parallel
+
+        if grep is not None and not valid_grep(grep):
+            raise SelectorError(f"--grep {grep!r} is not a valid regular expression", "fix the pattern")
+        inv = load_inventory(inventory)
+        services = [*(split_selector(service) or []), *([service_arg] if service_arg else [])] or None
+        pairs = [(h, s) for h, svcs in select(inv, split_selector(host), services) for s in svcs]
+        if not pairs:
+            raise SelectorError("no services selected", "the inventory's hosts have no services")
+        if show_metrics:
+            grep = METRICS_PATTERN if grep is None else grep
+            lines = max(lines, 20000) if since is None else lines
+        conns = {h.name: connect(h) for h, _ in pairs}
+        try:
+
+            def fetch_for(h: Host) -> Callable[[JournalQuery], str]:
+                return lambda q: conns[h.name].run(journal_cmd(q), timeout=120).stdout
+
+            def one(pair: tuple[Host, Service]) -> list[str]:
+                h, s = pair
+                out = conns[h.name].run(journal_cmd(JournalQuery(s.unit_name, since, lines, grep)), timeout=120)
+                return parse_journal(out.stdout)[0]
+
+            if follow_ and not show_metrics:
+                sources = [
+                    Source(f"{h.name}/{s.name}", fetch_for(h), JournalQuery(s.unit_name, since, lines, grep))
+                    for h, s in pairs
+                ]
+                try:
+                    for label, line in follow(sources, time.sleep):
+                        typer.echo(f"{label} | {line}")
+                except KeyboardInterrupt:
+                    raise typer.Exit(int(ExitCode.OK)) from None  # a clean stop, not an error
+                return
+            outcomes = run_parallel(pairs, key=lambda p: f"{p[0].name}/{p[1].name}", fn=one, forks=forks)
+        finally:
+            for c in conns.values():
+                c.close()
+        failed = False
+        collected: dict[str, list[str]] = {}
+        for outcome in outcomes:
+            if outcome.error is not None:
+                console.print(f"[bold red]{outcome.host}: {outcome.error.one_line()}[/]", markup=True)
+                failed = True
+                continue
+            collected[outcome.host] = outcome.value or []
+        if show_metrics:
+            _metrics(collected, as_json)
+        elif as_json:
+            emit_json([{"source": k, "line": line} for k, v in collected.items() for line in v])
+        else:
+            for label, found in collected.items():
+                for line in found:
+                    typer.echo(f"{label} | {line}")
+        if failed:
+            raise typer.Exit(int(ExitCode.ERROR))
+
+
+def _metrics(collected: dict[str, list[str]], as_json: bool) -> None:
+    rows = []
+    summaries = {}
+    for label, found in collected.items():
+        records = metrics.parse_lines(found)
+        summaries[label] = metrics.summarize(records)
+        for line, record in zip(found, (metrics.parse_line(x) for x in found), strict=True):
+            if isinstance(record, metrics.DDTreeMetrics | metrics.DecodeBatch):
+                rows.append((label, line.split(" ", 1)[0], record))
+    if as_json:
+        emit_json(
+            {
+                "summary": summaries,
+                "lines": [{"source": label, "time": when, "record": r} for label, when, r in rows],
+            }
+        )
+        return
+    table = Table(title="DDTREE / Decode batch metrics", show_lines=False)
+    for col in ("source", "time", "kind", "rounds", "tau", "nodes", "depth", "off_spine", "accept len", "tok/s"):
+        table.add_column(col, justify="left" if col in ("source", "time", "kind") else "right")
+    for label, when, r in rows:
+        if isinstance(r, metrics.DDTreeMetrics):
+            table.add_row(
+                label, when, "ddtree" + (" UNSAFE" if r.hybrid_unsafe else ""), str(r.rounds), f"{r.tau:.2f}",
+                f"{r.nodes:.1f}", f"{r.depth:.1f}", f"{r.off_spine:.2f}", "", f"{r.tok_s:.1f}",
+            )  # fmt: skip
+        else:
+            accept = f"{r.accept_len:.2f}" if r.accept_len is not None else ""
+            table.add_row(label, when, "decode", "", "", "", "", "", accept, f"{r.gen_throughput:.1f}")
+    console.print(table)
+    for label, s in summaries.items():
+        if s.init:
+            console.print(
+                f"{label}: mode={s.init.mode} budget={s.init.budget} topk={s.init.topk} block={s.init.block} "
+                f"hybrid={s.init.hybrid}" + (f"; last tau={s.last_metrics.tau:.2f}" if s.last_metrics else ""),
+                markup=False,
+            )
+        if s.malformed:
+            console.print(f"{label}: {s.malformed} malformed metrics lines ignored", markup=False)
+        if s.hybrid_unsafe:
+            console.print(f"[bold yellow]WARNING: {label} runs hybrid=unsafe tree verify (inexact)[/]", markup=True)
+    if not rows:
+        console.print("no DDTREE metrics or Decode batch lines found (has the service served any requests?)")

@@ -1,16 +1,145 @@
-"""`opsctl smoke` (placeholder until its issue lands: says so and exits non-zero)."""
+"""`opsctl smoke`: per service /v1/models + one chat completion; `--equivalence` compares greedy tokens
+against a baseline-mode service."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
+import httpx
 import typer
 
-from opsctl.cli.common import handle_errors
-from opsctl.errors import NotImplementedYet
+from opsctl.cli.common import (
+    HostOpt,
+    InventoryOpt,
+    JsonOpt,
+    ServiceOpt,
+    console,
+    emit_json,
+    handle_errors,
+    load_inventory,
+    split_selector,
+)
+from opsctl.errors import ExitCode, SmokeError
+from opsctl.health import auth_headers, base_url
+from opsctl.inventory.model import Host, Inventory, Mode, Service
+from opsctl.inventory.select import select
+from opsctl.smoke import Generation, PromptAgreement, load_prompts, run_equivalence, smoke_service
+
+
+def find_baseline(inv: Inventory, spec: str | None) -> tuple[Host, Service]:
+    """`--baseline NAME` or `HOST/NAME`; default: the inventory's only baseline-mode service."""
+    pairs = [(h, s) for h in inv.hosts for s in h.services]
+    if spec is None:
+        found = [(h, s) for h, s in pairs if s.mode is Mode.BASELINE]
+        if len(found) != 1:
+            listed = ", ".join(f"{h.name}/{s.name}" for h, s in found) or "none"
+            raise SmokeError(
+                f"--equivalence needs one baseline service; baseline-mode services in the inventory: {listed}",
+                "pass --baseline SERVICE (or HOST/SERVICE)",
+            )
+        return found[0]
+    host_name, _, svc_name = spec.rpartition("/")
+    found = [(h, s) for h, s in pairs if s.name == svc_name and (not host_name or h.name == host_name)]
+    if len(found) != 1:
+        how = "matches no service" if not found else "is ambiguous: use HOST/SERVICE"
+        raise SmokeError(f"--baseline {spec} {how}", "see the inventory's services")
+    return found[0]
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("smoke", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    @app.command("smoke")
     @handle_errors
-    def _smoke() -> None:
-        """Not implemented yet."""
-        raise NotImplementedYet("smoke")
+    def smoke(
+        inventory: InventoryOpt,
+        host: HostOpt = None,
+        service: ServiceOpt = None,
+        equivalence: Annotated[
+            bool, typer.Option("--equivalence", help="Compare greedy tokens with a baseline service.")
+        ] = False,
+        baseline: Annotated[
+            str | None, typer.Option("--baseline", help="Baseline service: NAME or HOST/NAME (mode baseline).")
+        ] = None,
+        prompts: Annotated[Path | None, typer.Option("--prompts", help="Prompt YAML (default: shipped set).")] = None,
+        threshold: Annotated[
+            float, typer.Option("--threshold", min=0.0, max=1.0, help="Required fraction of identical prompts.")
+        ] = 1.0,
+        timeout: Annotated[float, typer.Option("--timeout", help="Seconds per request.")] = 120.0,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Smoke-test services (HTTP 200, finish_reason stop|length, tokens > 0, text non-empty)."""
+        inv = load_inventory(inventory)
+        selection = [(h, s) for h, svcs in select(inv, split_selector(host), split_selector(service)) for s in svcs]
+        if not selection:
+            raise SmokeError("no services selected", "the inventory's hosts have no services")
+        with httpx.Client() as client:
+            if equivalence:
+                ok = _equivalence(client, inv, selection, baseline, prompts, threshold, as_json)
+            else:
+                ok = _smoke(client, selection, timeout, as_json)
+        raise typer.Exit(int(ExitCode.OK if ok else ExitCode.ERROR))
+
+
+def _smoke(client: httpx.Client, selection: list[tuple[Host, Service]], timeout: float, as_json: bool) -> bool:
+    results = []
+    for h, s in selection:
+        r = smoke_service(client, h.name, s.name, base_url(h, s), auth_headers(s.api_key), timeout=timeout)
+        results.append(r)
+        verdict = "[green]ok[/]" if r.ok else "[bold red]FAILED[/]"
+        console.print(f"{h.name}/{s.name}: {verdict} {r.latency_s:.1f}s model={r.model}", markup=True)
+        if r.ok:
+            console.print(
+                f"    {r.finish_reason}, {r.completion_tokens} tokens: {r.text.strip()[:200]!r}", markup=False
+            )
+        for reason in r.reasons:
+            console.print(f"    {reason}", markup=False)
+    if as_json:
+        emit_json(results)
+    return all(r.ok for r in results)
+
+
+def _equivalence(
+    client: httpx.Client,
+    inv: Inventory,
+    selection: list[tuple[Host, Service]],
+    baseline: str | None,
+    prompts_file: Path | None,
+    threshold: float,
+    as_json: bool,
+) -> bool:
+    b_host, b_svc = find_baseline(inv, baseline)
+    prompts = load_prompts(prompts_file)
+    cache: dict[str, Generation] = {}
+    reports = []
+    b_name = f"{b_host.name}/{b_svc.name}"
+    for h, s in selection:
+        if (h.name, s.name) == (b_host.name, b_svc.name):
+            continue
+        name = f"{h.name}/{s.name}"
+        console.print(f"{name} vs {b_name}: {len(prompts)} prompts, greedy", markup=False)
+
+        def show(a: PromptAgreement) -> None:
+            where = "identical" if a.equal else f"DIVERGES at {a.unit[:-1]} {a.first_divergence}"
+            console.print(f"    {a.id:<14} {where} ({a.length_service} vs {a.length_baseline} {a.unit})", markup=False)
+
+        report = run_equivalence(
+            client,
+            (name, base_url(h, s), auth_headers(s.api_key)),
+            (b_name, base_url(b_host, b_svc), auth_headers(b_svc.api_key)),
+            prompts,
+            threshold,
+            cache,
+            progress=show,
+        )
+        reports.append(report)
+        verdict = "[green]PASS[/]" if report.passed else "[bold red]FAIL[/]"
+        console.print(
+            f"{name}: {verdict} agreement {report.agreement:.0%} of prompts (threshold {threshold:.0%}), "
+            f"{report.token_agreement:.1%} of positions",
+            markup=True,
+        )
+    if not reports:
+        raise SmokeError("no service to compare: only the baseline was selected", "select other services")
+    if as_json:
+        emit_json(reports)
+    return all(r.passed for r in reports)

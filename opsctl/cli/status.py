@@ -1,16 +1,79 @@
-"""`opsctl status` (placeholder until its issue lands: says so and exits non-zero)."""
+"""`opsctl status`: per service the unit state, NRestarts, current release (mode, time, runtime version),
+health and the last DDTREE metrics."""
 
 from __future__ import annotations
 
+import httpx
 import typer
+from rich.table import Table
 
-from opsctl.cli.common import handle_errors
-from opsctl.errors import NotImplementedYet
+from opsctl.cli.common import (
+    ForksOpt,
+    HostOpt,
+    InventoryOpt,
+    JsonOpt,
+    ServiceOpt,
+    console,
+    emit_json,
+    handle_errors,
+    load_inventory,
+    split_selector,
+)
+from opsctl.errors import ExitCode
+from opsctl.inventory.model import Host, Service
+from opsctl.inventory.select import select
+from opsctl.status import ServiceStatus, collect
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("status", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    @app.command("status")
     @handle_errors
-    def _status() -> None:
-        """Not implemented yet."""
-        raise NotImplementedYet("status")
+    def status(
+        inventory: InventoryOpt,
+        host: HostOpt = None,
+        service: ServiceOpt = None,
+        forks: ForksOpt = 16,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Unit state, restarts, current release, health and last DDTREE metrics of every selected service."""
+        from opsctl.remote import connect, run_parallel
+
+        inv = load_inventory(inventory)
+        selection = [(h, svcs) for h, svcs in select(inv, split_selector(host), split_selector(service)) if svcs]
+
+        def one(item: tuple[Host, list[Service]]) -> list[ServiceStatus]:
+            h, svcs = item
+            with connect(h) as conn, httpx.Client() as http:
+                return [collect(conn, h, s, http) for s in svcs]
+
+        outcomes = run_parallel(selection, key=lambda item: item[0].name, fn=one, forks=forks)
+        rows: list[ServiceStatus] = []
+        errors = []
+        for outcome in outcomes:
+            if outcome.error is not None:
+                errors.append((outcome.host, outcome.error.one_line()))
+            else:
+                rows += outcome.value or []
+        if as_json:
+            emit_json({"services": rows, "errors": [{"host": h, "error": e} for h, e in errors]})
+        else:
+            _table(rows)
+            for h, e in errors:
+                console.print(f"[bold red]{h}: {e}[/]", markup=True)
+        unhealthy = errors or any(not r.healthy for r in rows)
+        raise typer.Exit(int(ExitCode.ERROR if unhealthy else ExitCode.OK))
+
+
+def _table(rows: list[ServiceStatus]) -> None:
+    table = Table(title="opsctl status")
+    for col in ("host/service", "unit", "restarts", "release", "mode", "runtime", "health", "tau", "tok/s"):
+        table.add_column(col)
+    for r in rows:
+        unit = f"{r.unit.active_state}/{r.unit.sub_state}" if r.unit else "?"
+        m = r.last_metrics
+        table.add_row(
+            f"{r.host}/{r.service}", unit, str(r.unit.n_restarts if r.unit else "?"), r.current or "(none)",
+            r.mode or "-", r.runtime_version or "-", ("[green]" if r.healthy else "[red]") + r.health + "[/]",
+            f"{m.tau:.2f}" if m else "-", f"{m.tok_s:.1f}" if m else "-",
+        )  # fmt: skip
+    console.print(table)
