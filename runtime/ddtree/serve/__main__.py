@@ -67,10 +67,14 @@ def _resolve(args: ServerArgs) -> tuple[Mode, object | None, str, str]:
     for label, path in (("--model-path", args.model_path), ("--speculative-draft-model-path", args.draft_model_path)):
         if path is not None and not os.path.isdir(path):
             raise ValueError(f"{label} {path}: not a directory")
-    import torch
-
-    device = resolve_device(args.device, torch.cuda.is_available())
+    device = resolve_device(args.device, args.device != "cpu" and _cuda_available())
     return mode, ddtree, device, resolve_dtype(args.dtype, device)
+
+
+def _cuda_available() -> bool:
+    import torch  # only when the device is not plainly cpu: HTTP (and its 503s) comes up sooner on CPU hosts
+
+    return bool(torch.cuda.is_available())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -77,6 +77,7 @@ class AppState:
         try:
             log.info("Load weight begin. mode=%s device=%s dtype=%s", self.mode.value, self.device, self.dtype)
             t0 = time.monotonic()
+            _quiet_transformers()
             engine = load_engine(
                 self.args.model_path, self.args.draft_model_path, self.mode, self.ddtree, self.device, self.dtype
             )
@@ -139,6 +140,13 @@ def _draft_tokens(mode: Mode, info: ModelInfo) -> int | None:
     if mode is Mode.BASELINE or info.block_size is None:
         return None
     return max(info.block_size - 1, 1)
+
+
+def _quiet_transformers() -> None:
+    """No tqdm bars in the journal (the server's own lines say when loading starts and ends)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _version() -> str:

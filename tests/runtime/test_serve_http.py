@@ -1,0 +1,375 @@
+"""The real ddtree.serve process on the tiny models, over HTTP: modes agree, queueing, errors, auth, metrics,
+logs. One server per (arch, mode) per module, started the way opsctl starts it: ``--config server.yaml``
+(holding the API key) and the DDTREE_* environment."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from ddtree.serve import sse
+from prometheus_client.parser import text_string_to_metric_families
+
+from opsctl.metrics import DDTreeInit, DDTreeMetrics, DDTreeVerify, DecodeBatch, Malformed, parse_lines
+
+pytestmark = pytest.mark.runtime
+
+ARCHES = ("dense", "hybrid")
+MODES = ("baseline", "linear", "shadow", "tree")
+API_KEY = "test-key-4b1d"  # travels in the --config file, as opsctl renders it; never in argv
+
+
+def chat_body(q: str, max_tokens: int, enable_thinking: bool | None = None, ignore_eos: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": q}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    if enable_thinking is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServeProcess:
+    """One `python -m ddtree.serve --config server.yaml` process, stderr captured to a file."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    models: Path
+    log: Path
+    started: float = field(default_factory=time.monotonic)
+    health_seen: list[int] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, models: Path, mode: str, work: Path) -> ServeProcess:
+        port = _free_port()
+        cfg: dict[str, Any] = {
+            "model-path": str(models / "target"),
+            "host": "127.0.0.1",
+            "port": port,
+            "served-model-name": "tiny",
+            "device": "cpu",
+            "dtype": "float32",
+            "api-key": API_KEY,
+            "decode-log-interval": 4,
+            "enable-metrics": True,
+        }
+        if mode != "baseline":
+            cfg["speculative-algorithm"] = "DFLASH" if mode == "linear" else "DDTREE"
+            cfg["speculative-draft-model-path"] = str(models / "draft")
+        if mode in ("shadow", "tree"):  # what opsctl renders for DDTREE; accepted and recorded here
+            cfg.update({"disable-overlap-schedule": True, "page-size": 1, "attention-backend": "triton"})
+        (work / "server.yaml").write_text(yaml.safe_dump(cfg))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_", "SGLANG_API_KEY"))}
+        env.update({"OMP_NUM_THREADS": "1", "DDTREE_LOG_INTERVAL": "2"})
+        if mode in ("shadow", "tree"):
+            env["DDTREE_VERIFY"] = mode
+        log = work / "stderr.log"
+        with log.open("wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ddtree.serve", "--config", str(work / "server.yaml")],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=env,
+            )
+        return cls(proc, f"http://127.0.0.1:{port}", models, log)
+
+    def wait_ready(self, timeout: float = 240.0) -> ServeProcess:
+        """Poll /health until 200; remember every status seen (503 while loading)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.stderr()[-3000:]}")
+            try:
+                code = httpx.get(f"{self.url}/health", timeout=5).status_code
+            except httpx.TransportError:
+                code = 0  # not listening yet
+            if not self.health_seen or self.health_seen[-1] != code:
+                self.health_seen.append(code)
+            if code == 200:
+                return self
+            time.sleep(0.02)
+        raise AssertionError(f"server not healthy after {timeout}s:\n{self.stderr()[-3000:]}")
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {API_KEY}"}
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(f"{self.url}{path}", headers=self.headers, timeout=60)
+
+    def post(self, path: str, body: Any, timeout: float = 120) -> httpx.Response:
+        if isinstance(body, bytes):
+            hdrs = {**self.headers, "Content-Type": "application/json"}
+            return httpx.post(f"{self.url}{path}", content=body, headers=hdrs, timeout=timeout)
+        return httpx.post(f"{self.url}{path}", json=body, headers=self.headers, timeout=timeout)
+
+    @staticmethod
+    def sse(response: httpx.Response) -> list[Any]:
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return sse.parse_events(response.text)
+
+    def metric(self, name: str) -> float:
+        for fam in text_string_to_metric_families(self.get("/metrics").text):
+            if fam.name == name:
+                return float(fam.samples[0].value)
+        raise AssertionError(f"{name} not in /metrics")
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.models / "target"), local_files_only=True)
+
+    def chat_ids(self, q: str, thinking: bool) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+        )
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+
+@pytest.fixture(scope="module")
+def servers(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str, str], ServeProcess]]:
+    """servers(arch, mode) -> a ready server, started on first use and stopped at the end of the module."""
+    started: dict[tuple[str, str], ServeProcess] = {}
+
+    def get(arch: str, mode: str) -> ServeProcess:
+        if (arch, mode) not in started:
+            models = Path(request.getfixturevalue("tiny_dense" if arch == "dense" else "tiny_hybrid"))
+            work = tmp_path_factory.mktemp(f"serve-{arch}-{mode}")
+            started[(arch, mode)] = ServeProcess.start(models, mode, work).wait_ready()
+        return started[(arch, mode)]
+
+    yield get
+    for proc in started.values():
+        proc.stop()
+
+
+def _generate(s: ServeProcess, ids: list[int], n: int) -> dict[str, Any]:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0}}
+    r = s.post("/generate", body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_greedy_identical_across_modes(servers: Callable[[str, str], ServeProcess], arch: str) -> None:
+    ref = servers(arch, "baseline")
+    prompts = [ref.chat_ids("What is 2+2?", thinking=False), ref.chat_ids("Name a color.", thinking=True)]
+    chat = chat_body("What is 2+2?", max_tokens=24, enable_thinking=False)
+    results: dict[str, tuple[Any, ...]] = {}
+    for mode in MODES:
+        s = servers(arch, mode)
+        outs = [_generate(s, ids, 24) for ids in prompts]
+        r = s.post("/v1/chat/completions", chat)
+        assert r.status_code == 200, r.text
+        c = r.json()
+        results[mode] = (
+            [o["output_ids"] for o in outs],
+            [o["text"] for o in outs],
+            c["choices"][0]["message"]["content"],
+            c["usage"],
+        )
+        for o in outs:  # usage adds up and rounds never exceed tokens (speculation commits >= 1 per round)
+            meta = o["meta_info"]
+            assert meta["completion_tokens"] == len(o["output_ids"]) and 1 <= len(o["output_ids"]) <= 24
+            assert sum(meta["spec_accept_lengths"]) >= meta["completion_tokens"] - 1
+    assert results["baseline"][0][0], "baseline produced no tokens"
+    for mode in MODES[1:]:
+        assert results[mode] == results["baseline"], f"{arch}: {mode} differs from baseline"
+
+
+def test_sixteen_concurrent_requests(servers: Callable[[str, str], ServeProcess]) -> None:
+    s = servers("dense", "tree")
+    questions = ["What is 2+2?", "Name a color.", "Say hi.", "Count to three."]
+    bodies = [chat_body(questions[i % 4], max_tokens=6, enable_thinking=False, ignore_eos=True) for i in range(16)]
+    with cf.ThreadPoolExecutor(16) as pool:
+        replies = list(pool.map(lambda b: s.post("/v1/chat/completions", b, timeout=300), bodies))
+    assert [r.status_code for r in replies] == [200] * 16
+    by_question: dict[str, set[str]] = {}
+    for body, r in zip(bodies, replies, strict=True):
+        data = r.json()
+        q = body["messages"][0]["content"]
+        assert data["usage"] == {
+            "prompt_tokens": len(s.chat_ids(q, thinking=False)),
+            "completion_tokens": 6,
+            "total_tokens": len(s.chat_ids(q, thinking=False)) + 6,
+        }
+        assert data["choices"][0]["finish_reason"] == "length"
+        by_question.setdefault(q, set()).add(json.dumps(data["choices"][0]["message"]))
+    # greedy: the same question gets the same answer however the requests interleaved in the queue
+    assert all(len(answers) == 1 for answers in by_question.values()), by_question
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b'{"messages": [', "Malformed JSON"),
+        (chat_body("hi", max_tokens=-1), "max_tokens must be >= 1"),
+        (chat_body("hi", max_tokens=10**9), "maximum context length"),
+        ({**chat_body("hi", max_tokens=4), "model": "gpt-4"}, "The model `gpt-4` does not exist"),
+    ],
+)
+def test_bad_requests_get_400(servers: Callable[[str, str], ServeProcess], body: Any, fragment: str) -> None:
+    s = servers("dense", "baseline")
+    r = s.post("/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    assert fragment in r.json()["message"] and r.json()["code"] == 400
+
+
+def test_api_key(servers: Callable[[str, str], ServeProcess]) -> None:
+    s = servers("dense", "baseline")
+    body = chat_body("hi", max_tokens=2)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
+    assert httpx.get(f"{s.url}/v1/models", timeout=10).status_code == 401
+    for path in ("/health", "/ready", "/metrics"):  # exempt, as in SGLang
+        assert httpx.get(f"{s.url}{path}", timeout=10).status_code == 200
+    models = s.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+
+
+def test_chat_reasoning_stream_stop_and_seed(servers: Callable[[str, str], ServeProcess]) -> None:
+    s = servers("dense", "linear")
+    # thinking on (the default): the reply starts inside <think>, so the text lands in reasoning_content
+    full = s.post("/v1/chat/completions", chat_body("What is 2+2?", max_tokens=12)).json()
+    msg = full["choices"][0]["message"]
+    assert msg["reasoning_content"] and msg["tool_calls"] is None
+    stream = s.post("/v1/chat/completions", {**chat_body("What is 2+2?", max_tokens=12), "stream": True})
+    events = s.sse(stream)
+    assert events[-1] == "[DONE]" and events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    deltas = [e["choices"][0]["delta"] for e in events[1:-1] if isinstance(e, dict) and e["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == msg["reasoning_content"]
+    assert "".join(d.get("content", "") for d in deltas) == (msg["content"] or "")
+    assert events[-2]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"]
+    # stop strings: cut where the greedy text first shows the stop string
+    plain = s.post("/v1/completions", {"prompt": "The answer is", "max_tokens": 16, "temperature": 0}).json()
+    text = plain["choices"][0]["text"]
+    assert len(text) >= 4, text
+    stop = text[2:4]
+    cut = s.post("/v1/completions", {"prompt": "The answer is", "max_tokens": 16, "temperature": 0, "stop": [stop]})
+    choice = cut.json()["choices"][0]
+    assert choice["text"] == text[: text.find(stop)]
+    assert choice["finish_reason"] == "stop" and choice["matched_stop"] == stop
+    assert cut.json()["usage"]["completion_tokens"] <= plain["usage"]["completion_tokens"]
+    # seed: sampling at temperature 1 is reproducible
+    sampled = [
+        s.post("/v1/completions", {"prompt": "Once", "max_tokens": 8, "temperature": 1.0, "seed": 7}).json()
+        for _ in range(2)
+    ]
+    assert sampled[0]["choices"][0]["text"] == sampled[1]["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_metrics_and_log_lines(servers: Callable[[str, str], ServeProcess], arch: str) -> None:
+    s = servers(arch, "tree")
+    before = s.metric("sglang:generation_tokens")
+    out = _generate(s, s.chat_ids("Count to three.", thinking=False), 24)
+    text = s.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("sglang:spec_accept_length", "sglang:num_running_reqs", "sglang:gen_throughput",
+                 "sglang:prompt_tokens", "sglang:generation_tokens", "sglang:num_queue_reqs"):  # fmt: skip
+        assert name in families, name
+    assert s.metric("sglang:generation_tokens") - before == len(out["output_ids"])
+    assert s.metric("sglang:spec_accept_length") >= 1.0
+    info = s.get("/server_info").json()
+    assert info["mode"] == "tree" and info["hybrid"] == ("exact" if arch == "hybrid" else "none")
+    assert info["api_key"] == "***" and API_KEY not in json.dumps(info)
+    records = parse_lines(s.stderr().splitlines())
+    assert not [r for r in records if isinstance(r, Malformed)]
+    init = [r for r in records if isinstance(r, DDTreeInit)]
+    assert len(init) == 1 and init[0].mode == "tree" and init[0].hybrid == info["hybrid"]
+    assert len([r for r in records if isinstance(r, DDTreeVerify)]) == 1
+    assert [r for r in records if isinstance(r, DDTreeMetrics)], "no DDTREE metrics line (DDTREE_LOG_INTERVAL=2)"
+    decode = [r for r in records if isinstance(r, DecodeBatch)]
+    assert decode and all(d.accept_len is not None and d.accept_len >= 1.0 for d in decode)
+    assert re.search(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] Decode batch, ", s.stderr(), re.M)
+
+
+def test_sigterm_finishes_in_flight_request_and_exits_0(tiny_dense: Any, tmp_path: Path) -> None:
+    s = ServeProcess.start(Path(tiny_dense), "baseline", tmp_path)
+    try:
+        s.wait_ready()
+        startup = time.monotonic() - s.started
+        assert 503 in s.health_seen, s.health_seen  # /health said "not yet" while the engine loaded
+        body = {
+            "prompt": "Once upon a time",
+            "max_tokens": 200,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with httpx.stream("POST", f"{s.url}/v1/completions", json=body, headers=s.headers, timeout=120) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            s.proc.send_signal(signal.SIGTERM)  # the request is in flight: its first chunk arrived
+            time.sleep(0.5)
+            with pytest.raises(httpx.TransportError):  # no new connections while draining
+                httpx.get(f"{s.url}/health", timeout=2)
+            rest = [line for line in lines if line.startswith("data: ")]
+        events = sse.parse_events("\n\n".join([first, *rest]) + "\n\n")
+        assert events[-1] == "[DONE]"
+        assert events[-2]["usage"]["completion_tokens"] == 200
+        assert events[-3]["choices"][0]["finish_reason"] == "length"
+        assert s.proc.wait(60) == 0
+        err = s.stderr()
+        assert "Received SIGTERM" in err and "Shutdown complete." in err
+        print(f"startup (process start -> /health 200): {startup:.2f} s; health statuses {s.health_seen}")
+    finally:
+        s.stop()
+
+
+def test_bad_flags_fail_at_start(tmp_path: Path) -> None:
+    cases = [
+        (["--model-path", str(tmp_path), "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--model-path", str(tmp_path / "missing")], "not a directory"),
+    ]
+    for argv, message in cases:
+        done = subprocess.run(
+            [sys.executable, "-m", "ddtree.serve", *argv], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr
