@@ -19,7 +19,7 @@ import httpx
 
 from opsctl import __version__, health
 from opsctl.commands import Cmd
-from opsctl.deploy import audit, release
+from opsctl.deploy import audit, preflight, release
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate, parse_show, show_cmd
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
@@ -100,6 +100,31 @@ def _render(
     files = {f.name: f.text for f in rendered.files}
     modes = {f.name: f.mode for f in rendered.files}
     return files, modes, tuple(rendered.exec_start)
+
+
+def _preflight(ctx: ServiceContext, release_id: str) -> None:
+    """The host's own server must know every flag this release passes (before anything live changes)."""
+    from opsctl.render import SERVER_MODULE, render_service
+
+    rendered = render_service(ctx.inv_host, ctx.service, release_id)
+    module = SERVER_MODULE[ctx.service.engine]
+    out = ctx.remote.run(
+        preflight.help_cmd(ctx.inv_host.venv, module, ctx.paths.site(release_id)),
+        check=False,
+        timeout=preflight.HELP_TIMEOUT_S,
+    )
+    if not preflight.looks_like_help(out.stdout):
+        last = (out.stdout.strip().splitlines() or [f"exit {out.exit_code}"])[-1]
+        raise DeployError(
+            f"`python -m {module} --help` fails on the host: {last}",
+            "check the host's venv (`opsctl provision --plan`) and the runtime wheel",
+        )
+    unknown = preflight.unknown_flags((*rendered.flags, *rendered.exec_start[3:]), out.stdout)
+    if unknown:
+        raise DeployError(
+            f"the server on the host does not know {', '.join(unknown)} (from its own --help)",
+            "fix the service's extra_args / settings in the inventory; nothing was switched",
+        )
 
 
 def config_hash_for(ctx: ServiceContext, wheel: RuntimeWheel) -> str:
@@ -213,9 +238,9 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     result.release = new_id
     ctx.audit("deploy-start", new_id, "started", f"previous={facts.current or '-'} mode={ctx.service.mode.value}")
     # --- stage (nothing live changes yet) ---
-    ctx.check_cancel()
     ctx.say(f"staging {new_id}")
     try:
+        ctx.check_cancel()
         files, modes, argv = _render(ctx, new_id, reveal=True)
         ctx.run(Cmd.of("mkdir", "-p", "--", paths.release(new_id), sudo=True))
         for name, text in files.items():
@@ -223,6 +248,8 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         ensure_on_host(ctx.remote, wheel)
         ctx.check_cancel()
         ctx.run(release.pip_install_cmd(ctx.inv_host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)
+        ctx.check_cancel()
+        _preflight(ctx, new_id)
         masked, _, _ = _render(ctx, new_id, reveal=False)
         manifest = Manifest(
             release_id=new_id, service=svc, host=host, mode=ctx.service.mode.value, engine=ctx.service.engine.value,
@@ -327,7 +354,8 @@ def _roll_back_after_failure(
         ctx.say(f"rolling back to {previous}")
         baseline = _restart(ctx, previous)
         # A shorter re-check: this release served before; the point is to confirm it answers again.
-        quick = replace(settings, readiness_delay=min(ctx.service.readiness_delay, 5.0))
+        delay = settings.readiness_delay if settings.readiness_delay is not None else ctx.service.readiness_delay
+        quick = replace(settings, readiness_delay=min(delay, 5.0))
         gate = _gate(ctx, quick, baseline)
     except UnreachableError as exc:
         return Outcome.UNREACHABLE, f"{reason}; rollback impossible: {exc.one_line()}"

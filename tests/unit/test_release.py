@@ -140,3 +140,27 @@ def test_commands_exact():
         .display()
         .endswith("/opt/opsctl/services/gpu0/releases/20261129T221500Z-0123456789ab/BAD'")
     )
+
+
+HELP = """usage: ddtree-serve [-h] [--config FILE.yaml] --model-path MODEL_PATH
+                    [--speculative-algorithm {DFLASH,DDTREE}] [--host HOST] [--port PORT]
+
+options:
+  -h, --help            show this help message and exit
+  --disable-overlap-schedule
+  --page-size PAGE_SIZE
+  --tensor-parallel-size TP_SIZE, --tp-size TP_SIZE
+"""
+
+
+def test_preflight_flags():
+    from opsctl.deploy import preflight
+
+    flags = preflight.parse_help_flags(HELP)
+    assert {"--config", "--model-path", "--speculative-algorithm", "--tp-size", "--help", "--page-size"} <= flags
+    argv = ("--model-path", "/m", "--port=30000", "--tp-size", "2", "--no-such-flag", "--port", "1", "-x")
+    assert preflight.used_flags(argv) == ["--model-path", "--port", "--tp-size", "--no-such-flag"]
+    assert preflight.unknown_flags(argv, HELP) == ["--no-such-flag"]
+    assert preflight.looks_like_help(HELP) and not preflight.looks_like_help("No module named ddtree")
+    cmd = preflight.help_cmd("/opt/opsctl/venv", "ddtree.serve", "/opt/r/site")
+    assert cmd.display() == "sh -c 'PYTHONPATH=/opt/r/site /opt/opsctl/venv/bin/python -m ddtree.serve --help 2>&1'"

@@ -1,0 +1,195 @@
+"""The per-service deploy flow against a scripted FakeHost and a fake HTTP transport: the exact order of the
+live-changing steps, unchanged detection, pre-flight refusal, rollback on a failed gate, --plan."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from opsctl.commands import Cmd
+from opsctl.deploy import flow
+from opsctl.deploy.flow import DeploySettings, ServiceContext
+from opsctl.deploy.rollout import Outcome
+from opsctl.deploy.wheel import RuntimeWheel
+from opsctl.inventory.load import load_inventory
+from opsctl.remote.fake import FakeHost
+
+GOLDEN = Path(__file__).parent / "golden" / "inventory.yaml"
+NOW = datetime(2026, 11, 29, 22, 30, 0, tzinfo=UTC)
+HELP = "usage: ddtree-serve [--config FILE] [--model-path P] [--host H] [--port P] [--dtype D] [--device D]\n" + (
+    "  --speculative-algorithm A --speculative-draft-model-path P --disable-overlap-schedule --page-size N\n"
+    "  --attention-backend B --api-key K --served-model-name N\n"
+)
+OLD = "20261129T200000Z-aaaaaaaaaaaa"
+SETTINGS = DeploySettings(readiness_delay=0.0, health_timeout=5.0, poll_s=0.01)
+
+
+class Box:
+    """A host's systemd + release state, scripted by the test."""
+
+    def __init__(self, current: str | None, crash_after_switch: bool = False) -> None:
+        self.current = current
+        self.releases = {current: 0} if current else {}
+        self.bad: set[str] = set()
+        self.restarts = 0
+        self.crash = crash_after_switch
+        self.active = "active"
+        self.crashing = False
+
+    def handler(self, cmd: Cmd):
+        text = cmd.display()
+        if 'echo "current' in text or "echo 'current" in text or "readlink" in text:
+            lines = [f"current /opt/opsctl/services/ref-shadow/releases/{self.current}" if self.current else "current "]
+            lines += [f"release {r} {int(r in self.bad)} 1" for r in sorted(self.releases)]
+            return (0, "\n".join(lines) + "\n", "")
+        if text.startswith("systemctl show"):
+            shown = self.restarts
+            if self.crashing:
+                self.restarts += 1  # the server dies after the baseline read; systemd restarts it
+            return (0, f"ActiveState={self.active}\nSubState=running\nResult=success\nNRestarts={shown}\n", "")
+        if "ln -sfn releases/" in text:
+            self.current = text.split("releases/")[1].split()[0]
+            self.releases.setdefault(self.current, 0)
+            return (0, "", "")
+        if text.startswith("systemctl restart"):
+            self.crashing = self.crash and self.current != OLD
+            return (0, "", "")
+        if "/BAD" in text:
+            self.bad.add(text.split("releases/")[1].split("/")[0])
+            return (0, "", "")
+        if "--help" in text:
+            return (0, HELP, "")
+        if text.startswith("sha256sum"):
+            return (1, "", "No such file")
+        return (0, "", "")
+
+
+def _http() -> httpx.Client:
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny"}]})
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"message": {"content": "4"}, "finish_reason": "stop"}],
+                "usage": {"completion_tokens": 1},
+            },
+        )
+
+    return httpx.Client(transport=httpx.MockTransport(handle))
+
+
+@pytest.fixture
+def ctx_for(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("OPSCTL_GOLDEN_KEY", "k3y-value-never-shown")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    inv = load_inventory(GOLDEN)
+    host = inv.hosts[0]
+    service = host.service("ref-shadow")
+    wheel_file = tmp_path / "ddtree_runtime-0.1.0-py3-none-any.whl"
+    wheel_file.write_text("wheel")
+    wheel = RuntimeWheel(wheel_file, "f" * 64)
+    said: list[str] = []
+
+    def make(box: Box, svc=service):
+        fake = FakeHost(host.name, handler=box.handler)
+        ctx = ServiceContext(host, svc, fake, _http(), threading.Event(), said.append, now=NOW)
+        return ctx, fake
+
+    return make, wheel, said
+
+
+def _live_steps(fake: FakeHost) -> list[str]:
+    keys = ("ln -sfn", "install -m 0644", "daemon-reload", "systemctl restart", "systemd-analyze verify", "pip install")
+    return [next(k for k in keys if k in c) for c in fake.ran if any(k in c for k in keys)]
+
+
+def test_first_deploy_in_order(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(None)
+    ctx, fake = make(box)
+    result = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert result.outcome is Outcome.DEPLOYED, result.message
+    assert _live_steps(fake) == [
+        "pip install", "systemd-analyze verify", "ln -sfn", "install -m 0644", "daemon-reload", "systemctl restart",
+    ]  # fmt: skip
+    rid = result.release
+    assert rid.startswith("20261129T223000Z-") and box.current == rid
+    files = {p.rsplit("/", 1)[-1]: mode for p, (_, mode) in fake.files.items() if rid in p}
+    assert files == {"opsctl-ref-shadow.service": 0o644, "env": 0o600, "server.yaml": 0o600, "manifest.json": 0o644}
+    assert not any("k3y-value-never-shown" in c for c in fake.ran)  # secrets only inside 0600 files
+    manifest = next(t for p, (t, _) in fake.files.items() if p.endswith("manifest.json"))
+    assert '"mode": "shadow"' in manifest and "k3y-value-never-shown" not in manifest
+    assert any("audit.log" in c for c in fake.ran)
+
+
+def test_unchanged_restarts_nothing(ctx_for):
+    make, wheel, _ = ctx_for
+    ctx, fake = make(Box(None))
+    first = flow.deploy_service(ctx, wheel, SETTINGS)
+    box = Box(first.release)
+    ctx, fake = make(box)
+    again = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert again.outcome is Outcome.UNCHANGED and again.release == first.release
+    assert _live_steps(fake) == [] and box.restarts == 0
+
+
+def test_unknown_flag_refused_before_switch(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    svc = load_inventory(GOLDEN).hosts[0].service("ref-shadow")
+    ctx, fake = make(box, replace(svc, extra_args=("--no-such-flag",)))
+    result = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert result.outcome is Outcome.FAILED and "--no-such-flag" in result.message
+    assert "nothing switched" in result.message
+    assert box.current == OLD and "ln -sfn" not in " ".join(fake.ran) and "systemctl restart" not in " ".join(fake.ran)
+    assert result.release in box.bad
+
+
+def test_failed_gate_rolls_back_and_marks_bad(ctx_for):
+    make, wheel, said = ctx_for
+    box = Box(OLD, crash_after_switch=True)
+    ctx, fake = make(box)
+    result = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert result.outcome is Outcome.ROLLED_BACK, result.message
+    assert "NRestarts" in result.message and f"rolled back to {OLD}" in result.message
+    assert box.current == OLD and result.release in box.bad
+    assert _live_steps(fake)[-4:] == ["ln -sfn", "install -m 0644", "daemon-reload", "systemctl restart"]
+    assert any("journalctl -u opsctl-ref-shadow.service" in c for c in fake.ran)  # journal tail fetched
+    assert any(line.startswith("FAILED: health gate failed") for line in said)
+
+
+def test_cancel_before_switch(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    ctx, fake = make(box)
+    ctx.cancel.set()
+    result = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert result.outcome is Outcome.INTERRUPTED and box.current == OLD
+    assert "systemctl restart" not in " ".join(fake.ran)
+
+
+def test_plan_changes_nothing(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    ctx, fake = make(box)
+    result = flow.deploy_service(ctx, wheel, replace(SETTINGS, plan=True))
+    assert result.outcome is Outcome.PLANNED and result.plan[0].startswith(f"release {OLD} -> ")
+    assert fake.files == {} and _live_steps(fake) == [] and box.current == OLD
+    assert not any("k3y-value-never-shown" in line for line in result.plan)
+
+
+def test_rollback_refuses_without_target(ctx_for):
+    make, _, _ = ctx_for
+    ctx, _ = make(Box(OLD))
+    from opsctl.errors import DeployError
+
+    with pytest.raises(DeployError, match="nothing to roll back to"):
+        flow.rollback_service(ctx, SETTINGS)
