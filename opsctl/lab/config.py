@@ -23,8 +23,6 @@ ROOTFS_PACKAGES = (
 # Bump when the rootfs preparation (opsctl.lab.rootfs.prepare) changes: a new cache directory is built.
 ROOTFS_RECIPE = 1
 
-PREFIX = "olab"  # netns, veth and bridge names start with this (interface names: at most 15 characters)
-
 
 @dataclass(frozen=True)
 class LabConfig:
@@ -37,6 +35,7 @@ class LabConfig:
     inventory_path: Path = Path("inventory/lab.yaml")
     shm_size: str = "2G"  # /dev/shm tmpfs size inside each host (models are copied there)
     boot_timeout: float = 90.0  # seconds for a host to answer SSH and reach running/degraded
+    prefix: str = "olab"  # names of the bridge, namespaces, veths and containers (interfaces: <= 15 chars)
 
     @property
     def gateway(self) -> ipaddress.IPv4Address:
@@ -52,7 +51,11 @@ class LabConfig:
 
     @property
     def bridge(self) -> str:
-        return f"{PREFIX}0"
+        return f"{self.prefix}0"
+
+    def netns(self, host: str) -> str:
+        """Also the container's machine name and the control-side veth name."""
+        return f"{self.prefix}-{host}"[:15]
 
     @property
     def ssh_dir(self) -> Path:
@@ -77,11 +80,3 @@ class LabConfig:
 
 def host_name(index: int) -> str:
     return f"lab{index}"
-
-
-def netns_name(host: str) -> str:
-    return f"{PREFIX}-{host}"
-
-
-def veth_name(host: str) -> str:
-    return f"{PREFIX}-{host}"[:15]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from opsctl.errors import LabError
 from opsctl.lab import inventory, keys, machine, net, rootfs, state, system
-from opsctl.lab.config import LabConfig, host_name, netns_name, veth_name
+from opsctl.lab.config import LabConfig, host_name
 from opsctl.lab.state import HostRecord, LabState
 from opsctl.remote.pool import run_parallel
 
@@ -96,6 +96,21 @@ def stop_host(cfg: LabConfig, name: str, kill: bool = False) -> None:
         machine.stop(_require_host(_require_state(cfg), name), kill=kill)
 
 
+def remove_host(cfg: LabConfig, name: str) -> None:
+    """Stop and delete one host (disk included); the rest of the lab stays."""
+    system.preflight()
+    with state.locked(cfg):
+        st = _require_state(cfg)
+        record = _require_host(st, name)
+        machine.stop(record)
+        machine.destroy(record)
+        st = st.without_host(name)
+        state.save(cfg, st)
+        keys.write_known_hosts(cfg, st.hosts.values())
+        if st.inventory:
+            inventory.write(replace(cfg, inventory_path=Path(st.inventory)), st.hosts.values())
+
+
 def status(cfg: LabConfig) -> LabReport:
     st = state.load(cfg)
     if st is None:
@@ -117,11 +132,13 @@ def down(cfg: LabConfig) -> list[str]:
         records = dict(st.hosts) if st else {}
         for found in _leftovers(cfg, records):
             records[found.name] = found
-        for record in sorted(records.values(), key=lambda r: r.index):
-            machine.stop(record)
+        ordered = sorted(records.values(), key=lambda r: r.index)
+        run_parallel(ordered, lambda r: r.name, machine.stop)  # clean poweroffs, ~1-2 s each, all at once
+        for record in ordered:
+            machine.stop(record)  # a no-op unless the parallel stop failed
             machine.destroy(record)
             removed.append(record.name)
-        for link in net.lab_links():
+        for link in net.lab_links(cfg):
             if link != cfg.bridge:
                 system.ok("ip", "link", "del", link)
         net.remove_bridge(cfg)
@@ -154,21 +171,21 @@ def _new_record(cfg: LabConfig, index: int) -> HostRecord:
         name=name,
         index=index,
         address=str(cfg.address(index)),
-        netns=netns_name(name),
-        veth=veth_name(name),
+        netns=cfg.netns(name),
+        veth=cfg.netns(name),
         dir=str(cfg.hosts_dir / name),
     )
 
 
 def _leftovers(cfg: LabConfig, known: dict[str, HostRecord]) -> list[HostRecord]:
     """Lab hosts that exist on this machine but not in the state file (crash before it was written)."""
-    names = {ns.removeprefix("olab-") for ns in net.lab_netns()}
+    names = {ns.removeprefix(f"{cfg.prefix}-") for ns in net.lab_netns(cfg)}
     if cfg.hosts_dir.is_dir():
         names |= {d.name for d in cfg.hosts_dir.iterdir() if d.is_dir()}
     found = []
     for name in sorted(names - set(known)):
         index = int(name[3:]) if name.startswith("lab") and name[3:].isdigit() else 0
-        found.append(HostRecord(name, index, "", netns_name(name), veth_name(name), str(cfg.hosts_dir / name)))
+        found.append(HostRecord(name, index, "", cfg.netns(name), cfg.netns(name), str(cfg.hosts_dir / name)))
     return found
 
 

@@ -71,7 +71,7 @@ def spawn(cfg: LabConfig, record: HostRecord) -> HostRecord:
         "systemd-nspawn",
         "--boot",
         f"--directory={root}",
-        f"--machine={record.name}",
+        f"--machine={record.netns}",
         "--register=no",
         "--keep-unit",
         "--link-journal=no",
@@ -164,7 +164,7 @@ def destroy(record: HostRecord) -> None:
     if is_mounted(root):
         raise LabError(f"{record.name}: {root} is still mounted", "unmount it, then run `opsctl lab down` again")
     shutil.rmtree(record.dir, ignore_errors=True)
-    shutil.rmtree(f"/run/systemd/nspawn/propagate/{record.name}", ignore_errors=True)
+    shutil.rmtree(f"/run/systemd/nspawn/propagate/{record.netns}", ignore_errors=True)
 
 
 def is_running(record: HostRecord) -> bool:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from opsctl.errors import LabError
 from opsctl.lab import system
-from opsctl.lab.config import PREFIX, LabConfig
+from opsctl.lab.config import LabConfig
 
 PEER = "host0"  # the interface name inside each host (what nspawn's own --network-veth would call it)
 
@@ -72,9 +73,13 @@ def create_host_net(cfg: LabConfig, netns: str, veth: str, address: str) -> None
 
 def remove_host_net(netns: str, veth: str) -> None:
     if netns in list_netns():
-        system.run("ip", "netns", "del", netns)  # deletes host0, and with it the veth pair
-    if system.ok("ip", "link", "show", "dev", veth):
-        system.run("ip", "link", "del", veth)
+        system.run("ip", "netns", "del", netns)  # deletes host0, and with it the veth pair (asynchronously)
+    for _ in range(50):
+        if not system.ok("ip", "link", "show", "dev", veth):
+            return
+        system.ok("ip", "link", "del", veth)  # fails harmlessly if the kernel removed it meanwhile
+        time.sleep(0.1)
+    raise LabError(f"cannot remove interface {veth}", f"remove it by hand: ip link del {veth}")
 
 
 def remove_bridge(cfg: LabConfig) -> None:
@@ -87,14 +92,15 @@ def list_netns() -> list[str]:
     return [entry["name"] for entry in json.loads(out or "[]")]
 
 
-def lab_netns() -> list[str]:
-    return [name for name in list_netns() if name.startswith(f"{PREFIX}-")]
+def lab_netns(cfg: LabConfig) -> list[str]:
+    return [name for name in list_netns() if name.startswith(f"{cfg.prefix}-")]
 
 
-def lab_links() -> list[str]:
+def lab_links(cfg: LabConfig) -> list[str]:
     """Every interface in the root namespace that the lab made (bridge and veths)."""
     out = system.run("ip", "-j", "link", "show").stdout
-    return [link["ifname"] for link in json.loads(out or "[]") if str(link.get("ifname", "")).startswith(PREFIX)]
+    names = [str(link.get("ifname", "")) for link in json.loads(out or "[]")]
+    return [n for n in names if n == cfg.bridge or n.startswith(f"{cfg.prefix}-")]
 
 
 def netns_pids(netns: str) -> list[int]:
