@@ -287,14 +287,19 @@ class SshHost:
             if now > deadline:
                 raise CommandTimeout(self.name, display, 0)
             select.select([chan], [], [], base.POLL_S)
-        return out.decode(errors="replace"), err.decode(errors="replace"), chan.recv_exit_status()
+        code = chan.recv_exit_status()
+        transport = chan.get_transport()
+        if code == -1 and (not chan.eof_received or transport is None or not transport.is_active()):
+            # Closed without an exit status or EOF: the connection died (host down), not the command.
+            raise UnreachableError(self.name, f"connection lost during `{display}`")
+        return out.decode(errors="replace"), err.decode(errors="replace"), code
 
     def _kill_group(self, pgid: list[int], sudo: bool) -> None:
         """Terminate the remote process group of an abandoned command (best effort)."""
         if not pgid:
             return
-        group = f"-{pgid[0]}"
-        script = f"kill -TERM -- {group} 2>/dev/null; sleep 1; kill -KILL -- {group} 2>/dev/null; true"
+        group = f"-{pgid[0]}"  # dash's kill takes `-TERM -PGID` (no `--`)
+        script = f"kill -TERM {group} 2>/dev/null && sleep 1 && kill -KILL {group} 2>/dev/null; true"
         line = base.command_line(self.name, Cmd.of("sh", "-c", script, sudo=sudo), self.as_root)
         try:
             transport = self._transport()

@@ -1,0 +1,247 @@
+"""opsctl.remote against real sshd/systemd hosts (the lab): parallelism, timeouts, Ctrl-C, host keys,
+secrets, file transfer, and a host that dies mid-run (last: it restarts that host)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import secrets
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from opsctl.cli.common import to_jsonable
+from opsctl.commands import Cmd, Masked, sh
+from opsctl.errors import CommandTimeout, HostKeyError, RemoteError, UnreachableError
+from opsctl.inventory.model import Host, HostKeyPolicy, Inventory
+from opsctl.lab import LabConfig, start_host, status, stop_host
+from opsctl.remote import SecretOnCommandLine, SshHost, connect, run_parallel
+
+pytestmark = pytest.mark.lab
+
+
+def _ps(host: SshHost) -> str:
+    return host.run(Cmd.of("ps", "-eo", "pid,pgid,args")).stdout
+
+
+def _with_ssh(host: Host, **changes: object) -> Host:
+    return dataclasses.replace(host, ssh=dataclasses.replace(host.ssh, **changes))
+
+
+def test_commands_run_on_both_hosts_in_parallel(lab_inventory: Inventory) -> None:
+    hosts = list(lab_inventory.hosts)
+    start = time.monotonic()
+
+    def work(h: Host) -> tuple[str, float]:
+        with connect(h) as remote:
+            result = remote.run(sh("sleep 2; hostname"))
+        return result.stdout.strip(), result.duration
+
+    outcomes = run_parallel(hosts, lambda h: h.name, work)
+    wall = time.monotonic() - start
+    assert [o.host for o in outcomes] == ["lab1", "lab2"]
+    assert [o.value[0] if o.value else None for o in outcomes] == ["lab1", "lab2"]
+    durations = [o.value[1] for o in outcomes if o.value]
+    assert all(d >= 2.0 for d in durations)
+    assert wall < sum(durations) - 1.0, f"wall {wall:.2f}s vs sum {sum(durations):.2f}s: not parallel"
+
+
+def test_one_connection_is_reused(remotes: dict[str, SshHost]) -> None:
+    host = remotes["lab1"]
+    first = host.run(Cmd.of("sh", "-c", "echo $PPID")).stdout
+    second = host.run(Cmd.of("true"))
+    assert second.ok
+    sessions = host.run(sh("ps -eo args | grep -c '^sshd: root@notty'")).stdout.strip()
+    assert first.strip().isdigit()
+    assert sessions == "1", f"expected one SSH connection from us, saw {sessions}"
+
+
+def test_exit_code_stdout_stderr_and_check(remotes: dict[str, SshHost]) -> None:
+    host = remotes["lab1"]
+    result = host.run(sh("echo out; echo err >&2; exit 3"), check=False)
+    assert (result.exit_code, result.stdout, result.stderr, result.ok) == (3, "out\n", "err\n", False)
+    with pytest.raises(RemoteError) as info:
+        host.run(sh("echo boom >&2; exit 4"))
+    assert info.value.remote_exit_code == 4
+    assert "boom" in info.value.one_line()
+    stdin = host.run(Cmd.of("wc", "-c", stdin="x" * 100_000))
+    assert stdin.stdout.strip() == "100000"
+
+
+def test_timeout_is_reported_for_that_host_only_and_kills_the_command(lab_inventory: Inventory) -> None:
+    marker = "31.4159"  # a sleep argument nothing else uses, to find it in ps
+
+    def work(h: Host) -> str:
+        with connect(h) as remote:
+            cmd = sh(f"sleep {marker}") if h.name == "lab1" else sh("sleep 0.5; echo fine")
+            return remote.run(cmd, timeout=1.5).stdout
+
+    start = time.monotonic()
+    outcomes = run_parallel(list(lab_inventory.hosts), lambda h: h.name, work)
+    assert time.monotonic() - start < 10
+    by_host = {o.host: o for o in outcomes}
+    assert isinstance(by_host["lab1"].error, CommandTimeout)
+    assert "timed out after 1.5s" in by_host["lab1"].error.one_line()
+    assert by_host["lab2"].error is None and by_host["lab2"].value == "fine\n"
+    with connect(lab_inventory.host("lab1")) as remote:
+        assert f"sleep {marker}" not in _ps(remote)
+
+
+def test_ctrl_c_stops_cleanly_and_leaves_no_remote_process(lab_inventory: Inventory) -> None:
+    marker = "42.4242"
+    main = threading.get_ident()
+    timer = threading.Timer(1.5, signal.pthread_kill, args=(main, signal.SIGINT))
+
+    def work(h: Host) -> str:
+        with connect(h) as remote:
+            return remote.run(sh(f"sleep {marker} & sleep {marker}; wait")).stdout
+
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_parallel(list(lab_inventory.hosts), lambda h: h.name, work)
+    assert time.monotonic() - start < 10
+    for h in lab_inventory.hosts:
+        with connect(h) as remote:
+            assert f"sleep {marker}" not in _ps(remote), f"{h.name}: remote process left behind"
+
+
+def test_ctrl_c_on_a_single_run_in_the_main_thread(remotes: dict[str, SshHost]) -> None:
+    marker = "27.1828"
+    host = remotes["lab2"]
+    timer = threading.Timer(1.0, signal.pthread_kill, args=(threading.get_ident(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        host.run(sh(f"sleep {marker}"))
+    assert f"sleep {marker}" not in _ps(host)
+
+
+def test_changed_host_key_is_refused_with_a_clear_message(
+    lab_inventory: Inventory, lab_config: LabConfig, tmp_path: Path
+) -> None:
+    real = lab_inventory.host("lab1")
+    other = Path(lab_config.known_hosts).read_text().splitlines()[1].split(None, 1)[1]  # lab2's key
+    forged = tmp_path / "known_hosts"
+    forged.write_text(f"{real.address} {other}\n")
+    with pytest.raises(HostKeyError) as info:
+        connect(_with_ssh(real, known_hosts_file=str(forged))).run(Cmd.of("true"))
+    message = info.value.one_line()
+    assert "CHANGED" in message and real.address in message and str(forged) in message
+    assert "known_hosts" in (info.value.hint or "")
+    # accept-new never accepts a changed key either
+    with pytest.raises(HostKeyError):
+        connect(_with_ssh(real, known_hosts_file=str(forged), host_key_policy=HostKeyPolicy.ACCEPT_NEW)).run(
+            Cmd.of("true")
+        )
+
+
+def test_unknown_host_key_refused_by_default_recorded_with_accept_new(
+    lab_inventory: Inventory, lab_config: LabConfig, tmp_path: Path
+) -> None:
+    real = lab_inventory.host("lab2")
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(HostKeyError) as info:
+        connect(_with_ssh(real, known_hosts_file=str(empty))).run(Cmd.of("true"))
+    assert "unknown host key" in info.value.one_line()
+    with connect(_with_ssh(real, known_hosts_file=str(empty), host_key_policy=HostKeyPolicy.ACCEPT_NEW)) as h:
+        assert h.run(Cmd.of("hostname")).stdout.strip() == "lab2"
+    recorded = empty.read_text().split()
+    expected = [line.split() for line in Path(lab_config.known_hosts).read_text().splitlines()]
+    assert recorded in expected  # the same key the lab generated, for the same address
+    with connect(_with_ssh(real, known_hosts_file=str(empty))) as h:  # strict now passes
+        assert h.run(Cmd.of("true")).ok
+
+
+def test_unreachable_port_is_reported_after_retries(lab_inventory: Inventory) -> None:
+    host = _with_ssh(lab_inventory.host("lab1"), port=2222, connect_retries=2, connect_timeout=2.0)
+    start = time.monotonic()
+    with pytest.raises(UnreachableError) as info:
+        connect(host).run(Cmd.of("true"))
+    assert "after 2 attempts" in info.value.one_line()
+    assert time.monotonic() - start < 10
+
+
+def test_secret_never_in_process_list_logs_or_json(
+    remotes: dict[str, SshHost], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    secret = "s3cr3t-" + secrets.token_hex(12)
+    host = remotes["lab1"]
+    # 1. put_text: a 0600 file, content over stdin
+    host.put_text(f"API_KEY={secret}\n", "/root/opsctl-test.env", mode=0o600)
+    stat = host.run(Cmd.of("stat", "-c", "%a %U", "/root/opsctl-test.env")).stdout.split()
+    assert stat == ["600", "root"]
+    assert host.get_text("/root/opsctl-test.env") == f"API_KEY={secret}\n"
+    # 2. a command holding the secret (from stdin) while we look at the host's process list
+    holder = Cmd.of("sh", "-c", 'read -r s; sleep 3; [ -n "$s" ] && echo got', stdin=secret + "\n")
+    seen: dict[str, str] = {}
+    thread = threading.Thread(target=lambda: seen.setdefault("out", host.run(holder).stdout))
+    thread.start()
+    time.sleep(1.0)
+    ps = remotes["lab1"].run(Cmd.of("ps", "-eo", "args")).stdout
+    thread.join()
+    assert "read -r s; sleep 3" in ps  # we did look while it ran
+    assert secret not in ps
+    assert seen["out"] == "got\n"
+    # 3. a Masked argument is refused before anything is sent, and shows as ***
+    with pytest.raises(SecretOnCommandLine) as info:
+        host.run(Cmd.of("curl", "-H", Masked(f"Authorization: {secret}"), "http://x"))
+    assert secret not in info.value.one_line() and "***" in info.value.one_line()
+    # 4. results as --json would print them, and every log line
+    result = host.run(holder)
+    dumped = json.dumps(to_jsonable(result)) + repr(result) + repr(holder)
+    assert secret not in dumped
+    assert secret not in caplog.text
+    host.run(Cmd.of("rm", "-f", "/root/opsctl-test.env"))
+
+
+def test_put_file_and_sync_dir_over_rsync(remotes: dict[str, SshHost], tmp_path: Path) -> None:
+    host = remotes["lab2"]
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(os.urandom(3 * 1024 * 1024))
+    host.put_file(blob, "/root/blob.bin", mode=0o640)
+    remote = host.run(Cmd.of("sh", "-c", "sha256sum /root/blob.bin; stat -c %a /root/blob.bin")).stdout.split()
+    assert remote[0] == hashlib.sha256(blob.read_bytes()).hexdigest()
+    assert remote[-1] == "640"
+    tree = tmp_path / "tree"
+    (tree / "a/b").mkdir(parents=True)
+    (tree / "a/b/c.txt").write_text("deep\n")
+    (tree / "top.txt").write_text("top\n")
+    host.sync_dir(tree, "/root/synced")
+    assert host.get_text("/root/synced/a/b/c.txt") == "deep\n"
+    assert host.get_text("/root/synced/top.txt") == "top\n"
+    with pytest.raises(RemoteError):
+        host.get_text("/root/does-not-exist")
+    host.run(Cmd.of("rm", "-rf", "/root/synced", "/root/blob.bin"))
+
+
+def test_zz_host_stopped_mid_run_is_unreachable_while_the_other_succeeds(
+    lab_inventory: Inventory, lab_config: LabConfig
+) -> None:
+    """Runs last in this module (zz): it kills lab2's container, then boots it again."""
+
+    def work(h: Host) -> str:
+        with connect(h) as remote:
+            return remote.run(sh("sleep 4; echo done"), timeout=30).stdout
+
+    killer = threading.Timer(1.5, stop_host, args=(lab_config, "lab2"), kwargs={"kill": True})
+    killer.start()
+    try:
+        outcomes = run_parallel(list(lab_inventory.hosts), lambda h: h.name, work)
+    finally:
+        killer.join()
+    by_host = {o.host: o for o in outcomes}
+    assert by_host["lab1"].value == "done\n"
+    assert isinstance(by_host["lab2"].error, UnreachableError), by_host["lab2"].error
+    assert {h.name: h.state for h in status(lab_config).hosts}["lab2"] == "stopped"
+    with pytest.raises(UnreachableError):
+        connect(_with_ssh(lab_inventory.host("lab2"), connect_retries=1, connect_timeout=2.0)).run(Cmd.of("true"))
+    start_host(lab_config, "lab2")
+    with connect(lab_inventory.host("lab2")) as remote:
+        assert remote.run(Cmd.of("hostname")).stdout.strip() == "lab2"
