@@ -78,3 +78,10 @@ def test_summarize_resets_on_restart():
     recs = [*_records("ddtree_contract.log")[:3], DDTreeInit("shadow", 16, 4, 16, "none")]
     s = metrics.summarize(recs)
     assert s.init.mode == "shadow" and s.last_metrics is None and s.first_verify is None
+
+
+def test_recorded_reference_server_lines():
+    recs = _records("reference_baseline_recorded.log")
+    assert len(recs) == 6 and all(isinstance(r, DecodeBatch) for r in recs)
+    assert [r.tokens for r in recs] == [71, 76, 81, 86, 91, 96]
+    assert recs[0].graph is False and recs[0].accept_len is None and recs[-1].gen_throughput == 24.78
