@@ -1,0 +1,234 @@
+"""Helpers for the deploy lab tests (no tests here): derived lab inventories, the real CLI as a subprocess,
+an HTTP poller, facts read through opsctl.remote, and a fault injector for "crash N s after healthy".
+
+The fault injector is a .pth hook installed into the lab host's venv for the duration of one test: Python
+runs it at start, and only when the service's environment carries OPSCTL_FAULT_CRASH=<port>:<seconds> does it
+start a thread that waits for /health to answer 200 and then kills the process. Nothing in opsctl or the
+runtime knows about it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from opsctl.commands import Cmd, sh
+from opsctl.inventory.load import load_inventory
+from opsctl.remote import connect
+
+REPO = Path(__file__).resolve().parents[2]
+LAB_INVENTORY = REPO / "inventory" / "lab.yaml"
+OPSCTL = [sys.executable, "-c", "from opsctl.cli.app import main; main()"]
+
+
+def derived_inventory(path: Path, mutate: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of inventory/lab.yaml changed by `mutate` (the lab's own file is never touched)."""
+    doc = yaml.safe_load(LAB_INVENTORY.read_text())
+    mutate(doc)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def service(doc: dict[str, Any], host: str, name: str = "ref") -> dict[str, Any]:
+    return doc["hosts"][host]["services"][name]
+
+
+def add_service(doc: dict[str, Any], host: str, name: str, port: int, **fields: Any) -> dict[str, Any]:
+    svc = copy.deepcopy(service(doc, host, "ref"))
+    svc["port"] = port
+    svc.update(fields)
+    doc["hosts"][host]["services"][name] = svc
+    return svc
+
+
+def only_hosts(doc: dict[str, Any], names: list[str]) -> None:
+    doc["hosts"] = {k: v for k, v in doc["hosts"].items() if k in names}
+
+
+def tune(doc: dict[str, Any], readiness_delay: float = 3, health_timeout: float = 240, log_interval: int = 10) -> None:
+    """Lab timings: a short readiness delay, a generous first-health timeout (2 shared CPU cores)."""
+    for host in doc["hosts"].values():
+        for svc in host["services"].values():
+            svc.setdefault("readiness_delay", readiness_delay)
+            svc.setdefault("health_timeout", health_timeout)
+            svc.setdefault("ddtree", {}).setdefault("log_interval", log_interval)
+
+
+def opsctl(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*OPSCTL, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+
+
+@dataclass
+class Background:
+    """`opsctl ...` running in the background; stderr lines collected as they arrive."""
+
+    proc: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+    stdout: str = ""
+
+    def wait_for(self, needle: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if needle in line:
+                    return line
+            if self.proc.poll() is not None and not any(needle in x for x in self.lines):
+                time.sleep(0.2)
+                if not any(needle in x for x in self.lines):
+                    raise AssertionError(f"opsctl exited {self.proc.returncode} before {needle!r}:\n" + self.text)
+            time.sleep(0.1)
+        raise AssertionError(f"no {needle!r} within {timeout}s:\n" + self.text)
+
+    def finish(self, timeout: float = 600) -> int:
+        code = self.proc.wait(timeout=timeout)
+        time.sleep(0.2)
+        return code
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def background(*args: str) -> Background:
+    proc = subprocess.Popen([*OPSCTL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    bg = Background(proc)
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            bg.lines.append(line.rstrip("\n"))
+
+    threading.Thread(target=pump, daemon=True).start()
+    return bg
+
+
+@dataclass
+class Poller:
+    """GET a URL every `interval` seconds in a thread; records (time, status or None)."""
+
+    url: str
+    interval: float = 0.25
+    results: list[tuple[float, int | None]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as response:
+                    status: int | None = response.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            except (urllib.error.URLError, OSError, TimeoutError):
+                status = None
+            self.results.append((time.monotonic(), status))
+            self._stop.wait(self.interval)
+
+    @property
+    def failures(self) -> list[tuple[float, int | None]]:
+        return [r for r in self.results if r[1] != 200]
+
+
+@contextmanager
+def polling(url: str) -> Iterator[Poller]:
+    poller = Poller(url)
+    thread = threading.Thread(target=poller.run, daemon=True)
+    thread.start()
+    try:
+        yield poller
+    finally:
+        poller._stop.set()
+        thread.join(timeout=5)
+
+
+def remote_run(inventory: Path, host: str, cmd: Cmd, check: bool = True) -> str:
+    inv = load_inventory(inventory)
+    with connect(inv.host(host)) as conn:
+        return conn.run(cmd, check=check).stdout
+
+
+def unit_props(inventory: Path, host: str, unit: str) -> dict[str, str]:
+    out = remote_run(
+        inventory, host, Cmd.of("systemctl", "show", "-p", "NRestarts,ActiveEnterTimestamp,MainPID,ActiveState", unit)
+    )
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def current_release(inventory: Path, host: str, svc: str) -> str:
+    return (
+        remote_run(inventory, host, Cmd.of("readlink", f"/opt/opsctl/services/{svc}/current"))
+        .strip()
+        .rsplit("/", 1)[-1]
+    )
+
+
+def current_mode(inventory: Path, host: str, svc: str) -> str:
+    text = remote_run(inventory, host, Cmd.of("cat", f"/opt/opsctl/services/{svc}/current/manifest.json"))
+    return str(json.loads(text)["mode"])
+
+
+def lock_present(inventory: Path, host: str) -> bool:
+    out = remote_run(inventory, host, sh("test -e /run/lock/opsctl/deploy.lock && echo yes || echo no"))
+    return out.strip() == "yes"
+
+
+def is_bad(inventory: Path, host: str, svc: str, release: str) -> bool:
+    out = remote_run(
+        inventory, host, sh(f"test -e /opt/opsctl/services/{svc}/releases/{release}/BAD && echo yes || echo no")
+    )
+    return out.strip() == "yes"
+
+
+FAULT_MODULE = """\
+import os, threading, time, urllib.request
+spec = os.environ.get("OPSCTL_FAULT_CRASH", "")
+if spec and "--help" not in getattr(__import__("sys"), "argv", []):
+    port, after = spec.split(":")
+    def _watch():
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except Exception:
+                pass
+            time.sleep(0.2)
+        time.sleep(float(after))
+        print(f"OPSCTL_FAULT_CRASH: exiting {after}s after the first healthy answer", flush=True)
+        os._exit(17)
+    threading.Thread(target=_watch, daemon=True).start()
+"""
+
+
+@contextmanager
+def crash_fault_installed(inventory: Path, host: str, venv: str = "/opt/opsctl/venv") -> Iterator[None]:
+    site = remote_run(
+        inventory, host, Cmd.of(f"{venv}/bin/python", "-c", "import site; print(site.getsitepackages()[0])")
+    ).strip()
+    inv = load_inventory(inventory)
+    with connect(inv.host(host)) as conn:
+        conn.put_text(FAULT_MODULE, f"{site}/opsctl_test_fault.py")
+        conn.put_text("import opsctl_test_fault\n", f"{site}/opsctl_test_fault.pth")
+    try:
+        yield
+    finally:
+        remote_run(inventory, host, Cmd.of("rm", "-f", f"{site}/opsctl_test_fault.pth", f"{site}/opsctl_test_fault.py"))
+
+
+def provision(inventory: Path = LAB_INVENTORY) -> subprocess.CompletedProcess[str]:
+    return opsctl("provision", "-i", str(inventory), timeout=1800)
