@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -175,37 +176,37 @@ def _stable_sort_desc(x: Tensor) -> Tensor:
 
 
 def row_topk(lp: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Per-row top-k by (log-prob desc, token id asc), vectorized; raises on values > 0 or NaN.
+    """Per-row top-k by (log-prob desc, token id asc); raises on values > 0 or NaN.
 
-    lp: [R, V] float32, k <= V. Returns (values [R, k], token ids [R, k]).
+    lp: [R, V] float32 on any device, k <= V. Returns (values [R, k], token ids [R, k]) on the CPU: the
+    one vocab-sized op (topk) runs where lp lives, the tie handling on k + 1 values per row runs on the host.
     """
     n_rows, vocab = lp.shape
-    if k < vocab:
-        # k + 1 so a strict gap below the k-th value proves the top-k set is unique (no tie at the cut).
-        vals, ids = lp.topk(k + 1, dim=-1)  # [R, k+1]
-        cut_tie = vals[:, k - 1] == vals[:, k]  # [R]
-        vals, ids = vals[:, :k], ids[:, :k]
-    else:
-        vals, ids = lp, torch.arange(vocab, device=lp.device).expand(n_rows, vocab)
-        cut_tie = torch.zeros(n_rows, dtype=torch.bool, device=lp.device)
+    kk = min(k + 1, vocab)  # k + 1: a strict gap below the k-th value proves the top-k set is unique
+    top_vals, top_ids = lp.topk(kk, dim=-1)  # [R, kk], on lp's device
+    top_vals, top_ids = top_vals.cpu(), top_ids.cpu()
+    if not bool((top_vals[:, 0] <= 0).all()):  # NaN sorts first in topk and fails the comparison
+        raise _bad_logprob_error()
+    cut_tie = (top_vals[:, k - 1] == top_vals[:, k]).tolist() if kk > k else [False] * n_rows
     # Canonical order inside the set: sort by id, then stable-sort by value descending.
-    ids, _ = ids.sort(dim=-1)
-    vals = lp.gather(1, ids)
+    ids, perm = top_ids[:, :k].sort(dim=-1)
+    vals = top_vals[:, :k].gather(1, perm)
     order = torch.sort(vals, dim=-1, descending=True, stable=True).indices
     vals, ids = vals.gather(1, order), ids.gather(1, order)
-    # One host sync for both checks. NaN sorts first in topk, so it shows up in vals[:, 0].
-    bad = ~(vals[:, 0] <= 0)
-    flags = torch.stack([bad.any(), cut_tie.any()]).tolist()
-    if flags[0]:
-        raise _bad_logprob_error()
-    if flags[1]:
-        vals, ids = vals.clone(), ids.clone()
-        for r in torch.nonzero(cut_tie).flatten().tolist():  # rare: fix rows where the cut falls in a tie
-            cand = torch.nonzero(lp[r] >= vals[r, k - 1]).flatten()  # ascending ids
-            take = _stable_sort_desc(lp[r, cand])[:k]
-            ids[r] = cand[take]
-            vals[r] = lp[r, ids[r]]
+    for r in (r for r, tie in enumerate(cut_tie) if tie):  # rare: the cut falls inside a run of equal values
+        cand = torch.nonzero(lp[r] >= float(vals[r, k - 1])).flatten()  # ascending ids, on lp's device
+        cand_vals = lp[r, cand].cpu()
+        take = _stable_sort_desc(cand_vals)[:k]
+        ids[r], vals[r] = cand.cpu()[take], cand_vals[take]
     return vals, ids
+
+
+def _to_device(tree: DraftTree, device: torch.device) -> DraftTree:
+    """Move a host-built tree with two copies (the int fields stacked), not four."""
+    if device.type == "cpu":
+        return tree
+    ints = torch.stack([tree.tokens, tree.parents, tree.depths]).to(device)  # [3, N]
+    return DraftTree(tokens=ints[0], parents=ints[1], depths=ints[2], scores=tree.scores.to(device))
 
 
 def build_tree(draft_logprobs: Tensor, root_token: int, budget: int, topk: int) -> DraftTree:
@@ -215,7 +216,9 @@ def build_tree(draft_logprobs: Tensor, root_token: int, budget: int, topk: int) 
     Depth by depth, the best `budget` nodes of each depth are kept (ordered by score desc, parent position,
     rank); a global stable sort over all kept nodes then gives the heap's pop order. This is exact because
     scores never increase along a path, so the global best `budget` nodes are closed under ancestors.
-    One loop iteration per depth, one host sync (in `row_topk`).
+    Only the per-row topk touches the vocabulary (on the input's device); the index math is at most
+    budget * topk values per depth and runs on the host, where a tiny op costs microseconds rather than a
+    kernel launch. The tree comes back on the input's device.
     """
     _check_build_args(draft_logprobs, budget, topk)
     device = draft_logprobs.device
@@ -224,16 +227,15 @@ def build_tree(draft_logprobs: Tensor, root_token: int, budget: int, topk: int) 
         return _root_only(root_token, device)
     lp = draft_logprobs.detach()[:n_rows].to(torch.float32)  # lp: [R, V]
     k = min(topk, lp.shape[1])
-    row_vals, row_ids = row_topk(lp, k)  # [R, k] each
+    row_vals, row_ids = row_topk(lp, k)  # [R, k] each, host
 
     level_scores: list[Tensor] = []  # per depth d+1: [M_d] kept scores, within-depth order
     level_parent: list[Tensor] = []  # [M_d] parent position inside the previous level
     level_tokens: list[Tensor] = []  # [M_d]
-    prev_scores = torch.zeros(1, device=device)  # the root
+    prev_scores = torch.zeros(1)  # the root
     for d in range(n_rows):
         cand = (prev_scores[:, None] + row_vals[d][None, :]).reshape(-1)  # [P*k], parent-major, rank-minor
-        keep = min(budget, cand.shape[0])
-        order = _stable_sort_desc(cand)[:keep]  # (score desc, parent pos asc, rank asc)
+        order = _stable_sort_desc(cand)[:budget]  # (score desc, parent pos asc, rank asc)
         prev_scores = cand[order]
         level_scores.append(prev_scores)
         level_parent.append(torch.div(order, k, rounding_mode="floor"))
@@ -244,28 +246,28 @@ def build_tree(draft_logprobs: Tensor, root_token: int, budget: int, topk: int) 
     for m in sizes[:-1]:
         offsets.append(offsets[-1] + m)
     scores = torch.cat(level_scores)  # [M] flat index ascending = (depth asc, within-depth position asc)
-    depths = torch.cat([torch.full((m,), d + 1, device=device) for d, m in enumerate(sizes)])
+    depths = torch.repeat_interleave(torch.arange(1, n_rows + 1), torch.tensor(sizes))  # [M]
     tokens = torch.cat(level_tokens)
     # Parent as a flat index (-1 = the root).
     parent_flat = torch.cat(
-        [level_parent[0].new_full((sizes[0],), -1)] + [level_parent[d] + offsets[d - 1] for d in range(1, n_rows)]
+        [torch.full((sizes[0],), -1)] + [level_parent[d] + offsets[d - 1] for d in range(1, n_rows)]
     )
 
     n_keep = min(budget, scores.shape[0])
     sel = _stable_sort_desc(scores)[:n_keep]  # [n] flat indices in pop order
     # Node id of every flat index, shifted by one so the root (-1) maps to id 0 through index 0.
-    node_id = torch.full((scores.shape[0] + 1,), -1, dtype=torch.int64, device=device)
+    node_id = torch.full((scores.shape[0] + 1,), -1, dtype=torch.int64)
     node_id[0] = 0
-    node_id[sel + 1] = torch.arange(1, n_keep + 1, device=device)
+    node_id[sel + 1] = torch.arange(1, n_keep + 1)
     parents = node_id[parent_flat[sel] + 1]
 
-    root = torch.tensor([root_token], device=device)
-    return _make_tree(
-        torch.cat([root, tokens[sel]]),
-        torch.cat([root.new_full((1,), -1), parents]),
-        torch.cat([root.new_zeros(1), depths[sel]]),
-        torch.cat([scores.new_zeros(1), scores[sel]]),
+    tree = _make_tree(
+        torch.cat([torch.tensor([root_token]), tokens[sel]]),
+        torch.cat([torch.tensor([-1]), parents]),
+        torch.cat([torch.tensor([0]), depths[sel]]),
+        torch.cat([torch.zeros(1), scores[sel]]),
     )
+    return _to_device(tree, device)
 
 
 def spine_tree(draft_logprobs: Tensor, root_token: int, depth: int) -> DraftTree:
@@ -324,12 +326,23 @@ def ancestor_mask(parents: Tensor, groups: tuple[Tensor, ...]) -> Tensor:
 
 
 def compile_tree(tree: DraftTree, prefix_len: int) -> TreeInputs:
-    """Verify-forward inputs: the tree's tokens at positions prefix_len + depth, ancestor-only mask."""
-    groups = depth_groups(tree.depths)
+    """Verify-forward inputs: the tree's tokens at positions prefix_len + depth, ancestor-only mask.
+
+    The index math runs on the host (a few dozen tiny ops); an accelerator gets the results in two copies.
+    """
+    device = tree.tokens.device
+    host = torch.stack([tree.parents, tree.depths]).cpu()  # [2, N], one copy
+    parents, depths = host[0], host[1]
+    groups = depth_groups(depths)
+    mask = ancestor_mask(parents, groups)
+    if device.type != "cpu":
+        order = torch.cat(groups).to(device)  # [N] ids grouped by depth, one copy
+        groups = tuple(torch.split(order, [g.shape[0] for g in groups]))
+        mask = mask.to(device)
     return TreeInputs(
         input_ids=tree.tokens,
         position_ids=tree.depths + prefix_len,
-        attention_mask=ancestor_mask(tree.parents, groups),
+        attention_mask=mask,
         parents=tree.parents,
         depth_groups=groups,
     )
@@ -368,17 +381,33 @@ def walk_tree(
     n = tree.num_nodes
     if target_logits.dim() != 2 or target_logits.shape[0] != n:
         raise ValueError(f"target_logits must be [N={n}, V], got {tuple(target_logits.shape)}")
+    if temperature < 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    parents, tokens = torch.stack([tree.parents, tree.tokens]).tolist()  # one copy
     children: dict[tuple[int, int], int] = {}
-    for node, (parent, token) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True)):
-        if node:
-            children.setdefault((parent, token), node)
+    for node in range(1, n):
+        children.setdefault((parents[node], tokens[node]), node)
+
+    choose: Callable[[int], int]
+    if temperature == 0.0 and _batch_greedy(target_logits.device):
+        choose = target_logits.argmax(dim=-1).tolist().__getitem__  # [N]: one kernel, one copy
+    else:
+
+        def choose(node: int) -> int:  # only visited rows: an N x V argmax would dominate on a CPU
+            return sample_token(target_logits[node], temperature, generator)
+
     accepted = [0]
     while True:
-        choice = sample_token(target_logits[accepted[-1]], temperature, generator)
+        choice = choose(accepted[-1])
         nxt = children.get((accepted[-1], choice))
         if nxt is None:
             return WalkResult(accepted=tuple(accepted), bonus_token=choice)
         accepted.append(nxt)
+
+
+def _batch_greedy(device: torch.device) -> bool:
+    """Greedy walk: argmax every row at once on accelerators (launch-bound), only visited rows on a CPU."""
+    return device.type != "cpu"
 
 
 def is_off_spine(tree: DraftTree, accepted: tuple[int, ...]) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import ddtree.tree
 import pytest
 import torch
 from ddtree.tree import (
@@ -192,13 +193,20 @@ def test_large_vocab_parity_and_half_precision_input():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_build_equals_cpu_heap():
+def test_cuda_build_compile_walk_equal_cpu():
     for seed, kind in enumerate(["continuous", "quantized", "uniform", "neg_inf"]):
         lp = make_logprobs(seed, 15, 1000, kind)
         ref = build_tree_reference(lp, 2, 256, 8)
         vec = build_tree(lp.cuda(), 2, 256, 8)
-        assert vec.tokens.device.type == "cuda"
+        assert all(getattr(vec, f).device.type == "cuda" for f in FIELDS)
         assert_same_tree(ref, DraftTree(*(getattr(vec, f).cpu() for f in FIELDS)))
+        cpu_inputs, cuda_inputs = compile_tree(ref, 50), compile_tree(vec, 50)
+        assert cuda_inputs.attention_mask.device.type == "cuda"
+        assert torch.equal(cpu_inputs.attention_mask, cuda_inputs.attention_mask.cpu())
+        assert torch.equal(cpu_inputs.position_ids, cuda_inputs.position_ids.cpu())
+        assert [g.tolist() for g in cpu_inputs.depth_groups] == [g.tolist() for g in cuda_inputs.depth_groups]
+        logits, _ = following_logits(ref, 1000, levels=4, seed=seed)
+        assert walk_tree(ref, logits) == walk_tree(vec, logits.cuda())
 
 
 # --------------------------------------------------------------------------------------- compile
@@ -304,6 +312,35 @@ def test_walk_rejects_mismatched_logits():
         walk_tree(hand_tree(), torch.zeros(5, 10))
     with pytest.raises(ValueError, match="temperature"):
         walk_tree(hand_tree(), torch.zeros(6, 10), temperature=-1.0)
+
+
+def following_logits(tree: DraftTree, vocab: int, levels: int, seed: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """[N, vocab] random logits whose argmax follows the last child of each node for `levels` levels, and
+    that path (root first)."""
+    logits = torch.randn(tree.num_nodes, vocab, generator=torch.Generator().manual_seed(seed))
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    path = [0]
+    for _ in range(levels):
+        children = [c for c in range(1, tree.num_nodes) if parents[c] == path[-1]]
+        if not children:
+            break
+        path.append(children[-1])
+        logits[path[-2], tokens[path[-1]]] = 100.0
+    return logits, tuple(path)
+
+
+def test_batched_greedy_walk_equals_visited_rows_walk(monkeypatch: pytest.MonkeyPatch):
+    tree = build_tree(make_logprobs(8, 10, 300, "continuous"), 0, 64, 4)
+    longest = 0
+    for levels in range(5):
+        logits, path = following_logits(tree, 300, levels=levels, seed=levels)
+        lazy = walk_tree(tree, logits)
+        assert lazy.accepted[: len(path)] == path
+        longest = max(longest, len(lazy.accepted))
+        monkeypatch.setattr(ddtree.tree, "_batch_greedy", lambda device: True)
+        assert walk_tree(tree, logits) == lazy
+        monkeypatch.undo()
+    assert longest >= 3
 
 
 def test_sampling_walk_first_token_follows_the_target_distribution():
