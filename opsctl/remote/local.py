@@ -34,31 +34,31 @@ class LocalHost:
         display = cmd.display()
         log.debug("%s: run %s", self.name, display)
         start = time.monotonic()
-        proc = subprocess.Popen(
+        deadline = None if timeout is None else start + timeout
+        stdin: str | None = cmd.stdin if cmd.stdin is not None else ""
+        with subprocess.Popen(
             ["/bin/sh", "-c", line],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            start_new_session=True,
-        )
-        deadline = None if timeout is None else start + timeout
-        stdin: str | None = cmd.stdin if cmd.stdin is not None else ""
-        try:
-            while True:
-                remaining = base.POLL_S if deadline is None else min(base.POLL_S, deadline - time.monotonic())
-                try:
-                    out, err = proc.communicate(stdin, timeout=max(remaining, 0.0))
-                    break
-                except subprocess.TimeoutExpired:
-                    stdin = None  # already sent
-                    if base.CANCEL.is_set():
-                        raise KeyboardInterrupt from None
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise CommandTimeout(self.name, display, timeout or 0) from None
-        except BaseException:
-            _kill_group(proc)
-            raise
+            start_new_session=True,  # its own process group: a timeout or Ctrl-C kills all it started
+        ) as proc:
+            try:
+                while True:
+                    remaining = base.POLL_S if deadline is None else min(base.POLL_S, deadline - time.monotonic())
+                    try:
+                        out, err = proc.communicate(stdin, timeout=max(remaining, 0.0))
+                        break
+                    except subprocess.TimeoutExpired:
+                        stdin = None  # already sent
+                        if base.CANCEL.is_set():
+                            raise KeyboardInterrupt from None
+                        if deadline is not None and time.monotonic() >= deadline:
+                            raise CommandTimeout(self.name, display, timeout or 0) from None
+            except BaseException:
+                _kill_group(proc)
+                raise
         result = RunResult(self.name, display, proc.returncode, out, err, time.monotonic() - start)
         return base.checked(result, check)
 
