@@ -11,6 +11,7 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -221,10 +222,62 @@ def test_put_file_and_sync_dir_over_rsync(remotes: dict[str, SshHost], tmp_path:
     host.run(Cmd.of("rm", "-rf", "/root/synced", "/root/blob.bin"))
 
 
+def test_jump_host_for_commands_and_rsync(lab_inventory: Inventory, tmp_path: Path) -> None:
+    """lab2 reached through lab1: SSH_CONNECTION on lab2 shows lab1 as the client."""
+    lab1, lab2 = lab_inventory.host("lab1"), lab_inventory.host("lab2")
+    hop = _with_ssh(lab2, jump_host=f"root@{lab1.address}")
+    with connect(hop) as remote:
+        seen = remote.run(sh("hostname; echo $SSH_CONNECTION")).stdout.split()
+        assert seen[0] == "lab2"
+        assert seen[1] == lab1.address  # the client address lab2 saw
+        local = tmp_path / "via-jump.txt"
+        local.write_text("hop\n")
+        remote.put_file(local, "/root/via-jump.txt")
+        assert remote.get_text("/root/via-jump.txt") == "hop\n"
+        remote.run(Cmd.of("rm", "-f", "/root/via-jump.txt"))
+
+
+@pytest.fixture
+def ops_user(remotes: dict[str, SshHost]) -> Iterator[str]:
+    """A non-root user `ops` with passwordless sudo on lab1 (as on many real hosts)."""
+    root = remotes["lab1"]
+    root.run(
+        sh(
+            "id ops >/dev/null 2>&1 || useradd -m -s /bin/bash ops"
+            " && install -d -m 700 -o ops -g ops /home/ops/.ssh"
+            " && install -m 600 -o ops -g ops /root/.ssh/authorized_keys /home/ops/.ssh/authorized_keys"
+            " && echo 'ops ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/ops && chmod 440 /etc/sudoers.d/ops"
+        )
+    )
+    yield "ops"
+    root.run(sh("pkill -u ops; rm -f /etc/sudoers.d/ops; userdel -r ops 2>/dev/null; true"))
+
+
+def test_non_root_user_uses_sudo_for_privileged_work(
+    ops_user: str, lab_inventory: Inventory, remotes: dict[str, SshHost], tmp_path: Path
+) -> None:
+    with connect(_with_ssh(lab_inventory.host("lab1"), user=ops_user)) as ops:
+        assert ops.run(Cmd.of("id", "-un")).stdout.strip() == "ops"
+        assert ops.run(Cmd.of("id", "-un", sudo=True)).stdout.strip() == "root"
+        ops.put_text("K=V\n", "/etc/opsctl-sudo-test.env", mode=0o600)  # /etc: root only
+        owner = remotes["lab1"].run(Cmd.of("stat", "-c", "%a %U", "/etc/opsctl-sudo-test.env")).stdout.split()
+        assert owner == ["600", "root"]
+        assert ops.get_text("/etc/opsctl-sudo-test.env") == "K=V\n"
+        (tmp_path / "d").mkdir()
+        (tmp_path / "d" / "f.txt").write_text("f\n")
+        ops.sync_dir(tmp_path / "d", "/opt/opsctl-sudo-test")
+        assert remotes["lab1"].get_text("/opt/opsctl-sudo-test/f.txt") == "f\n"
+        marker = "23.2323"
+        with pytest.raises(CommandTimeout):
+            ops.run(Cmd.of("sleep", marker, sudo=True), timeout=1.0)
+        assert f"sleep {marker}" not in _ps(remotes["lab1"])
+    remotes["lab1"].run(Cmd.of("rm", "-rf", "/etc/opsctl-sudo-test.env", "/opt/opsctl-sudo-test"))
+
+
 def test_zz_host_stopped_mid_run_is_unreachable_while_the_other_succeeds(
     lab_inventory: Inventory, lab_config: LabConfig
 ) -> None:
-    """Runs last in this module (zz): it kills lab2's container, then boots it again."""
+    """Last in this module: it kills lab2's container, then boots it again."""
 
     def work(h: Host) -> str:
         with connect(h) as remote:
