@@ -12,6 +12,7 @@ through SIGHUP, but a pty merges stderr into stdout and echoes stdin, which carr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import select
 import shlex
@@ -19,6 +20,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +41,7 @@ PGID_MARK = "__OPSCTL_PGID__="
 EOF_GRACE_S = 2.0  # after the exit status, how long to wait for the output streams to close
 BACKOFF_S = 0.5  # first retry delay; doubles per attempt
 BACKOFF_MAX_S = 8.0
+MAX_SESSIONS = 8  # concurrent commands per connection; sshd's default MaxSessions is 10 (one spare for kills)
 _KNOWN_HOSTS_LOCK = threading.Lock()  # one writer of known_hosts files per process
 
 
@@ -106,6 +109,7 @@ class SshHost:
         self._lock = threading.Lock()
         self._client: paramiko.SSHClient | None = None
         self._jump_client: paramiko.SSHClient | None = None
+        self._sessions = threading.BoundedSemaphore(MAX_SESSIONS)
 
     # -- connection ------------------------------------------------------------------------------------
 
@@ -225,6 +229,10 @@ class SshHost:
         limit = self.config.command_timeout if timeout is None else timeout
         log.debug("%s: run %s", self.name, display)
         start = time.monotonic()
+        with self._session_slot():
+            return base.checked(self._run(cmd, line, display, start, limit), check)
+
+    def _run(self, cmd: Cmd, line: str, display: str, start: float, limit: float) -> RunResult:
         chan = self._open_channel(display)
         pgid: list[int] = []
         try:
@@ -243,8 +251,18 @@ class SshHost:
             raise UnreachableError(self.name, f"connection lost during `{display}`: {_describe(exc)}") from None
         finally:
             chan.close()
-        result = RunResult(self.name, display, code, out, err, time.monotonic() - start)
-        return base.checked(result, check)
+        return RunResult(self.name, display, code, out, err, time.monotonic() - start)
+
+    @contextlib.contextmanager
+    def _session_slot(self) -> Iterator[None]:
+        """At most MAX_SESSIONS commands at once on the shared connection (sshd's MaxSessions is 10)."""
+        while not self._sessions.acquire(timeout=base.POLL_S):
+            if base.CANCEL.is_set():
+                raise KeyboardInterrupt
+        try:
+            yield
+        finally:
+            self._sessions.release()
 
     def _open_channel(self, display: str) -> paramiko.Channel:
         for attempt in (1, 2):
@@ -252,6 +270,14 @@ class SshHost:
             try:
                 return transport.open_session(timeout=self.config.connect_timeout)
             except (OSError, EOFError, paramiko.SSHException) as exc:
+                if transport.is_active() and isinstance(exc, paramiko.ChannelException):
+                    raise RemoteError(
+                        self.name,
+                        display,
+                        None,
+                        message=f"{self.name}: sshd refused a session: {_describe(exc)}",
+                        hint="check MaxSessions in the host's sshd_config",
+                    ) from None
                 # A cached connection can die between calls (host rebooted): reconnect once.
                 self.close()
                 if attempt == 2:

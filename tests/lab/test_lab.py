@@ -92,6 +92,17 @@ def test_status_and_inventory_describe_the_running_lab(
     assert [line.split()[0] for line in known if line] == [addresses["lab1"], addresses["lab2"]]
 
 
+def test_cli_status_json(lab_hosts: LabReport) -> None:
+    proc = subprocess.run(["opsctl", "lab", "status", "--json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [(h["name"], h["state"], h["ssh"]) for h in data["hosts"]][:2] == [
+        ("lab1", "running", True),
+        ("lab2", "running", True),
+    ]
+    assert data["subnet"] == "10.213.0.0/24"
+
+
 def test_up_again_keeps_running_hosts(lab_hosts: LabReport, lab_config: LabConfig) -> None:
     pids = {h.name: h.pid for h in status(lab_config).hosts}
     again = up(lab_config, 2)

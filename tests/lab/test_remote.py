@@ -62,6 +62,13 @@ def test_one_connection_is_reused(remotes: dict[str, SshHost]) -> None:
     assert sessions == "1", f"expected one SSH connection from us, saw {sessions}"
 
 
+def test_many_concurrent_commands_share_one_connection(remotes: dict[str, SshHost]) -> None:
+    """More commands at once than sshd's MaxSessions (10): they queue on the connection, none fails."""
+    host = remotes["lab1"]
+    outcomes = run_parallel(list(range(20)), str, lambda i: host.run(sh(f"sleep 0.3; echo {i}")).stdout, forks=20)
+    assert [o.value for o in outcomes] == [f"{i}\n" for i in range(20)]
+
+
 def test_exit_code_stdout_stderr_and_check(remotes: dict[str, SshHost]) -> None:
     host = remotes["lab1"]
     result = host.run(sh("echo out; echo err >&2; exit 3"), check=False)
