@@ -10,7 +10,7 @@ import typer
 
 from opsctl.cli.common import JsonOpt, console, emit_json, handle_errors
 from opsctl.errors import LabError
-from opsctl.lab import LabConfig, LabReport, down, status, up
+from opsctl.lab import LabConfig, LabReport, down, rootfs, status, up
 
 SubnetOpt = Annotated[
     str, typer.Option("--subnet", help="Private IPv4 range the lab owns (refused if it overlaps a route).")
@@ -59,7 +59,10 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
     ) -> None:
         """Boot lab1..labN (idempotent); write the lab inventory."""
-        report = up(_config(subnet, inventory), hosts)
+        cfg = _config(subnet, inventory)
+        if not rootfs.cache_path(cfg).is_dir():
+            console.print(f"building the lab rootfs once into {cfg.cache_dir} (debootstrap, 2-5 minutes)...")
+        report = up(cfg, hosts)
         if report.rootfs_build_s is not None:
             console.print(f"built the rootfs in {report.rootfs_build_s:.0f}s ({report.rootfs})")
         started = ", ".join(report.started) or "none (all running)"
