@@ -207,6 +207,9 @@ def test_secret_never_in_process_list_logs_or_json(
     assert secret not in dumped
     assert secret not in caplog.text
     host.run(Cmd.of("rm", "-f", "/root/opsctl-test.env"))
+    # 5. nor in the host's own logs (searched here, never by passing the secret to a remote grep)
+    journal = host.run(Cmd.of("journalctl", "--no-pager", "-o", "cat", "--since", "-10min")).stdout
+    assert secret not in journal and len(journal) > 0
 
 
 def test_put_file_and_sync_dir_over_rsync(remotes: dict[str, SshHost], tmp_path: Path) -> None:
