@@ -116,9 +116,9 @@ def _f32(x: float) -> float:
         return float("-inf") if x < 0 else float("inf")
 
 
-def _row_topk_reference(row: Tensor, k: int) -> tuple[list[int], list[float]]:
+def _row_topk_reference(row: Tensor, k: int) -> tuple[list[float], list[int]]:
     """The k best tokens of one row by (log-prob desc, token id asc), in that order: a plain Python sort
-    over every token that ties or beats the k-th best value."""
+    over every token that ties or beats the k-th best value. Returns (log-probs, token ids)."""
     if bool(torch.isnan(row).any()) or float(row.max()) > 0.0:
         raise _bad_logprob_error()
     kth = float(row.topk(k).values[-1])
@@ -126,21 +126,16 @@ def _row_topk_reference(row: Tensor, k: int) -> tuple[list[int], list[float]]:
     pairs = list(zip(row[cand].tolist(), cand.tolist(), strict=True))
     pairs.sort(key=lambda p: (-p[0], p[1]))
     best = pairs[:k]
-    return [t for _, t in best], [v for v, _ in best]
+    return [v for v, _ in best], [t for _, t in best]
 
 
-def build_tree_reference(draft_logprobs: Tensor, root_token: int, budget: int, topk: int) -> DraftTree:
-    """Best-first heap (lazy expansion) over the drafter's per-row top-k. Slow and obviously right.
-
-    draft_logprobs: [D, V], row d-1 = drafter's log-probs for depth d (D = block_size - 1).
-    """
-    _check_build_args(draft_logprobs, budget, topk)
-    device = draft_logprobs.device
-    lp = draft_logprobs.detach().to("cpu", torch.float32)  # lp: [D, V]
-    n_rows = min(lp.shape[0], budget)  # a path longer than budget can never be kept
-    k = min(topk, lp.shape[1])
-    rows = [_row_topk_reference(lp[d], k) for d in range(n_rows)]
-
+def expand_best_first(
+    row_vals: list[list[float]], row_ids: list[list[int]], root_token: int, budget: int
+) -> tuple[list[int], list[int], list[int], list[float]]:
+    """The best-first heap with lazy expansion over a per-row top-k table (row d: depth d + 1 candidates,
+    best first). Pop the best candidate, give it the next id, push its first child and its next sibling.
+    Returns (tokens, parents, depths, scores) as lists, root first."""
+    n_rows, k = len(row_vals), len(row_vals[0]) if row_vals else 0
     tokens, parents, depths, scores = [root_token], [-1], [0], [0.0]
     heap: list[tuple[float, int, int, int]] = []  # (-score, depth, parent id, rank): the tie-break order
 
@@ -148,26 +143,60 @@ def build_tree_reference(draft_logprobs: Tensor, root_token: int, budget: int, t
         row = depths[parent]  # a child of a depth-d node uses row d
         if row >= n_rows or rank >= k:
             return
-        score = _f32(scores[parent] + rows[row][1][rank])
+        score = _f32(scores[parent] + row_vals[row][rank])
         heapq.heappush(heap, (-score, row + 1, parent, rank))
 
     push(0, 0)
     while heap and len(tokens) <= budget:
         neg_score, depth, parent, rank = heapq.heappop(heap)
         node = len(tokens)
-        tokens.append(rows[depth - 1][0][rank])
+        tokens.append(row_ids[depth - 1][rank])
         parents.append(parent)
         depths.append(depth)
         scores.append(-neg_score)
         push(node, 0)  # its first child
         push(parent, rank + 1)  # its next sibling
+    return tokens, parents, depths, scores
 
+
+def _tree_from_lists(lists: tuple[list[int], list[int], list[int], list[float]], device: torch.device) -> DraftTree:
+    tokens, parents, depths, scores = lists
     return _make_tree(
         torch.tensor(tokens, device=device),
         torch.tensor(parents, device=device),
         torch.tensor(depths, device=device),
         torch.tensor(scores, dtype=torch.float32, device=device),
     )
+
+
+def build_tree_reference(draft_logprobs: Tensor, root_token: int, budget: int, topk: int) -> DraftTree:
+    """Best-first heap (lazy expansion) over the drafter's per-row top-k. Slow and obviously right: the
+    top-k of every row by a plain Python sort, then `expand_best_first`.
+
+    draft_logprobs: [D, V], row d-1 = drafter's log-probs for depth d (D = block_size - 1).
+    """
+    _check_build_args(draft_logprobs, budget, topk)
+    lp = draft_logprobs.detach().to("cpu", torch.float32)  # lp: [D, V]
+    n_rows = min(lp.shape[0], budget)  # a path longer than budget can never be kept
+    k = min(topk, lp.shape[1])
+    rows = [_row_topk_reference(lp[d], k) for d in range(n_rows)]
+    table = expand_best_first([v for v, _ in rows], [t for _, t in rows], root_token, budget)
+    return _tree_from_lists(table, draft_logprobs.device)
+
+
+def build_tree_heap(draft_logprobs: Tensor, root_token: int, budget: int, topk: int) -> DraftTree:
+    """Same tree again: the fast per-row top-k (`row_topk`) feeding the Python heap (`expand_best_first`).
+    At budgets up to 512 the heap's few hundred pops cost less than the vectorized build's per-depth
+    tensor ops (docs/runtime-perf.md), so this is the cheapest eager build; `build_tree` keeps a fixed
+    number of tensor ops per depth, with static shapes."""
+    _check_build_args(draft_logprobs, budget, topk)
+    n_rows = min(draft_logprobs.shape[0], budget)
+    if n_rows == 0:
+        return _root_only(root_token, draft_logprobs.device)
+    lp = draft_logprobs.detach()[:n_rows].to(torch.float32)  # lp: [R, V]
+    vals, ids = row_topk(lp, min(topk, lp.shape[1]))  # [R, k] each, host
+    table = expand_best_first(vals.tolist(), ids.tolist(), root_token, budget)
+    return _to_device(_tree_from_lists(table, torch.device("cpu")), draft_logprobs.device)
 
 
 def _stable_sort_desc(x: Tensor) -> Tensor:

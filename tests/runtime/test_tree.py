@@ -11,6 +11,7 @@ from ddtree.tree import (
     DraftTree,
     ancestor_mask,
     build_tree,
+    build_tree_heap,
     build_tree_reference,
     compile_tree,
     depth_groups,
@@ -88,7 +89,26 @@ def test_vectorized_build_equals_heap(seed: int, rows: int, vocab: int, budget: 
     ref = build_tree_reference(lp, 7, budget, topk)
     vec = build_tree(lp, 7, budget, topk)
     assert_same_tree(ref, vec)
+    assert_same_tree(ref, build_tree_heap(lp, 7, budget, topk))
     assert_well_formed(vec, lp, budget, topk)
+
+
+@PROPERTY
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    rows=st.integers(1, 6),
+    vocab=st.integers(1, 40),
+    topk=st.integers(1, 16),
+    kind=st.sampled_from(["continuous", "quantized", "uniform", "neg_inf"]),
+)
+def test_row_topk_equals_plain_sort(seed: int, rows: int, vocab: int, topk: int, kind: str):
+    lp = make_logprobs(seed, rows, vocab, kind)
+    k = min(topk, vocab)
+    vals, ids = ddtree.tree.row_topk(lp, k)
+    for r in range(rows):
+        ref_vals, ref_ids = ddtree.tree._row_topk_reference(lp[r], k)
+        assert ids[r].tolist() == ref_ids
+        assert vals[r].tolist() == ref_vals
 
 
 def test_hand_computed_tree_and_tie_break():
@@ -159,12 +179,13 @@ def test_spine_is_the_argmax_chain_and_the_first_children_of_the_tree():
 
 def test_budget_zero_and_zero_rows_give_the_root_only():
     lp = make_logprobs(0, 4, 10, "continuous")
-    for tree in (build_tree(lp, 4, 0, 8), build_tree_reference(lp, 4, 0, 8), build_tree(lp[:0], 4, 32, 8)):
+    trees = [builder(lp, 4, 0, 8) for builder in (build_tree, build_tree_reference, build_tree_heap)]
+    for tree in [*trees, build_tree(lp[:0], 4, 32, 8), build_tree_heap(lp[:0], 4, 32, 8)]:
         assert tree.tokens.tolist() == [4] and tree.parents.tolist() == [-1]
         assert tree_shape(tree).depth == 0 and tree_shape(tree).width == 0
 
 
-@pytest.mark.parametrize("builder", [build_tree, build_tree_reference])
+@pytest.mark.parametrize("builder", [build_tree, build_tree_reference, build_tree_heap])
 @pytest.mark.parametrize("bad", [0.5, float("nan")])
 def test_not_logprobs_is_an_error(builder, bad: float):
     lp = make_logprobs(0, 3, 10, "continuous")
@@ -173,7 +194,7 @@ def test_not_logprobs_is_an_error(builder, bad: float):
         builder(lp, 0, 32, 4)
 
 
-@pytest.mark.parametrize("builder", [build_tree, build_tree_reference])
+@pytest.mark.parametrize("builder", [build_tree, build_tree_reference, build_tree_heap])
 def test_bad_arguments(builder):
     lp = make_logprobs(0, 3, 10, "continuous")
     with pytest.raises(ValueError, match="topk"):
@@ -189,7 +210,9 @@ def test_bad_arguments(builder):
 def test_large_vocab_parity_and_half_precision_input():
     lp = make_logprobs(4, 15, 151936, "continuous").to(torch.bfloat16)  # bf16 creates many ties
     for budget, topk in ((16, 8), (64, 8), (256, 16)):
-        assert_same_tree(build_tree_reference(lp, 1, budget, topk), build_tree(lp, 1, budget, topk))
+        ref = build_tree_reference(lp, 1, budget, topk)
+        assert_same_tree(ref, build_tree(lp, 1, budget, topk))
+        assert_same_tree(ref, build_tree_heap(lp, 1, budget, topk))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -200,6 +223,8 @@ def test_cuda_build_compile_walk_equal_cpu():
         vec = build_tree(lp.cuda(), 2, 256, 8)
         assert all(getattr(vec, f).device.type == "cuda" for f in FIELDS)
         assert_same_tree(ref, DraftTree(*(getattr(vec, f).cpu() for f in FIELDS)))
+        heap = build_tree_heap(lp.cuda(), 2, 256, 8)
+        assert_same_tree(ref, DraftTree(*(getattr(heap, f).cpu() for f in FIELDS)))
         cpu_inputs, cuda_inputs = compile_tree(ref, 50), compile_tree(vec, 50)
         assert cuda_inputs.attention_mask.device.type == "cuda"
         assert torch.equal(cpu_inputs.attention_mask, cuda_inputs.attention_mask.cpu())
