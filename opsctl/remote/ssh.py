@@ -6,7 +6,7 @@ translated into opsctl.errors here and nowhere else.
 
 Remote processes: sshd starts each command's shell as a session leader (setsid), so the shell's pid is the
 process group of everything the command starts. The command first prints that pid on a marker line; on timeout
-or Ctrl-C we `kill -- -PGID` over a second channel, so nothing is left running on the host. (A pty would do it
+or Ctrl-C we `kill -TERM -PGID` (then -KILL) over a second channel, so nothing is left running on the host. (A pty would do it
 through SIGHUP, but a pty merges stderr into stdout and echoes stdin, which carries secrets.)
 """
 
