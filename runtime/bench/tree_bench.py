@@ -6,8 +6,9 @@
 Inputs per round: draft log-probs [block - 1, vocab] (a few boosted tokens over Gaussian noise: top-1
 p ~ 0.7, peaked like a trained drafter's), and target logits [N, vocab] whose argmax follows the tree for a few
 levels and then misses (a walk of typical length). Each stage is timed on its own (CUDA synchronized), the
-stages interleaved inside every repeat; medians over --repeat runs after warmup (plus the fastest vectorized
-round); "round" = build + compile + walk measured end to end. Prints a markdown table.
+stages interleaved inside every repeat; medians over --repeat runs after warmup, in milliseconds; "round" =
+build + compile + walk measured end to end. Builders: ref = build_tree_reference (plain per-row sort + heap),
+vec = build_tree (vectorized per depth), heap = build_tree_heap (fast row_topk + heap). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from ddtree.tree import (
     DraftTree,
     build_tree,
+    build_tree_heap,
     build_tree_reference,
     compile_tree,
     tree_shape,
@@ -44,11 +46,12 @@ class Row:
     accepted: int
     build_ref_ms: float
     build_vec_ms: float
+    build_heap_ms: float
     compile_ms: float
     walk_ms: float
     round_ref_ms: float
     round_vec_ms: float
-    round_vec_min_ms: float
+    round_heap_ms: float
 
 
 def _sync(device: torch.device) -> None:
@@ -130,10 +133,12 @@ def bench_one(
         {
             "build_ref": lambda: build_tree_reference(lp, 0, budget, topk),
             "build_vec": lambda: build_tree(lp, 0, budget, topk),
+            "build_heap": lambda: build_tree_heap(lp, 0, budget, topk),
             "compile": lambda: compile_tree(tree, prefix_len),
             "walk": lambda: walk_tree(tree, logits),
             "round_ref": lambda: round_with(build_tree_reference),
             "round_vec": lambda: round_with(build_tree),
+            "round_heap": lambda: round_with(build_tree_heap),
         },
         device,
         repeat,
@@ -149,26 +154,27 @@ def bench_one(
         accepted=accepted,
         build_ref_ms=med["build_ref"],
         build_vec_ms=med["build_vec"],
+        build_heap_ms=med["build_heap"],
         compile_ms=med["compile"],
         walk_ms=med["walk"],
         round_ref_ms=med["round_ref"],
         round_vec_ms=med["round_vec"],
-        round_vec_min_ms=min(times["round_vec"]),
+        round_heap_ms=med["round_heap"],
     )
 
 
 def markdown(rows: list[Row]) -> str:
     head = (
-        "| device | budget | nodes | depth | width | tau | build ref ms | build vec ms | compile ms | walk ms "
-        "| round ref ms | round vec ms | round speedup | round vec min ms |"
+        "| device | budget | nodes | depth | width | tau | build ref | build vec | build heap | compile | walk "
+        "| round ref | round vec | round heap | vec vs ref |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
             f"| {r.device} | {r.budget} | {r.nodes} | {r.depth} | {r.width} | {r.accepted} "
-            f"| {r.build_ref_ms:.2f} | {r.build_vec_ms:.2f} | {r.compile_ms:.2f} | {r.walk_ms:.2f} "
-            f"| {r.round_ref_ms:.2f} | {r.round_vec_ms:.2f} | {r.round_ref_ms / r.round_vec_ms:.1f}x "
-            f"| {r.round_vec_min_ms:.2f} |"
+            f"| {r.build_ref_ms:.2f} | {r.build_vec_ms:.2f} | {r.build_heap_ms:.2f} | {r.compile_ms:.2f} "
+            f"| {r.walk_ms:.2f} | {r.round_ref_ms:.2f} | {r.round_vec_ms:.2f} | {r.round_heap_ms:.2f} "
+            f"| {r.round_ref_ms / r.round_vec_ms:.1f}x |"
         )
     return "\n".join(lines)
 
@@ -215,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"<!-- {' '.join(['python runtime/bench/tree_bench.py', *(argv or sys.argv[1:])])} -->")
     print(
         f"vocab {args.vocab}, block {args.block} (depth cap {args.block - 1}), topk {args.topk}, "
-        f"median of {args.repeat}, {args.clock} clock; {environment(devices)}\n"
+        f"median ms of {args.repeat}, {args.clock} clock; {environment(devices)}\n"
     )
     if args.clock == "cpu" and "cuda" in devices:
         print("--clock cpu measures host CPU time only; use wall for CUDA", file=sys.stderr)
