@@ -1,0 +1,244 @@
+"""model_sync: exact plans from facts, and the whole copy protocol run for real through LocalHost on tmp dirs
+(the lab tier repeats it over SSH)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from opsctl.commands import Cmd
+from opsctl.errors import RemoteError
+from opsctl.inventory.model import (
+    DDTreeKnobs,
+    Engine,
+    Host,
+    Mode,
+    ModelSourceKind,
+    ModelSpec,
+    Service,
+    SshConfig,
+)
+from opsctl.ops.base import Artifacts, Context, Push, Verify
+from opsctl.ops.errors import ManifestMismatchError, ShmTooSmallError
+from opsctl.ops.facts.manifest import MANIFEST_NAME, FileEntry, Manifest, build_local_manifest, sha256_file
+from opsctl.ops.facts.system import DiskSpace
+from opsctl.ops.model_sync import ModelFacts, ModelPaths, ModelSync, models_of, plan_model
+from opsctl.remote.local import LocalHost
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+MANIFEST = Manifest({"config.json": FileEntry(100, A), "model.safetensors": FileEntry(1000, B)})
+SPEC = ModelSpec("/models/m", ModelSourceKind.CONTROL, "/dev/shm/m", hybrid=False)
+ROOMY = DiskSpace("/dev/shm", 10**9, 0, 10**9)
+SWAP = (
+    "sh -c 'set -e; if [ -e /dev/shm/m ]; then mv -T /dev/shm/m /dev/shm/.opsctl-old-m; fi; "
+    "mv -T /dev/shm/.opsctl-sync-m /dev/shm/m; rm -rf /dev/shm/.opsctl-old-m'"
+)
+
+
+def facts(final: dict[str, FileEntry] | None, staging: dict[str, FileEntry] | None = None, **kw: object) -> ModelFacts:
+    return ModelFacts(
+        final_exists=final is not None,
+        final=final or {},
+        stored_manifest=kw.get("stored"),  # type: ignore[arg-type]
+        staging=staging or {},
+        staging_exists=staging is not None,
+        space=kw.get("space", ROOMY),  # type: ignore[arg-type]
+    )
+
+
+def displays(actions: list[object]) -> list[str]:
+    out = []
+    for a in actions:
+        out.append(("sudo " if a.sudo else "") + a.display() if isinstance(a, Cmd) else a.display())  # type: ignore[attr-defined]
+    return out
+
+
+def test_paths() -> None:
+    assert ModelPaths.of("/dev/shm/Qwen3.6-27B/") == ModelPaths(
+        "/dev/shm/Qwen3.6-27B", "/dev/shm/.opsctl-sync-Qwen3.6-27B", "/dev/shm/.opsctl-old-Qwen3.6-27B"
+    )
+
+
+def test_absent_model_is_staged_verified_and_renamed() -> None:
+    actions, notes = plan_model(SPEC, MANIFEST, facts(None))
+    assert displays(actions) == [
+        "rm -rf /dev/shm/.opsctl-old-m",
+        "mkdir -p /dev/shm/.opsctl-sync-m",
+        "push /models/m -> /dev/shm/.opsctl-sync-m",
+        "verify sha256 of 2 files: sh -c 'cd /dev/shm/.opsctl-sync-m && sha256sum --quiet --strict -c -'",
+        f"write /dev/shm/.opsctl-sync-m/{MANIFEST_NAME} ({len(MANIFEST.to_json())} bytes, mode 644)",
+        SWAP,
+    ]
+    verify = actions[3]
+    assert isinstance(verify, Verify)
+    assert verify.cmd.stdin == f"{A}  config.json\n{B}  model.safetensors\n"
+    assert notes == ["/dev/shm/m: absent; copy 2 files, 0.00 GiB (0.00 GiB to transfer)"]
+
+
+def test_matching_model_with_manifest_is_unchanged() -> None:
+    actions, notes = plan_model(SPEC, MANIFEST, facts(dict(MANIFEST.files), stored=MANIFEST))
+    assert actions == []
+    assert notes == ["/dev/shm/m: 2 files, 0.00 GiB, manifest verified"]
+
+
+def test_matching_model_without_manifest_only_writes_it() -> None:
+    actions, _ = plan_model(SPEC, MANIFEST, facts(dict(MANIFEST.files), stored=None))
+    assert displays(actions) == [f"write /dev/shm/m/{MANIFEST_NAME} ({len(MANIFEST.to_json())} bytes, mode 644)"]
+
+
+def test_corrupted_file_is_recopied_good_files_are_hard_linked() -> None:
+    final = {"config.json": FileEntry(100, A), "model.safetensors": FileEntry(1000, C)}
+    actions, notes = plan_model(SPEC, MANIFEST, facts(final, stored=MANIFEST))
+    assert displays(actions)[:4] == [
+        "rm -rf /dev/shm/.opsctl-old-m",
+        "mkdir -p /dev/shm/.opsctl-sync-m",
+        "sh -c 'cd /dev/shm/m && cp -alf --parents -t /dev/shm/.opsctl-sync-m -- config.json'",
+        "push /models/m -> /dev/shm/.opsctl-sync-m",
+    ]
+    assert displays(actions)[-1] == SWAP
+    assert notes == ["/dev/shm/m: 1 corrupted or changed (model.safetensors); re-copy (0.00 GiB to transfer)"]
+
+
+def test_leftover_staging_is_reused_and_its_bad_files_dropped() -> None:
+    staging = {"model.safetensors": FileEntry(1000, B), "junk.tmp": FileEntry(5, C), "config.json": FileEntry(1, C)}
+    actions, _ = plan_model(SPEC, MANIFEST, facts(None, staging))
+    assert displays(actions)[2] == "rm -f -- /dev/shm/.opsctl-sync-m/config.json /dev/shm/.opsctl-sync-m/junk.tmp"
+
+
+def test_too_small_shm_is_refused_with_the_numbers() -> None:
+    small = DiskSpace("/dev/shm", 2000, 1500, 500)
+    with pytest.raises(ShmTooSmallError) as info:
+        plan_model(SPEC, MANIFEST, facts(None, space=small))
+    assert info.value.message == (
+        "m needs 0.00 GiB more in /dev/shm (1100 bytes; model 0.00 GiB), only 0.00 GiB available (500 bytes)"
+    )
+    # the bytes already good (at the final path or staged) do not count
+    final = {"model.safetensors": FileEntry(1000, B)}
+    actions, _ = plan_model(SPEC, MANIFEST, facts(final, space=small))
+    assert actions
+
+
+def test_host_source_copies_with_rsync_on_the_host() -> None:
+    spec = ModelSpec("/nvme/m", ModelSourceKind.HOST, "/dev/shm/m", hybrid=False)
+    actions, _ = plan_model(spec, MANIFEST, facts(None))
+    assert displays(actions)[2] == "rsync -a /nvme/m/ /dev/shm/.opsctl-sync-m/"
+
+
+def test_models_deduplicated_by_destination() -> None:
+    target = ModelSpec("/t", ModelSourceKind.CONTROL, "/dev/shm/t", hybrid=False)
+    draft = ModelSpec("/d", ModelSourceKind.CONTROL, "/dev/shm/d", hybrid=False)
+    svcs = tuple(
+        Service(n, "h", (i,), 30000 + i, Mode.TREE, Engine.SGLANG, target, draft, DDTreeKnobs())
+        for i, n in enumerate("ab")
+    )
+    h = Host("h", "x", SshConfig(), 2, "/v", "python3", "0.5.23", None, None, svcs)
+    assert models_of(h) == [target, draft]
+
+
+# --- the protocol for real, on the control machine -------------------------------------------------------
+
+
+def _model(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def _ctx(tmp_path: Path, source: Path) -> tuple[Context, Path]:
+    dest = tmp_path / "shm" / "model"
+    dest.parent.mkdir(exist_ok=True)
+    spec = ModelSpec(str(source), ModelSourceKind.CONTROL, str(dest), hybrid=False)
+    svc = Service("s", "local", (), 30000, Mode.BASELINE, Engine.REFERENCE, spec, None, DDTreeKnobs())
+    host = Host("local", "127.0.0.1", SshConfig(), 0, "/v", "python3", "0.5.23", None, None, (svc,))
+    manifest = build_local_manifest(source)
+    return Context(host, LocalHost(), artifacts=Artifacts(manifests={str(source): manifest})), dest
+
+
+def _converge(ctx: Context) -> list[str]:
+    op = ModelSync()
+    plan = op.plan(ctx)
+    op.apply(ctx, plan)
+    return plan.commands()
+
+
+def test_local_copy_then_no_op_then_corruption_repaired(tmp_path: Path) -> None:
+    source = _model(tmp_path / "src", {"config.json": b"{}", "w/model.safetensors": os.urandom(300_000)})
+    ctx, dest = _ctx(tmp_path, source)
+    assert _converge(ctx)  # first run copies
+    assert sha256_file(dest / "w" / "model.safetensors") == sha256_file(source / "w" / "model.safetensors")
+    stored = json.loads((dest / MANIFEST_NAME).read_text())
+    assert stored["files"]["config.json"]["size"] == 2
+    assert ModelSync().plan(ctx).actions == ()  # second run: nothing
+    # corrupt one byte, keep size and mtime: only the manifest check can see it
+    weights = dest / "w" / "model.safetensors"
+    st = weights.stat()
+    with weights.open("r+b") as fh:
+        fh.seek(1000)
+        byte = fh.read(1)
+        fh.seek(1000)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    config_inode = (dest / "config.json").stat().st_ino
+    plan = ModelSync().plan(ctx)
+    assert "1 corrupted or changed (w/model.safetensors)" in plan.notes[0]
+    ModelSync().apply(ctx, plan)
+    assert sha256_file(dest / "w" / "model.safetensors") == sha256_file(source / "w" / "model.safetensors")
+    assert (dest / "config.json").stat().st_ino == config_inode  # the good file was hard-linked, not copied
+    assert ModelSync().plan(ctx).actions == ()
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["model"]  # no staging or old dir left
+
+
+def test_failed_verification_never_touches_the_final_path(tmp_path: Path) -> None:
+    source = _model(tmp_path / "src", {"a.bin": b"A" * 1000})
+    ctx, dest = _ctx(tmp_path, source)
+    _converge(ctx)
+    # the source changes after its manifest was taken: the staged copy cannot match the manifest
+    (source / "a.bin").write_bytes(b"B" * 1000)
+    stale = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): Manifest(
+        {"a.bin": FileEntry(1000, "0" * 64)})}))  # fmt: skip
+    op = ModelSync()
+    with pytest.raises(ManifestMismatchError, match="does not match the source manifest"):
+        op.apply(stale, op.plan(stale))
+    assert (dest / "a.bin").read_bytes() == b"A" * 1000  # the old, complete model is still in place
+
+
+def test_interrupted_copy_leaves_no_partial_model(tmp_path: Path) -> None:
+    source = _model(tmp_path / "src", {"a.bin": b"A" * 1000, "b.bin": b"B" * 1000})
+    ctx, dest = _ctx(tmp_path, source)
+    op = ModelSync()
+    plan = op.plan(ctx)
+    # run the plan up to (not including) the push, then "crash" half way: one file staged
+    cut = next(i for i, a in enumerate(plan.actions) if isinstance(a, Push))
+    for action in plan.actions[:cut]:
+        assert isinstance(action, Cmd)
+        ctx.remote.run(action)
+    staging = dest.parent / f".opsctl-sync-{dest.name}"
+    (staging / "a.bin").write_bytes(b"A" * 1000)
+    assert not dest.exists()
+    # the next run resumes from the staging dir and completes
+    again = op.plan(ctx)
+    assert "absent" in again.notes[0]
+    op.apply(ctx, again)
+    assert (dest / "b.bin").read_bytes() == b"B" * 1000
+    assert not staging.exists()
+
+
+def test_remote_failure_mid_copy_keeps_final_path_absent(tmp_path: Path) -> None:
+    source = _model(tmp_path / "src", {"a.bin": b"A" * 10})
+    ctx, dest = _ctx(tmp_path, source)
+
+    class BrokenSync(LocalHost):
+        def sync_dir(self, local_dir: Path, remote_dir: str) -> None:
+            (Path(remote_dir) / "a.bin").write_bytes(b"A" * 5)  # half a file, then the link drops
+            raise RemoteError("local", "rsync", 255, "connection lost")
+
+    broken = Context(ctx.spec, BrokenSync(), artifacts=ctx.artifacts)
+    op = ModelSync()
+    with pytest.raises(RemoteError):
+        op.apply(broken, op.plan(broken))
+    assert not dest.exists()
