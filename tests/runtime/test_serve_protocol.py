@@ -123,16 +123,17 @@ def test_stats_windows_and_prometheus_text() -> None:
     s = ServerStats("m", context_len=100, speculative=True, draft_tokens_per_round=3, log_every=2, emit=lines.append)
     s.set_queue(1)
     s.on_start(prompt_len=10)
+    s.on_first_token(1, seconds=0.1)  # the prefill's token: generated, but not a decode round
     for committed in (4, 2, 3):
         s.on_round(committed, seconds=0.5)
     s.on_finish(2.0)
     assert lines == [
-        "Decode batch, #running-req: 1, #token: 16, token usage: 0.16, accept len: 3.00, accept rate: 0.67, "
+        "Decode batch, #running-req: 1, #token: 17, token usage: 0.17, accept len: 3.00, accept rate: 0.67, "
         "cuda graph: False, gen throughput (token/s): 6.00, #queue-req: 1"
     ]
     families = {f.name: f for f in text_string_to_metric_families(generate_latest(s.registry).decode())}
     value = {f: families[f].samples[0].value for f in families}
-    assert value["sglang:prompt_tokens"] == 10 and value["sglang:generation_tokens"] == 9
+    assert value["sglang:prompt_tokens"] == 10 and value["sglang:generation_tokens"] == 10
     assert value["sglang:spec_accept_length"] == 3.0 and value["sglang:num_queue_reqs"] == 1
     assert value["sglang:num_running_reqs"] == 0 and value["sglang:num_requests"] == 1
     assert families["sglang:prompt_tokens"].samples[0].labels == {"model_name": "m"}

@@ -40,14 +40,14 @@ def _ids(v: Any) -> list[int]:
 
 def read_model_info(model_path: str, draft_path: str | None, context_override: int | None) -> ModelInfo:
     cfg = _read_json(Path(model_path) / "config.json")
-    text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    text_cfg: dict[str, Any] = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else {}
     ctx = cfg.get("max_position_embeddings") or text_cfg.get("max_position_embeddings") or DEFAULT_CONTEXT_LEN
     gen = _read_json(Path(model_path) / "generation_config.json")
     eos = _ids(cfg.get("eos_token_id")) + _ids(text_cfg.get("eos_token_id")) + _ids(gen.get("eos_token_id"))
     block = None
     if draft_path:
         dcfg = _read_json(Path(draft_path) / "config.json")
-        dflash = dcfg.get("dflash_config") if isinstance(dcfg.get("dflash_config"), dict) else {}
+        dflash: dict[str, Any] = dcfg["dflash_config"] if isinstance(dcfg.get("dflash_config"), dict) else {}
         b = dcfg.get("block_size") or dflash.get("block_size")
         block = int(b) if isinstance(b, int) else None
     return ModelInfo(

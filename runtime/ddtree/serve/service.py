@@ -54,6 +54,7 @@ async def run(
     if tail:
         yield tail
     toks = tuple(text.tokens)
+    matched: str | int | None
     if text.stop is not None:
         reason, matched = "stop", text.stop.text
     elif done is None:

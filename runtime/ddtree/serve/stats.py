@@ -94,8 +94,6 @@ class ServerStats:
         self._win_seconds = 0.0
         self._queue_len = 0
         self._in_kv = 0
-        self.total_rounds = 0
-        self.total_tokens = 0
 
     def set_queue(self, queued: int) -> None:
         with self._lock:
@@ -108,8 +106,12 @@ class ServerStats:
             self._prompt.inc(prompt_len)
             self._in_kv = prompt_len
 
-    def on_first_token(self, seconds: float) -> None:
-        self._ttft.observe(seconds)
+    def on_first_token(self, tokens: int, seconds: float) -> None:
+        """The prefill's token: counted as generated, but not a decode round of the accept-length window."""
+        with self._lock:
+            self._ttft.observe(seconds)
+            self._gen.inc(tokens)
+            self._in_kv += tokens
 
     def on_round(self, committed: int, seconds: float) -> None:
         """One engine round (one target forward) committed ``committed`` tokens in ``seconds``."""
@@ -120,8 +122,6 @@ class ServerStats:
             self._win_rounds += 1
             self._win_tokens += committed
             self._win_seconds += seconds
-            self.total_rounds += 1
-            self.total_tokens += committed
             self._used.set(self._in_kv)
             self._usage.set(self._in_kv / self._context_len)
             if self._win_rounds >= self._log_every:

@@ -144,13 +144,14 @@ class EngineWorker:
         )
         try:
             t = time.perf_counter()
-            for chunk in it:
+            for i, chunk in enumerate(it):
                 now = time.perf_counter()
                 ids = tuple(int(x) for x in chunk)[: p.max_new_tokens - produced]
-                if not accept:
-                    self._stats.on_first_token(now - job.submitted)
-                accept.append(len(chunk))
-                self._stats.on_round(len(ids), now - t)
+                if i == 0:  # the prefill's token: not a decode round (SGLang's accept len ignores it too)
+                    self._stats.on_first_token(len(ids), now - job.submitted)
+                else:
+                    accept.append(len(chunk))
+                    self._stats.on_round(len(ids), now - t)
                 produced += len(ids)
                 if ids:
                     job.post(Tokens(ids))
