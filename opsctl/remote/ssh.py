@@ -6,8 +6,8 @@ translated into opsctl.errors here and nowhere else.
 
 Remote processes: sshd starts each command's shell as a session leader (setsid), so the shell's pid is the
 process group of everything the command starts. The command first prints that pid on a marker line; on timeout
-or Ctrl-C we `kill -TERM -PGID` (then -KILL) over a second channel, so nothing is left running on the host. (A pty would do it
-through SIGHUP, but a pty merges stderr into stdout and echoes stdin, which carries secrets.)
+or Ctrl-C we `kill -TERM -PGID` (then -KILL) over a second channel, so nothing is left running on the host.
+(A pty would do it through SIGHUP, but a pty merges stderr into stdout and echoes stdin, which carries secrets.)
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import contextlib
 import logging
 import select
 import shlex
+import shutil
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +33,7 @@ from opsctl.inventory.model import Host as InventoryHost
 from opsctl.inventory.model import HostKeyPolicy, SshConfig
 from opsctl.remote import base
 from opsctl.remote.base import RunResult
+from opsctl.remote.local import LocalHost
 from opsctl.remote.rsync import rsync_error, ssh_command
 
 log = logging.getLogger("opsctl.remote")
@@ -372,22 +373,21 @@ class SshHost:
             argv.append("--rsync-path=sudo -n rsync")
         target = f"{self.endpoint.user}@{_bracket(self.endpoint.address)}:{dest}"
         argv += ["--", *sources, target]
-        display = shlex.join(argv)
-        log.debug("%s: %s", self.name, display)
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.config.command_timeout)
-        except subprocess.TimeoutExpired:
-            raise CommandTimeout(self.name, display, self.config.command_timeout) from None
-        except FileNotFoundError:
+        if shutil.which("rsync") is None:
             raise RemoteError(
                 self.name,
-                display,
+                "rsync",
                 None,
                 message="rsync is not installed on the control machine",
                 hint="apt-get install -y rsync",
-            ) from None
-        if proc.returncode != 0:
-            raise rsync_error(self.name, display, proc.returncode, proc.stderr)
+            )
+        # LocalHost: its own process group, killed on timeout or Ctrl-C like a remote command.
+        try:
+            result = LocalHost(self.name).run(Cmd.of(*argv), timeout=self.config.command_timeout, check=False)
+        except CommandTimeout:
+            raise CommandTimeout(self.name, f"rsync to {dest}", self.config.command_timeout) from None
+        if not result.ok:
+            raise rsync_error(self.name, result.command, result.exit_code, result.stderr)
 
 
 def connect(host: InventoryHost) -> SshHost:
