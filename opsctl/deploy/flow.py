@@ -24,13 +24,16 @@ from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate,
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.wheel import RuntimeWheel, ensure_on_host
-from opsctl.errors import DeployError, OpsctlError, UnreachableError
+from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError
 from opsctl.inventory.model import Host as InvHost
 from opsctl.inventory.model import Service
 from opsctl.remote.base import Host
 from opsctl.smoke import smoke_service
 
 JOURNAL_TAIL_LINES = 30
+# Commands after the switch are short (systemctl, ln, install): one that takes longer means the host is gone
+# or hung, and is reported like an unreachable host instead of waiting for the inventory's command timeout.
+LIVE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,7 @@ def _gate(ctx: ServiceContext, settings: DeploySettings, baseline_restarts: int)
     )
     url = health.health_url(ctx.inv_host, svc)
     return health_gate(
-        read_unit=lambda: parse_show(ctx.run(show_cmd(ctx.paths.unit_name))),
+        read_unit=lambda: parse_show(ctx.run(show_cmd(ctx.paths.unit_name), timeout=LIVE_TIMEOUT_S)),
         probe=lambda: health.probe(ctx.http, url, timeout=5.0),
         baseline_restarts=baseline_restarts,
         config=config,
@@ -155,13 +158,13 @@ def _gate(ctx: ServiceContext, settings: DeploySettings, baseline_restarts: int)
 
 def _restart(ctx: ServiceContext, release_id: str) -> int:
     """Switch current, install the unit, reload, restart; returns NRestarts right after the restart."""
-    paths = ctx.paths
-    ctx.run(release.switch_cmd(paths, release_id))
-    ctx.run(release.install_unit_cmd(paths, release_id))
-    ctx.run(Cmd.of("systemctl", "daemon-reload", sudo=True))
-    ctx.run(Cmd.of("systemctl", "enable", "--quiet", "--", paths.unit_name, sudo=True), check=False)
-    ctx.run(Cmd.of("systemctl", "restart", "--", paths.unit_name, sudo=True))
-    return parse_show(ctx.run(show_cmd(paths.unit_name))).n_restarts
+    paths, t = ctx.paths, LIVE_TIMEOUT_S
+    ctx.run(release.switch_cmd(paths, release_id), timeout=t)
+    ctx.run(release.install_unit_cmd(paths, release_id), timeout=t)
+    ctx.run(Cmd.of("systemctl", "daemon-reload", sudo=True), timeout=t)
+    ctx.run(Cmd.of("systemctl", "enable", "--quiet", "--", paths.unit_name, sudo=True), check=False, timeout=t)
+    ctx.run(Cmd.of("systemctl", "restart", "--", paths.unit_name, sudo=True), timeout=t)
+    return parse_show(ctx.run(show_cmd(paths.unit_name), timeout=t)).n_restarts
 
 
 def journal_tail(ctx: ServiceContext, lines: int = JOURNAL_TAIL_LINES) -> str:
@@ -309,7 +312,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         ctx.check_cancel()
     except Interrupted:
         reason = "interrupted"
-    except UnreachableError as exc:
+    except (UnreachableError, CommandTimeout) as exc:
         result.outcome, result.message = Outcome.UNREACHABLE, f"host became unreachable mid-deploy: {exc.one_line()}"
         audit.append_local(audit.audit_line(host, svc, "deploy", new_id, "unreachable", exc.one_line()))
         result.timings["total_s"] = time.monotonic() - start
@@ -357,7 +360,7 @@ def _roll_back_after_failure(
         delay = settings.readiness_delay if settings.readiness_delay is not None else ctx.service.readiness_delay
         quick = replace(settings, readiness_delay=min(delay, 5.0))
         gate = _gate(ctx, quick, baseline)
-    except UnreachableError as exc:
+    except (UnreachableError, CommandTimeout) as exc:
         return Outcome.UNREACHABLE, f"{reason}; rollback impossible: {exc.one_line()}"
     except OpsctlError as exc:
         ctx.audit("rollback-auto", previous, "failed", f"{reason}; {exc.one_line()}")

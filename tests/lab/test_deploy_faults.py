@@ -1,0 +1,147 @@
+"""Deploy faults on lab hosts, each through the real CLI: a bad flag, a crash after becoming healthy, a host
+going down mid-deploy, Ctrl-C, a concurrent deploy, and an unchanged re-deploy."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from opsctl.lab import LabConfig
+from tests.lab.test_deploy_support import (
+    background,
+    crash_fault_installed,
+    current_mode,
+    current_release,
+    derived_inventory,
+    is_bad,
+    lock_present,
+    opsctl,
+    polling,
+    provision,
+    service,
+    tune,
+    unit_props,
+)
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def base_inventory(lab_hosts, tmp_path_factory) -> Path:
+    result = provision()
+    assert result.returncode == 0, result.stderr[-3000:]
+    inv = derived_inventory(tmp_path_factory.mktemp("faults") / "lab.yaml", tune)
+    first = opsctl("deploy", "-i", str(inv), "--mode", "shadow")
+    assert first.returncode == 0, first.stderr[-4000:]
+    return inv
+
+
+def variant(base: Path, tmp_path: Path, mutate) -> Path:
+    def change(doc):
+        tune(doc)
+        mutate(doc)
+
+    return derived_inventory(tmp_path / "variant.yaml", change)
+
+
+def _health_url(inv: Path, host: str) -> str:
+    import yaml
+
+    return f"http://{yaml.safe_load(inv.read_text())['hosts'][host]['address']}:30000/health"
+
+
+def test_unchanged_redeploy_restarts_nothing(base_inventory: Path) -> None:
+    before = unit_props(base_inventory, "lab1", "opsctl-ref.service")
+    release = current_release(base_inventory, "lab1", "ref")
+    result = opsctl("deploy", "-i", str(base_inventory), "--mode", "shadow")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "lab1/ref: unchanged" in result.stderr and "lab2/ref: unchanged" in result.stderr
+    after = unit_props(base_inventory, "lab1", "opsctl-ref.service")
+    assert after["NRestarts"] == before["NRestarts"]
+    assert after["ActiveEnterTimestamp"] == before["ActiveEnterTimestamp"] and after["MainPID"] == before["MainPID"]
+    assert current_release(base_inventory, "lab1", "ref") == release
+
+
+def test_bad_flag_never_interrupts_the_old_release(base_inventory: Path, tmp_path: Path) -> None:
+    bad = variant(base_inventory, tmp_path, lambda d: service(d, "lab1").update(extra_args=["--no-such-flag"]))
+    release = current_release(base_inventory, "lab1", "ref")
+    with polling(_health_url(base_inventory, "lab1")) as poller:
+        result = opsctl("deploy", "-i", str(bad), "--host", "lab1", "--mode", "shadow")
+        time.sleep(1)
+    assert result.returncode == 1
+    assert "--no-such-flag" in result.stderr and "nothing switched" in result.stderr
+    assert len(poller.results) > 10 and poller.failures == [], poller.failures  # HTTP 200 throughout
+    assert current_release(base_inventory, "lab1", "ref") == release
+    failed = next(line for line in result.stderr.splitlines() if "staging" in line).split()[-1]
+    assert is_bad(base_inventory, "lab1", "ref", failed)
+
+
+def test_crash_after_healthy_is_caught_and_rolled_back(base_inventory: Path, tmp_path: Path) -> None:
+    def crashy(doc):
+        svc = service(doc, "lab1")
+        svc["readiness_delay"] = 8  # the server dies 5 s after its first healthy answer
+        svc["extra_env"] = {"OPSCTL_FAULT_CRASH": "30000:5"}
+
+    inv = variant(base_inventory, tmp_path, crashy)
+    previous = current_release(base_inventory, "lab1", "ref")
+    with crash_fault_installed(base_inventory, "lab1"):
+        result = opsctl("deploy", "-i", str(inv), "--host", "lab1", "--mode", "shadow")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "lab1/ref: rolled-back" in result.stderr and "second check after 8s" in result.stderr
+    assert "OPSCTL_FAULT_CRASH" in result.stderr  # the journal tail shows why
+    assert f"rolled back to {previous} (healthy)" in result.stderr
+    assert current_release(base_inventory, "lab1", "ref") == previous
+    props = unit_props(base_inventory, "lab1", "opsctl-ref.service")
+    assert props["ActiveState"] == "active"
+    status = opsctl("status", "-i", str(base_inventory), "--host", "lab1", "--json")
+    assert status.returncode == 0 and '"healthy": true' in status.stdout
+
+
+def test_ctrl_c_leaves_lock_released_and_previous_serving(base_inventory: Path) -> None:
+    previous = current_release(base_inventory, "lab1", "ref")
+    bg = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", "shadow", "--force")
+    bg.wait_for("lab1/ref: switching to", timeout=300)
+    time.sleep(1.0)
+    bg.proc.send_signal(signal.SIGINT)
+    code = bg.finish(timeout=300)
+    assert code == 130, bg.text
+    assert "interrupted" in bg.text
+    assert not lock_present(base_inventory, "lab1")
+    assert current_release(base_inventory, "lab1", "ref") == previous
+    assert current_mode(base_inventory, "lab1", "ref") == "shadow"
+    status = opsctl("status", "-i", str(base_inventory), "--host", "lab1", "--json")
+    assert status.returncode == 0, status.stderr
+
+
+def test_second_concurrent_deploy_refuses_then_waits(base_inventory: Path) -> None:
+    first = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", "shadow", "--force")
+    first.wait_for("lab1/ref: staging", timeout=120)
+    second = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", "shadow", "--force")
+    assert second.returncode == 1
+    assert "lab1: deploy lock held by" in second.stderr and "--lock-wait" in second.stderr
+    waiting = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", "shadow", "--lock-wait", "600")
+    assert first.finish() == 0, first.text
+    assert waiting.returncode == 0, waiting.stderr[-3000:]
+    assert "lab1/ref: unchanged" in waiting.stderr  # it waited for the first, then found nothing to do
+    assert not lock_present(base_inventory, "lab1")
+
+
+def test_host_down_mid_deploy(base_inventory: Path, lab_config: LabConfig) -> None:
+    from opsctl.lab import start_host, stop_host
+
+    bg = background("deploy", "-i", str(base_inventory), "--mode", "shadow", "--force", "--max-fail", "1")
+    bg.wait_for("lab2/ref: switching to", timeout=300)
+    stop_host(lab_config, "lab2", kill=True)
+    try:
+        code = bg.finish(timeout=600)
+        assert code == 1, bg.text
+        assert "lab1/ref: deployed" in bg.text, bg.text
+        assert "lab2/ref: unreachable" in bg.text, bg.text
+    finally:
+        start_host(lab_config, "lab2")
+    # lab2 rebooted: its deploy lock (under /run) is gone and a new deploy works there again
+    again = opsctl("deploy", "-i", str(base_inventory), "--host", "lab2", "--mode", "shadow", "--force")
+    assert again.returncode == 0, again.stderr[-3000:]

@@ -1,0 +1,88 @@
+"""The whole journey on 2 lab hosts, through the real CLI: provision, deploy --mode shadow, smoke, deploy
+--mode tree, smoke --equivalence against a baseline service (100%), logs --metrics (tau > 1), status,
+rollback (back to shadow, healthy)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.lab.test_deploy_support import (
+    add_service,
+    current_mode,
+    derived_inventory,
+    opsctl,
+    provision,
+    tune,
+)
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def journey_inventory(lab_hosts, tmp_path_factory) -> Path:
+    result = provision()
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    def mutate(doc):
+        add_service(doc, "lab1", "base", 30001, mode="baseline")
+        tune(doc)
+
+    return derived_inventory(tmp_path_factory.mktemp("journey") / "lab.yaml", mutate)
+
+
+def _ok(result, what: str) -> str:
+    assert result.returncode == 0, (
+        f"{what} exited {result.returncode}:\n{result.stderr[-4000:]}\n{result.stdout[-2000:]}"
+    )
+    return result.stderr
+
+
+def test_journey(journey_inventory: Path) -> None:
+    inv = str(journey_inventory)
+    err = _ok(opsctl("deploy", "-i", inv, "--service", "ref", "--mode", "shadow"), "deploy --mode shadow")
+    assert "lab1/ref: deployed" in err and "lab2/ref: deployed" in err
+    _ok(opsctl("deploy", "-i", inv, "--service", "base"), "deploy baseline")
+    assert current_mode(journey_inventory, "lab1", "ref") == "shadow"
+
+    smoke = opsctl("smoke", "-i", inv, "--json")
+    _ok(smoke, "smoke")
+    results = json.loads(smoke.stdout)
+    assert {(r["host"], r["service"]) for r in results} == {("lab1", "ref"), ("lab1", "base"), ("lab2", "ref")}
+    assert all(r["ok"] and r["completion_tokens"] > 0 and r["finish_reason"] in ("stop", "length") for r in results)
+
+    err = _ok(opsctl("deploy", "-i", inv, "--service", "ref", "--mode", "tree"), "deploy --mode tree")
+    assert "lab1/ref: deployed" in err and "lab2/ref: deployed" in err
+    assert current_mode(journey_inventory, "lab2", "ref") == "tree"
+
+    eq = opsctl("smoke", "-i", inv, "--service", "ref", "--equivalence", "--baseline", "lab1/base", "--json")
+    _ok(eq, "smoke --equivalence")
+    reports = json.loads(eq.stdout)
+    assert len(reports) == 2
+    for report in reports:
+        assert report["passed"] and report["agreement"] == 1.0 and len(report["prompts"]) >= 20
+        assert all(p["equal"] and p["first_divergence"] is None for p in report["prompts"])
+
+    logs = opsctl("logs", "-i", inv, "ref", "--metrics", "--json")
+    _ok(logs, "logs --metrics")
+    data = json.loads(logs.stdout)
+    for label in ("lab1/ref", "lab2/ref"):
+        summary = data["summary"][label]
+        assert summary["init"]["mode"] == "tree"
+        assert summary["last_metrics"]["tau"] > 1.0, summary  # the distilled tiny drafter really accepts tokens
+
+    status = opsctl("status", "-i", inv, "--json")
+    _ok(status, "status")
+    rows = {(r["host"], r["service"]): r for r in json.loads(status.stdout)["services"]}
+    assert rows[("lab1", "ref")]["mode"] == "tree" and rows[("lab1", "ref")]["healthy"]
+    assert rows[("lab1", "ref")]["unit"]["active_state"] == "active"
+    assert rows[("lab1", "ref")]["last_metrics"]["tau"] > 1.0
+
+    err = _ok(opsctl("rollback", "-i", inv, "ref"), "rollback")
+    assert "rolled back to" in err
+    for host in ("lab1", "lab2"):
+        assert current_mode(journey_inventory, host, "ref") == "shadow"
+    status = json.loads(opsctl("status", "-i", inv, "--service", "ref", "--json").stdout)
+    assert all(r["healthy"] and r["mode"] == "shadow" for r in status["services"])
