@@ -24,6 +24,7 @@ from opsctl.remote.base import Host
 
 LOCK_DIR = "/run/lock/opsctl/deploy.lock"
 HOLDER = f"{LOCK_DIR}/holder"
+LOCK_CMD_TIMEOUT_S = 30.0  # a lock command is instant; longer means the host is gone
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def host_lock(
     info = new_lock_info(action)
     start = clock()
     while True:
-        ok, holder = parse_acquire(host.run(acquire_cmd(info)).stdout)
+        ok, holder = parse_acquire(host.run(acquire_cmd(info), timeout=LOCK_CMD_TIMEOUT_S).stdout)
         if ok:
             break
         waited = clock() - start
@@ -153,6 +154,6 @@ def host_lock(
         yield info
     finally:
         try:
-            host.run(release_cmd(info.token), check=False)
+            host.run(release_cmd(info.token), check=False, timeout=LOCK_CMD_TIMEOUT_S)
         except OpsctlError:
             pass  # unreachable now: the lock stays; the next deploy's message says how to clear it
