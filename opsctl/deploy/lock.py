@@ -121,7 +121,7 @@ class LockHeld(DeployError):
                 else (f", {age:.0f} s ago" if age is not None else "")
             )
             who = f"{info.holder} pid {info.pid} ({info.action}) since {info.since}{ago}"
-        waited_text = f" after waiting {waited:.0f} s" if waited > 0 else ""
+        waited_text = f" after waiting {waited:.0f} s" if waited >= 1 else ""
         super().__init__(
             f"{host}: deploy lock held by {who}{waited_text}",
             "wait for it (--lock-wait SECONDS); if no deploy is running (a stale lock), clear it with "
