@@ -229,8 +229,16 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     if facts.current_hash == chash and not settings.force:
         result.outcome, result.release = Outcome.UNCHANGED, facts.current
         result.message = f"unchanged (release {facts.current}): nothing restarted"
+        probe = health.probe(ctx.http, health.health_url(ctx.inv_host, ctx.service), timeout=5.0)
+        if not probe.ok:
+            # Same config, but not serving: say so (and fail) instead of reporting success.
+            result.outcome = Outcome.FAILED
+            result.message = (
+                f"unchanged config (release {facts.current}) but /health: {probe.describe()}; "
+                "`opsctl deploy --force` restarts it, `opsctl logs` shows why"
+            )
         if not settings.plan:
-            ctx.audit("deploy", facts.current, "unchanged")
+            ctx.audit("deploy", facts.current, "unchanged" if probe.ok else "unchanged-unhealthy")
         return result
     if settings.plan:
         result.outcome, result.release = Outcome.PLANNED, new_id
