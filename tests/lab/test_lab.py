@@ -111,6 +111,16 @@ def test_up_again_keeps_running_hosts(lab_hosts: LabReport, lab_config: LabConfi
     assert {h.name: h.pid for h in again.hosts} == pids
 
 
+def test_a_running_lab_keeps_its_subnet(lab_hosts: LabReport, lab_config: LabConfig) -> None:
+    other = dataclasses.replace(lab_config, subnet=ipaddress.IPv4Network("10.218.0.0/24"))
+    with pytest.raises(LabError) as info:
+        up(other, 2)
+    assert info.value.one_line() == (
+        "a lab is already running on 10.213.0.0/24 (use --subnet 10.213.0.0/24, or run `opsctl lab down` first)"
+    )
+    assert [h.state for h in status(lab_config).hosts][:2] == ["running", "running"]
+
+
 def test_subnet_colliding_with_a_route_is_refused(lab_hosts: LabReport, tmp_path: Path) -> None:
     routes = json.loads(subprocess.run(["ip", "-j", "-4", "route"], capture_output=True, text=True).stdout)
     taken = next(r["dst"] for r in routes if r.get("dst") not in (None, "default") and "/" in r["dst"])
