@@ -158,7 +158,7 @@ def _gdn_tree_forward(
         q = q.repeat_interleave(rep, dim=1)
         k = k.repeat_interleave(rep, dim=1)
     beta = b.sigmoid().float()  # [N, H_v]
-    g = -mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)  # [N, H_v]
+    g = (-mod.A_log.float().exp() * F.softplus(a.float() + mod.dt_bias)).float()  # [N, H_v]
     q = _l2norm(q.float()) * (q.shape[-1] ** -0.5)  # [N, H_v, d_k]
     k = _l2norm(k.float())
     v = v.float()

@@ -1,0 +1,365 @@
+"""Reference engine: prefill + decode on plain PyTorch/transformers for every mode (batch size 1).
+
+- baseline: one transformers decode step per token (the greedy reference for lossless checks).
+- linear:   verify the drafter's argmax chain (depth block_size - 1), the DFlash chain verify.
+- shadow:   build the full DDTree every round and log its statistics, verify only the spine (== linear).
+- tree:     verify the whole tree in one target forward with the ancestor-only mask.
+
+One round (speculative modes), on one screen in `_spec_rounds`:
+draft log-probs [D, V] -> tree -> compile -> one verify forward -> walk -> commit -> yield tokens.
+
+The drafter is pluggable (`Drafter`): the DFlash drafter (`DFlashDrafter`) or, for tests and demos,
+`OracleNoiseDrafter` built from the target's own next-token distributions plus noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from ddtree import tree as dtree
+from ddtree.config import DDTreeConfig, HybridMode, VerifyMode
+from ddtree.metrics import MetricsLog, RoundStats
+from ddtree.verify import TargetRunner
+
+
+class Mode(enum.StrEnum):
+    BASELINE = "baseline"
+    LINEAR = "linear"
+    SHADOW = "shadow"
+    TREE = "tree"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Drafters
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    committed: Sequence[int]  # every token whose state is in the target cache (prompt + accepted), in order
+    new_features: Tensor | None  # [t, F] target features of the tokens committed since the last call
+    bonus_token: int  # the next root: committed, not yet run through the target
+
+
+class Drafter(Protocol):
+    block_size: int  # drafted depth D = block_size - 1
+    feature_layers: tuple[int, ...]  # target layers it reads (hidden_states[i + 1]); () = none
+
+    def reset(self) -> None:
+        """Start a new sequence."""
+
+    def draft(self, request: DraftRequest) -> Tensor:
+        """Log-probs [D, V] float32, row d-1 = the drafter's distribution for depth d after the bonus token."""
+        ...
+
+
+class DFlashDrafter:
+    """`ddtree.drafter.DFlashDraftModel` behind the Drafter protocol, with its context K/V cached."""
+
+    def __init__(self, model: Any, target: nn.Module) -> None:
+        self.model = model
+        self.target = target
+        self.block_size = int(model.block_size)
+        self.feature_layers = tuple(int(i) for i in model.target_layer_ids)
+        self._ctx: Any = None
+
+    def reset(self) -> None:
+        self._ctx = self.model.new_context()
+
+    @torch.no_grad()
+    def draft(self, request: DraftRequest) -> Tensor:
+        if self._ctx is None:
+            self.reset()
+        if request.new_features is not None:
+            self.model.extend_context(self._ctx, request.new_features[None])  # [1, t, F]
+        dev = next(self.target.parameters()).device
+        bonus = torch.tensor([request.bonus_token], device=dev)  # [1]
+        lp = self.model.draft_logprobs_cached(
+            self._ctx, bonus, self.target.get_input_embeddings(), self.target.lm_head
+        )  # [1, D, V]
+        return lp[0]
+
+
+class OracleNoiseDrafter:
+    """A drafter that knows the target: row d is log_softmax(target logits at depth d / 1 + noise * Gumbel),
+    where depth d follows the target's own greedy continuation of the bonus token.
+
+    Small noise gives long acceptance runs; noise comparable to the target's logit gaps makes the noisy argmax
+    (the spine) miss while the target's choice stays in the top-k, so off-spine acceptances happen. For tests
+    and demos; it runs the target D times per round.
+    """
+
+    def __init__(self, target: nn.Module, block_size: int, noise: float, seed: int = 0) -> None:
+        self.target = target
+        self.block_size = block_size
+        self.feature_layers: tuple[int, ...] = ()
+        self.noise = noise
+        self.seed = seed
+        self._gen = torch.Generator().manual_seed(seed)
+
+    def reset(self) -> None:
+        self._gen = torch.Generator().manual_seed(self.seed)
+
+    @torch.no_grad()
+    def draft(self, request: DraftRequest) -> Tensor:
+        runner = TargetRunner(self.target)
+        step = runner.prefill([*request.committed, request.bonus_token])
+        rows = []
+        for d in range(self.block_size - 1):
+            logits = step.logits[-1]  # [V]
+            gumbel = -torch.log(-torch.log(torch.rand(logits.shape, generator=self._gen).clamp_min(1e-20)))
+            rows.append(torch.log_softmax(logits.cpu() + self.noise * gumbel, dim=-1))
+            if d + 1 < self.block_size - 1:
+                step = runner.decode(int(logits.argmax()))
+        return torch.stack(rows).to(step.logits.device)  # [D, V]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Engine
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    finish_reason: Literal["stop", "length"]
+    rounds: int  # verify rounds (speculative modes) or decode steps (baseline), the prefill excluded
+    accept_lengths: list[int]  # committed tokens per round incl. the bonus token
+
+
+@dataclass
+class _Output:
+    """Stop/length bookkeeping shared by every mode."""
+
+    max_new_tokens: int
+    stop: frozenset[int]
+    produced: int = 0
+    finish: Literal["stop", "length"] | None = None
+
+    def take(self, tokens: list[int]) -> list[int]:
+        out: list[int] = []
+        for t in tokens:
+            if self.produced >= self.max_new_tokens:
+                break
+            out.append(t)
+            self.produced += 1
+            if t in self.stop:
+                self.finish = "stop"
+                return out
+        if self.produced >= self.max_new_tokens:
+            self.finish = "length"
+        return out
+
+
+class ReferenceEngine:
+    def __init__(
+        self,
+        model: nn.Module,
+        mode: Mode | str,
+        drafter: Drafter | None = None,
+        ddtree: DDTreeConfig | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        self.model = model.eval()
+        self.mode = Mode(mode)
+        self.tokenizer = tokenizer
+        if self.mode is not Mode.BASELINE and drafter is None:
+            raise ValueError(f"mode {self.mode.value} needs a drafter")
+        self.drafter = drafter
+        self.ddtree = _ddtree_config(self.mode, ddtree)
+        has_gdn = TargetRunner(model).gdn_layers != []
+        unsafe = self.mode is Mode.TREE and self.ddtree is not None and self.ddtree.allow_hybrid_unsafe
+        self.hybrid: str = (HybridMode.NONE if not has_gdn else HybridMode.UNSAFE if unsafe else HybridMode.EXACT).value
+        self.runner = TargetRunner(
+            model,
+            feature_layers=drafter.feature_layers if drafter is not None else (),
+            hybrid_mode=HybridMode(self.hybrid),
+        )
+        self.last_stats: list[RoundStats] = []  # per-round stats of the latest generation (spec modes)
+        self.metrics: MetricsLog | None = None
+        if self.mode in (Mode.SHADOW, Mode.TREE) and self.ddtree is not None and drafter is not None:
+            self.metrics = MetricsLog(self.ddtree, drafter.block_size, self.hybrid)
+            self.metrics.start()
+
+    @classmethod
+    def load(
+        cls,
+        target_path: str,
+        draft_path: str | None,
+        mode: str,
+        ddtree: DDTreeConfig | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+    ) -> ReferenceEngine:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch_dtype = getattr(torch, dtype)
+        model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch_dtype, local_files_only=True)
+        model = model.to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(target_path, local_files_only=True)
+        drafter: Drafter | None = None
+        if Mode(mode) is not Mode.BASELINE:
+            if draft_path is None:
+                raise ValueError(f"mode {mode} needs a draft model path")
+            from ddtree.drafter import load_drafter
+
+            drafter = DFlashDrafter(load_drafter(draft_path, device=device, dtype=torch_dtype), model)
+        return cls(model, mode, drafter=drafter, ddtree=ddtree, tokenizer=tokenizer)
+
+    # ---- public API ------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        stop_token_ids: Collection[int] = (),
+    ) -> GenerationResult:
+        tokens: list[int] = []
+        accept: list[int] = []
+        out = _Output(max_new_tokens, frozenset(stop_token_ids))
+        for chunk in self._stream(prompt_ids, temperature, seed, out, accept):
+            tokens.extend(chunk)
+        return GenerationResult(
+            tokens=tokens,
+            finish_reason=out.finish or "length",
+            rounds=len(accept),
+            accept_lengths=accept,
+        )
+
+    def stream(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        stop_token_ids: Collection[int] = (),
+    ) -> Iterator[list[int]]:
+        """Yields the tokens committed each round (the first chunk is the prefill's token)."""
+        out = _Output(max_new_tokens, frozenset(stop_token_ids))
+        yield from self._stream(prompt_ids, temperature, seed, out, [])
+
+    # ---- loops -----------------------------------------------------------------------------------------
+    def _stream(
+        self, prompt_ids: list[int], temperature: float, seed: int | None, out: _Output, accept: list[int]
+    ) -> Iterator[list[int]]:
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        if out.max_new_tokens <= 0:
+            return
+        gen = torch.Generator()
+        if seed is not None:
+            gen.manual_seed(seed)
+        else:
+            gen.seed()
+        self.last_stats = []
+        step = self.runner.prefill(prompt_ids)
+        bonus = dtree.sample_token(step.logits[-1], temperature, gen)
+        first = out.take([bonus])
+        yield first
+        if out.finish:
+            return
+        if self.mode is Mode.BASELINE:
+            rounds = self._baseline_rounds(bonus, temperature, gen)
+        else:
+            assert self.drafter is not None
+            self.drafter.reset()
+            rounds = self._spec_rounds(list(prompt_ids), step.features, bonus, temperature, gen)
+        for chunk in rounds:
+            accept.append(len(chunk))
+            taken = out.take(chunk)
+            yield taken
+            if out.finish:
+                return
+
+    def _baseline_rounds(self, token: int, temperature: float, gen: torch.Generator) -> Iterator[list[int]]:
+        while True:
+            logits = self.runner.decode(token).logits[-1]  # [V]
+            token = dtree.sample_token(logits, temperature, gen)
+            yield [token]
+
+    def _spec_rounds(
+        self,
+        committed: list[int],
+        features: Tensor | None,
+        bonus: int,
+        temperature: float,
+        gen: torch.Generator,
+    ) -> Iterator[list[int]]:
+        assert self.drafter is not None
+        depth = self.drafter.block_size - 1
+        while True:
+            t0 = self._now()
+            lp = self.drafter.draft(DraftRequest(committed, features, bonus))  # [D, V]
+            t1 = self._now()
+            tree, stats_tree = self._make_tree(lp, bonus, depth)
+            inputs = dtree.compile_tree(tree, self.runner.prefix_len)
+            t2 = self._now()
+            verified = self.runner.verify(inputs)  # logits: [N, V]
+            t3 = self._now()
+            walk = dtree.walk_tree(tree, verified.logits, temperature, gen)
+            self.runner.commit(walk.accepted)
+            t4 = self._now()
+            path = list(walk.accepted)
+            committed.extend(tree.tokens[path].tolist())
+            features = verified.features[path] if verified.features is not None else None  # [A, F]
+            bonus = walk.bonus_token
+            self._record(stats_tree, tree, walk, (t0, t1, t2, t3, t4))
+            yield [*tree.tokens[path[1:]].tolist(), bonus]
+
+    def _make_tree(self, lp: Tensor, bonus: int, depth: int) -> tuple[dtree.DraftTree, dtree.DraftTree]:
+        """(tree to verify, tree whose shape is reported)."""
+        if self.mode is Mode.LINEAR:
+            spine = dtree.spine_tree(lp, bonus, depth)
+            return spine, spine
+        assert self.ddtree is not None
+        full = dtree.build_tree(lp, bonus, self.ddtree.budget, self.ddtree.topk)
+        if self.mode is Mode.SHADOW:
+            return dtree.spine_tree(lp, bonus, depth), full
+        return full, full
+
+    def _record(
+        self,
+        stats_tree: dtree.DraftTree,
+        verified: dtree.DraftTree,
+        walk: dtree.WalkResult,
+        t: tuple[float, float, float, float, float],
+    ) -> None:
+        shape = dtree.tree_shape(stats_tree)
+        stats = RoundStats(
+            accepted_len=len(walk.accepted),
+            nodes=shape.nodes,
+            depth=shape.depth,
+            off_spine=dtree.is_off_spine(verified, walk.accepted),
+            draft_ms=(t[1] - t[0]) * 1e3,
+            build_ms=(t[2] - t[1]) * 1e3,
+            verify_ms=(t[3] - t[2]) * 1e3,
+            commit_ms=(t[4] - t[3]) * 1e3,
+            width=shape.width,
+        )
+        self.last_stats.append(stats)
+        if self.metrics is not None:
+            self.metrics.record(stats)
+
+    def _now(self) -> float:
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)
+        return time.perf_counter()
+
+
+def _ddtree_config(mode: Mode, ddtree: DDTreeConfig | None) -> DDTreeConfig | None:
+    """shadow/tree always have a config whose `verify` matches the mode; linear/baseline use none."""
+    if mode not in (Mode.SHADOW, Mode.TREE):
+        return None
+    verify = VerifyMode(mode.value)
+    if ddtree is None:
+        return DDTreeConfig(verify=verify)
+    return dataclasses.replace(ddtree, verify=verify)
