@@ -266,12 +266,21 @@ class SshHost:
             self._sessions.release()
 
     def _open_channel(self, display: str) -> paramiko.Channel:
-        for attempt in (1, 2):
+        refused_until = time.monotonic() + self.config.connect_timeout
+        delay = 0.05
+        reconnected = False
+        while True:
             transport = self._transport()
             try:
                 return transport.open_session(timeout=self.config.connect_timeout)
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 if transport.is_active() and isinstance(exc, paramiko.ChannelException):
+                    # sshd frees a session slot only after its close handshake: under load a new session can
+                    # be refused for a moment even below MaxSessions. Retry briefly, then report.
+                    if time.monotonic() < refused_until:
+                        time.sleep(delay)
+                        delay = min(delay * 2, 1.0)
+                        continue
                     raise RemoteError(
                         self.name,
                         display,
@@ -281,9 +290,9 @@ class SshHost:
                     ) from None
                 # A cached connection can die between calls (host rebooted): reconnect once.
                 self.close()
-                if attempt == 2:
+                if reconnected:
                     raise UnreachableError(self.name, f"cannot open a channel: {_describe(exc)}") from None
-        raise AssertionError("unreachable")
+                reconnected = True
 
     def _wait(self, chan: paramiko.Channel, display: str, deadline: float, pgid: list[int]) -> tuple[str, str, int]:
         """Collect output until exit (and EOF); raise CommandTimeout/KeyboardInterrupt/UnreachableError."""
