@@ -1,0 +1,59 @@
+"""Session fixtures for the runtime tier: the tiny models built by `python -m ddtree.tiny`.
+
+`tiny_dense` / `tiny_hybrid` return a directory DIR with DIR/target (model + tokenizer) and DIR/draft (DFlash
+drafter), cached under <repo>/.cache/tiny/<arch> (git-ignored; override the root with DDTREE_TINY_CACHE) and
+built on first use. A file lock per arch keeps parallel sessions from building the same model twice; the build
+itself runs in a subprocess (its own thread settings and memory) and lands by rename, so a reader never sees a
+half-written directory. A cache whose build.json carries another BUILD_VERSION is rebuilt.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE_ROOT = Path(os.environ.get("DDTREE_TINY_CACHE", REPO / ".cache" / "tiny"))
+
+
+def _is_current(model_dir: Path, version: int) -> bool:
+    report = model_dir / "build.json"
+    if not report.is_file():
+        return False
+    return bool(json.loads(report.read_text()).get("build_version") == version)
+
+
+def ensure_tiny(arch: str) -> Path:
+    """Return the cached tiny model directory for `arch`, building it (once, under a lock) if missing."""
+    from ddtree.tiny import BUILD_VERSION
+
+    model_dir = CACHE_ROOT / arch
+    if _is_current(model_dir, BUILD_VERSION):
+        return model_dir
+    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
+    with (CACHE_ROOT / f".{arch}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not _is_current(model_dir, BUILD_VERSION):
+            cmd = [sys.executable, "-m", "ddtree.tiny", "--arch", arch, "--out", str(model_dir), "--force"]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return model_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_dense() -> Path:
+    """Tiny dense Qwen3 target + distilled DFlash drafter: DIR/target, DIR/draft."""
+    return ensure_tiny("qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid() -> Path:
+    """Tiny hybrid Qwen3.5 target (3 Gated DeltaNet + 1 attention layer) + distilled drafter."""
+    return ensure_tiny("qwen3_5")
