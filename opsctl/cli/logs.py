@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from opsctl import metrics
 from opsctl.cli.common import (
@@ -126,19 +125,19 @@ def _metrics(collected: dict[str, list[str]], as_json: bool) -> None:
             }
         )
         return
-    table = Table(title="DDTREE / Decode batch metrics", show_lines=False)
-    for col in ("source", "time", "kind", "rounds", "tau", "nodes", "depth", "off_spine", "accept len", "tok/s"):
-        table.add_column(col, justify="left" if col in ("source", "time", "kind") else "right")
+    header = f"{'source':<12} {'time':<25} {'kind':<7} {'rounds':>6} {'tau':>5} {'nodes':>6} {'depth':>5} "
+    typer.echo(header + f"{'off_spine':>9} {'accept':>6} {'tok/s':>7}")
     for label, when, r in rows:
         if isinstance(r, metrics.DDTreeMetrics):
-            table.add_row(
-                label, when, "ddtree" + (" UNSAFE" if r.hybrid_unsafe else ""), str(r.rounds), f"{r.tau:.2f}",
-                f"{r.nodes:.1f}", f"{r.depth:.1f}", f"{r.off_spine:.2f}", "", f"{r.tok_s:.1f}",
-            )  # fmt: skip
+            kind = "UNSAFE" if r.hybrid_unsafe else "ddtree"
+            typer.echo(
+                f"{label:<12} {when:<25} {kind:<7} {r.rounds:>6} {r.tau:>5.2f} {r.nodes:>6.1f} {r.depth:>5.1f} "
+                f"{r.off_spine:>9.2f} {'':>6} {r.tok_s:>7.1f}"
+            )
         else:
             accept = f"{r.accept_len:.2f}" if r.accept_len is not None else ""
-            table.add_row(label, when, "decode", "", "", "", "", "", accept, f"{r.gen_throughput:.1f}")
-    console.print(table)
+            typer.echo(f"{label:<12} {when:<25} {'decode':<7} {'':>6} {'':>5} {'':>6} {'':>5} {'':>9} {accept:>6} "
+                       f"{r.gen_throughput:>7.1f}")  # fmt: skip
     for label, s in summaries.items():
         if s.init:
             console.print(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import httpx
 import typer
-from rich.table import Table
 
 from opsctl.cli.common import (
     ForksOpt,
@@ -65,15 +64,15 @@ def register(app: typer.Typer) -> None:
 
 
 def _table(rows: list[ServiceStatus]) -> None:
-    table = Table(title="opsctl status")
-    for col in ("host/service", "unit", "restarts", "release", "mode", "runtime", "health", "tau", "tok/s"):
-        table.add_column(col)
+    """One line per service (readable in a terminal, a CI log and a narrow pipe alike)."""
     for r in rows:
         unit = f"{r.unit.active_state}/{r.unit.sub_state}" if r.unit else "?"
         m = r.last_metrics
-        table.add_row(
-            f"{r.host}/{r.service}", unit, str(r.unit.n_restarts if r.unit else "?"), r.current or "(none)",
-            r.mode or "-", r.runtime_version or "-", ("[green]" if r.healthy else "[red]") + r.health + "[/]",
-            f"{m.tau:.2f}" if m else "-", f"{m.tok_s:.1f}" if m else "-",
-        )  # fmt: skip
-    console.print(table)
+        colour = "green" if r.healthy else "bold red"
+        metrics = f"tau={m.tau:.2f} nodes={m.nodes:.1f} tok/s={m.tok_s:.1f}" if m else "no DDTREE metrics yet"
+        console.print(
+            f"[{colour}]{r.host}/{r.service}[/] {unit} restarts={r.unit.n_restarts if r.unit else '?'} "
+            f"mode={r.mode or '-'} release={r.current or '(none)'} runtime={r.runtime_version or '-'} "
+            f"releases={r.releases} bad={r.bad_releases} health={r.health}; {metrics}",
+            markup=True,
+        )

@@ -228,7 +228,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     new_id = release.new_release_id(ctx.now, chash)
     if facts.current_hash == chash and not settings.force:
         result.outcome, result.release = Outcome.UNCHANGED, facts.current
-        result.message = f"unchanged (release {facts.current}): nothing restarted"
+        result.message = f"release {facts.current}: same config, nothing restarted"
         probe = health.probe(ctx.http, health.health_url(ctx.inv_host, ctx.service), timeout=5.0)
         if not probe.ok:
             # Same config, but not serving: say so (and fail) instead of reporting success.
@@ -331,7 +331,9 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     if not reason:
         pruned = _prune(ctx, settings.keep)
         result.outcome = Outcome.DEPLOYED
-        result.message = f"deployed {new_id}" + (f" (pruned {len(pruned)} old releases)" if pruned else "")
+        result.message = f"{new_id} (previous: {facts.current or 'none'})" + (
+            f"; pruned {len(pruned)} old releases" if pruned else ""
+        )
         result.timings["total_s"] = time.monotonic() - start
         ctx.audit("deploy", new_id, "ok", f"previous={facts.current or '-'}")
         return result

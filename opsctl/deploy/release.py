@@ -186,7 +186,7 @@ def facts_cmd(paths: ServicePaths) -> Cmd:
         f'cur=$(readlink {shlex.quote(paths.current)} 2>/dev/null || true); echo "current $cur"; '
         f'for d in {shlex.quote(paths.releases)}/*/; do [ -d "$d" ] || continue; '
         'id=$(basename "$d"); b=0; c=0; '
-        f'[ -e "$d{BAD_MARKER}" ] && b=1; [ -e "$d{MANIFEST}" ] && c=1; '
+        f'[ -e "${{d}}{BAD_MARKER}" ] && b=1; [ -e "${{d}}{MANIFEST}" ] && c=1; '
         'echo "release $id $b $c"; done'
     )
     return sh(script, sudo=True)

@@ -164,3 +164,33 @@ def test_preflight_flags():
     assert preflight.looks_like_help(HELP) and not preflight.looks_like_help("No module named ddtree")
     cmd = preflight.help_cmd("/opt/opsctl/venv", "ddtree.serve", "/opt/r/site")
     assert cmd.display() == "sh -c 'PYTHONPATH=/opt/r/site /opt/opsctl/venv/bin/python -m ddtree.serve --help 2>&1'"
+
+
+def test_facts_script_runs_in_a_real_shell(tmp_path):
+    """The facts script, run by sh against a real directory tree (paths moved under tmp_path)."""
+    import subprocess
+
+    p = ServicePaths("svc")
+    root = tmp_path / "svc"
+    layout = (
+        ("20261129T220000Z-aaaaaaaaaaaa", True, True),
+        ("20261129T221500Z-bbbbbbbbbbbb", False, True),
+        ("20261129T223000Z-cccccccccccc", False, False),
+    )
+    for rid, bad, complete in layout:
+        d = root / "releases" / rid
+        d.mkdir(parents=True)
+        if bad:
+            (d / "BAD").write_text("why\n")
+        if complete:
+            (d / "manifest.json").write_text("{}")
+    (root / "current").symlink_to("releases/20261129T221500Z-bbbbbbbbbbbb")
+    script = release.facts_cmd(p).argv[2].replace(p.root, str(root))
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    facts = release.parse_release_facts(out)
+    assert facts.current == "20261129T221500Z-bbbbbbbbbbbb"
+    assert [(r.bad, r.complete) for r in facts.releases] == [(True, True), (False, True), (False, False)]
+    # the switch command, for real: the symlink is replaced atomically and stays relative
+    switch = release.switch_cmd(p, "20261129T220000Z-aaaaaaaaaaaa").argv[2].replace(p.root, str(root))
+    subprocess.run(["sh", "-c", switch], check=True)
+    assert (root / "current").readlink().as_posix() == "releases/20261129T220000Z-aaaaaaaaaaaa"
