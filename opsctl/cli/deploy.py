@@ -35,6 +35,7 @@ ModeOpt = Annotated[
 
 _STYLE = {
     Outcome.DEPLOYED: "green",
+    Outcome.REVERTED: "green",
     Outcome.UNCHANGED: "dim",
     Outcome.PLANNED: "yellow",
     Outcome.SKIPPED: "dim",

@@ -428,7 +428,7 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
     result.timings["total_s"] = time.monotonic() - start
     if gate.ok:
         ctx.audit("rollback", target, "ok", f"from={facts.current or '-'}")
-        result.outcome, result.message = Outcome.DEPLOYED, f"rolled back to {target} (healthy)"
+        result.outcome, result.message = Outcome.REVERTED, f"rolled back to {target} (healthy)"
         return result
     result.journal_tail = journal_tail(ctx)
     if facts.current:

@@ -24,6 +24,7 @@ class Outcome(StrEnum):
     SKIPPED = "skipped"  # not attempted: the rollout stopped (max-fail) or was interrupted
     PLANNED = "planned"  # --plan: would change
     LOCKED = "locked"  # another deploy holds the host's lock
+    REVERTED = "reverted"  # `opsctl rollback`: the older release is live and healthy
 
     @property
     def failed(self) -> bool:

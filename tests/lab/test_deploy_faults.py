@@ -11,6 +11,7 @@ import pytest
 
 from opsctl.lab import LabConfig
 from tests.lab.test_deploy_support import (
+    MODE,
     background,
     crash_fault_installed,
     current_mode,
@@ -34,7 +35,7 @@ def base_inventory(lab_hosts, tmp_path_factory) -> Path:
     result = provision()
     assert result.returncode == 0, result.stderr[-3000:]
     inv = derived_inventory(tmp_path_factory.mktemp("faults") / "lab.yaml", tune)
-    first = opsctl("deploy", "-i", str(inv), "--mode", "shadow")
+    first = opsctl("deploy", "-i", str(inv), "--mode", MODE)
     assert first.returncode == 0, first.stderr[-4000:]
     return inv
 
@@ -56,7 +57,7 @@ def _health_url(inv: Path, host: str) -> str:
 def test_unchanged_redeploy_restarts_nothing(base_inventory: Path) -> None:
     before = unit_props(base_inventory, "lab1", "opsctl-ref.service")
     release = current_release(base_inventory, "lab1", "ref")
-    result = opsctl("deploy", "-i", str(base_inventory), "--mode", "shadow")
+    result = opsctl("deploy", "-i", str(base_inventory), "--mode", MODE)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "lab1/ref: unchanged" in result.stderr and "lab2/ref: unchanged" in result.stderr
     after = unit_props(base_inventory, "lab1", "opsctl-ref.service")
@@ -69,7 +70,7 @@ def test_bad_flag_never_interrupts_the_old_release(base_inventory: Path, tmp_pat
     bad = variant(base_inventory, tmp_path, lambda d: service(d, "lab1").update(extra_args=["--no-such-flag"]))
     release = current_release(base_inventory, "lab1", "ref")
     with polling(_health_url(base_inventory, "lab1")) as poller:
-        result = opsctl("deploy", "-i", str(bad), "--host", "lab1", "--mode", "shadow")
+        result = opsctl("deploy", "-i", str(bad), "--host", "lab1", "--mode", MODE)
         time.sleep(1)
     assert result.returncode == 1
     assert "--no-such-flag" in result.stderr and "nothing switched" in result.stderr
@@ -88,7 +89,7 @@ def test_crash_after_healthy_is_caught_and_rolled_back(base_inventory: Path, tmp
     inv = variant(base_inventory, tmp_path, crashy)
     previous = current_release(base_inventory, "lab1", "ref")
     with crash_fault_installed(base_inventory, "lab1"):
-        result = opsctl("deploy", "-i", str(inv), "--host", "lab1", "--mode", "shadow")
+        result = opsctl("deploy", "-i", str(inv), "--host", "lab1", "--mode", MODE)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "lab1/ref: rolled-back" in result.stderr and "second check after 8s" in result.stderr
     assert "OPSCTL_FAULT_CRASH" in result.stderr  # the journal tail shows why
@@ -102,7 +103,7 @@ def test_crash_after_healthy_is_caught_and_rolled_back(base_inventory: Path, tmp
 
 def test_ctrl_c_leaves_lock_released_and_previous_serving(base_inventory: Path) -> None:
     previous = current_release(base_inventory, "lab1", "ref")
-    bg = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", "shadow", "--force")
+    bg = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
     bg.wait_for("lab1/ref: switching to", timeout=300)
     time.sleep(1.0)
     bg.proc.send_signal(signal.SIGINT)
@@ -111,18 +112,18 @@ def test_ctrl_c_leaves_lock_released_and_previous_serving(base_inventory: Path) 
     assert "interrupted" in bg.text
     assert not lock_present(base_inventory, "lab1")
     assert current_release(base_inventory, "lab1", "ref") == previous
-    assert current_mode(base_inventory, "lab1", "ref") == "shadow"
+    assert current_mode(base_inventory, "lab1", "ref") == MODE
     status = opsctl("status", "-i", str(base_inventory), "--host", "lab1", "--json")
     assert status.returncode == 0, status.stderr
 
 
 def test_second_concurrent_deploy_refuses_then_waits(base_inventory: Path) -> None:
-    first = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", "shadow", "--force")
+    first = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
     first.wait_for("lab1/ref: staging", timeout=120)
-    second = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", "shadow", "--force")
+    second = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
     assert second.returncode == 1
     assert "lab1: deploy lock held by" in second.stderr and "--lock-wait" in second.stderr
-    waiting = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", "shadow", "--lock-wait", "600")
+    waiting = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--lock-wait", "600")
     assert first.finish() == 0, first.text
     assert waiting.returncode == 0, waiting.stderr[-3000:]
     assert "lab1/ref: unchanged" in waiting.stderr  # it waited for the first, then found nothing to do
@@ -132,7 +133,7 @@ def test_second_concurrent_deploy_refuses_then_waits(base_inventory: Path) -> No
 def test_host_down_mid_deploy(base_inventory: Path, lab_config: LabConfig) -> None:
     from opsctl.lab import start_host, stop_host
 
-    bg = background("deploy", "-i", str(base_inventory), "--mode", "shadow", "--force", "--max-fail", "1")
+    bg = background("deploy", "-i", str(base_inventory), "--mode", MODE, "--force", "--max-fail", "1")
     bg.wait_for("lab2/ref: switching to", timeout=300)
     stop_host(lab_config, "lab2", kill=True)
     try:
@@ -143,5 +144,5 @@ def test_host_down_mid_deploy(base_inventory: Path, lab_config: LabConfig) -> No
     finally:
         start_host(lab_config, "lab2")
     # lab2 rebooted: its deploy lock (under /run) is gone and a new deploy works there again
-    again = opsctl("deploy", "-i", str(base_inventory), "--host", "lab2", "--mode", "shadow", "--force")
+    again = opsctl("deploy", "-i", str(base_inventory), "--host", "lab2", "--mode", MODE, "--force")
     assert again.returncode == 0, again.stderr[-3000:]
