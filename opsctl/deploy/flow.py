@@ -138,7 +138,10 @@ def config_hash_for(ctx: ServiceContext, wheel: RuntimeWheel) -> str:
     return release.config_hash(files, argv, wheel.sha256)
 
 
-def _gate(ctx: ServiceContext, settings: DeploySettings, baseline_restarts: int) -> GateResult:
+def _gate(
+    ctx: ServiceContext, settings: DeploySettings, baseline_restarts: int, cancellable: bool = True
+) -> GateResult:
+    """Health gate of the service. Restoring gates are not cancellable: Ctrl-C must not stop a rollback."""
     svc = ctx.service
     config = GateConfig(
         timeout=settings.health_timeout if settings.health_timeout is not None else svc.health_timeout,
@@ -152,7 +155,7 @@ def _gate(ctx: ServiceContext, settings: DeploySettings, baseline_restarts: int)
         baseline_restarts=baseline_restarts,
         config=config,
         sleep=time.sleep,
-        cancelled=ctx.cancel.is_set,
+        cancelled=ctx.cancel.is_set if cancellable else (lambda: False),
     )
 
 
@@ -369,7 +372,7 @@ def _roll_back_after_failure(
         # A shorter re-check: this release served before; the point is to confirm it answers again.
         delay = settings.readiness_delay if settings.readiness_delay is not None else ctx.service.readiness_delay
         quick = replace(settings, readiness_delay=min(delay, 5.0))
-        gate = _gate(ctx, quick, baseline)
+        gate = _gate(ctx, quick, baseline, cancellable=False)
     except (UnreachableError, CommandTimeout) as exc:
         return Outcome.UNREACHABLE, f"{reason}; rollback impossible: {exc.one_line()}"
     except OpsctlError as exc:
@@ -434,7 +437,7 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
     if facts.current:
         _mark_bad(ctx, target, f"rollback target unhealthy: {gate.reason}")
         baseline = _restart(ctx, facts.current)
-        _gate(ctx, settings, baseline)
+        _gate(ctx, settings, baseline, cancellable=False)
     ctx.audit("rollback", target, "failed", gate.reason)
     result.outcome = Outcome.FAILED
     result.message = f"{target} failed its health gate ({gate.reason}); {facts.current} restored"

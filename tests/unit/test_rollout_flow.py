@@ -193,3 +193,22 @@ def test_rollback_refuses_without_target(ctx_for):
 
     with pytest.raises(DeployError, match="nothing to roll back to"):
         flow.rollback_service(ctx, SETTINGS)
+
+
+def test_cancel_after_switch_restores_previous_and_waits_for_it(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    ctx, fake = make(box)
+    real_restart = box.handler
+
+    def handler(cmd):
+        answer = real_restart(cmd)
+        if cmd.display().startswith("systemctl restart") and box.current != OLD:
+            ctx.cancel.set()  # Ctrl-C right after the new release was started
+        return answer
+
+    fake.handler = handler
+    result = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert result.outcome is Outcome.INTERRUPTED, result.message
+    assert f"{OLD} restored and healthy" in result.message
+    assert box.current == OLD and result.release in box.bad
