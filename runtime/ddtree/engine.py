@@ -89,37 +89,61 @@ class DFlashDrafter:
 
 
 class OracleNoiseDrafter:
-    """A drafter that knows the target: row d is log_softmax(target logits at depth d / 1 + noise * Gumbel),
-    where depth d follows the target's own greedy continuation of the bonus token.
+    """A drafter that knows the target: row d is log_softmax((target logits at depth d + noise * Gumbel) / temp),
+    where depth d follows the target's own greedy continuation of the bonus token. A temp below 1 makes the
+    drafter confident (deep trees) even on a flat random target.
 
     Small noise gives long acceptance runs; noise comparable to the target's logit gaps makes the noisy argmax
     (the spine) miss while the target's choice stays in the top-k, so off-spine acceptances happen. For tests
-    and demos; it runs the target D times per round.
+    and demos. It keeps the greedy trajectory it computed (`lookahead` extra steps): while the committed
+    tokens follow it (greedy decoding), later rounds reuse it instead of running the target again.
     """
 
-    def __init__(self, target: nn.Module, block_size: int, noise: float, seed: int = 0) -> None:
+    def __init__(
+        self,
+        target: nn.Module,
+        block_size: int,
+        noise: float,
+        seed: int = 0,
+        lookahead: int = 0,
+        temp: float = 1.0,
+    ) -> None:
         self.target = target
         self.block_size = block_size
         self.feature_layers: tuple[int, ...] = ()
         self.noise = noise
         self.seed = seed
+        self.lookahead = lookahead
+        self.temp = temp
         self._gen = torch.Generator().manual_seed(seed)
+        self._tokens: list[int] = []  # greedy trajectory
+        self._logits: list[Tensor] = []  # _logits[i]: [V] target logits after _tokens[: i + 1]
 
     def reset(self) -> None:
+        # the trajectory is a cache keyed by its own tokens, valid across sequences: keep it
         self._gen = torch.Generator().manual_seed(self.seed)
 
     @torch.no_grad()
+    def _trajectory(self, seq: list[int], steps: int) -> list[Tensor]:
+        """Target logits after seq and after each of the next steps - 1 greedy tokens: steps x [V]."""
+        n = len(seq)
+        if self._tokens[:n] != seq or len(self._logits) < n - 1 + steps:
+            runner = TargetRunner(self.target)
+            logits = list(runner.prefill(seq).logits.cpu())
+            tokens = list(seq)
+            for _ in range(steps - 1 + self.lookahead):
+                tokens.append(int(logits[-1].argmax()))
+                logits.append(runner.decode(tokens[-1]).logits[-1].cpu())
+            self._tokens, self._logits = tokens, logits
+        return self._logits[n - 1 : n - 1 + steps]
+
     def draft(self, request: DraftRequest) -> Tensor:
-        runner = TargetRunner(self.target)
-        step = runner.prefill([*request.committed, request.bonus_token])
         rows = []
-        for d in range(self.block_size - 1):
-            logits = step.logits[-1]  # [V]
+        for logits in self._trajectory([*request.committed, request.bonus_token], self.block_size - 1):
             gumbel = -torch.log(-torch.log(torch.rand(logits.shape, generator=self._gen).clamp_min(1e-20)))
-            rows.append(torch.log_softmax(logits.cpu() + self.noise * gumbel, dim=-1))
-            if d + 1 < self.block_size - 1:
-                step = runner.decode(int(logits.argmax()))
-        return torch.stack(rows).to(step.logits.device)  # [D, V]
+            rows.append(torch.log_softmax((logits + self.noise * gumbel) / self.temp, dim=-1))
+        dev = next(self.target.parameters()).device
+        return torch.stack(rows).to(dev)  # [D, V]
 
 
 # --------------------------------------------------------------------------------------------------------

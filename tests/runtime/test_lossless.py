@@ -1,0 +1,96 @@
+"""Lossless: greedy linear, shadow and tree == baseline, token for token, on a dense and a hybrid target.
+
+The drafter knows the target (its next-token distributions along the target's greedy continuation) plus
+Gumbel noise on the logits: long acceptance runs happen, and the noisy argmax (the spine) often misses while
+the target's token is still in the top-k, so off-spine acceptances happen. Both are asserted, so the check
+is not hollow.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from ddtree.config import DDTreeConfig
+from ddtree.engine import Mode, OracleNoiseDrafter, ReferenceEngine
+from tiny_targets import dense_target, hybrid_target, one_thread
+
+pytestmark = [pytest.mark.runtime, pytest.mark.usefixtures("one_thread")]
+__all__ = ["one_thread"]  # the fixture, imported for pytest
+
+VOCAB = 64
+BLOCK = 5  # drafted depth 4
+NEW_TOKENS = 20
+CASES = [(p, s) for p in range(10) for s in range(2)]  # 20 prompts x seeds (the seed drives the drafter noise)
+CFG = DDTreeConfig(budget=12, topk=3, log_interval=10)
+
+
+def _drafter(target: torch.nn.Module, seed: int = 0) -> OracleNoiseDrafter:
+    # noise ~ the tiny targets' top-2 logit gaps; temp 0.1 makes the drafter confident (deep trees)
+    return OracleNoiseDrafter(target, BLOCK, noise=0.05, seed=seed, lookahead=NEW_TOKENS, temp=0.1)
+
+
+def _prompt(i: int) -> list[int]:
+    g = torch.Generator().manual_seed(1000 + i)
+    return torch.randint(0, VOCAB, (int(torch.randint(3, 10, (1,), generator=g)),), generator=g).tolist()
+
+
+@pytest.fixture(scope="module", params=["dense", "hybrid"])
+def target(request: pytest.FixtureRequest) -> torch.nn.Module:
+    return dense_target(VOCAB, seed=0) if request.param == "dense" else hybrid_target(VOCAB, seed=0)
+
+
+def test_greedy_modes_equal_baseline(target: torch.nn.Module) -> None:
+    baseline = ReferenceEngine(target, Mode.BASELINE)
+    drafter = _drafter(target)  # shared: its cached greedy trajectory serves all three modes
+    engines = {
+        mode: ReferenceEngine(target, mode, drafter=drafter, ddtree=CFG)
+        for mode in (Mode.LINEAR, Mode.SHADOW, Mode.TREE)
+    }
+    stats: dict[Mode, list] = {m: [] for m in engines}
+    for p, seed in CASES:
+        prompt = _prompt(p)
+        want = baseline.generate(prompt, NEW_TOKENS).tokens
+        assert len(want) == NEW_TOKENS
+        drafter.seed = seed
+        for mode, engine in engines.items():
+            got = engine.generate(prompt, NEW_TOKENS)
+            assert got.tokens == want, f"{mode.value} diverged on prompt {p} seed {seed}"
+            stats[mode].extend(engine.last_stats)
+    tree_rounds = stats[Mode.TREE]
+    off_spine = sum(r.off_spine for r in tree_rounds)
+    full_depth = sum(r.accepted_len == BLOCK for r in tree_rounds)
+    taus = {m.value: sum(r.accepted_len for r in s) / len(s) for m, s in stats.items()}
+    print(
+        f"\nrounds={len(tree_rounds)} tau={taus} tree off_spine_rounds={off_spine} "
+        f"full_depth_rounds={full_depth} mean_nodes={sum(r.nodes for r in tree_rounds) / len(tree_rounds):.1f}"
+    )
+    assert off_spine >= 5
+    assert full_depth >= 5
+    assert taus["tree"] > taus["linear"]  # the tree catches the spine's misses
+    assert taus["shadow"] == taus["linear"]  # shadow verifies the spine: identical rounds
+    assert not any(r.off_spine for r in stats[Mode.SHADOW])
+
+
+def test_tree_mode_emits_ddtree_lines(caplog: pytest.LogCaptureFixture) -> None:
+    target = dense_target(VOCAB, seed=0)
+    with caplog.at_level(logging.INFO, logger="ddtree"):
+        engine = ReferenceEngine(target, Mode.TREE, drafter=_drafter(target), ddtree=CFG)
+        engine.generate(_prompt(0), 40)
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddtree"]
+    assert lines[0].startswith("DDTREE init mode=tree budget=12 topk=3 block=5 hybrid=none")
+    assert lines[1].startswith("DDTREE verify completed accept_length=")
+    assert any(line.startswith("DDTREE metrics rounds=10 ") for line in lines)
+
+
+def test_unsafe_is_explicit_and_loud() -> None:
+    target = hybrid_target(VOCAB, seed=0)
+    drafter = _drafter(target)
+    assert ReferenceEngine(target, Mode.TREE, drafter=drafter, ddtree=CFG).hybrid == "exact"
+    unsafe_cfg = DDTreeConfig(budget=12, topk=3, log_interval=1, allow_hybrid_unsafe=True)
+    engine = ReferenceEngine(target, Mode.TREE, drafter=drafter, ddtree=unsafe_cfg)
+    assert engine.hybrid == "unsafe"
+    assert engine.runner.hybrid_mode.value == "unsafe"
+    # the flag changes nothing for chain verifies (a chain has no siblings)
+    assert ReferenceEngine(target, Mode.SHADOW, drafter=drafter, ddtree=unsafe_cfg).hybrid == "exact"
