@@ -212,7 +212,8 @@ def run_step(op: Operation, ctx: Context, plan_only: bool) -> StepReport:
             if after.reboot_required
             else (StepStatus.CHANGED if plan.changes else StepStatus.UNCHANGED)
         )
-        return StepReport(op.name, status, tuple(plan.commands()), (*plan.notes, *after.notes))
+        notes = (*plan.notes, *after.notes) if after.reboot_required else plan.notes
+        return StepReport(op.name, status, tuple(plan.commands()), notes)
     except OpsctlError as exc:
         commands = tuple(plan.commands()) if plan is not None else ()
         notes = plan.notes if plan is not None else ()

@@ -71,9 +71,11 @@ class Verify:
     cmd: Cmd
     judge: Callable[[int, str, str], None] = field(compare=False, repr=False)
     what: str = ""
+    shown: str | None = None  # a shorter display of the command (e.g. without an inline script)
 
     def display(self) -> str:
-        return f"verify {self.what}: {self.cmd.display()}" if self.what else f"verify: {self.cmd.display()}"
+        shown = self.shown or self.cmd.display()
+        return f"verify {self.what}: {shown}" if self.what else f"verify: {shown}"
 
 
 Action = Cmd | Push | PutText | Verify

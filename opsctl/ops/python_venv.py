@@ -146,9 +146,9 @@ def plan_venv(spec: VenvSpec, facts: VenvFacts) -> Plan:
         actions.append(Push(spec.wheelhouse, REMOTE_WHEELHOUSE))
     actions.append(PutText(f"{spec.venv.rstrip('/')}/{LOCK_FILE}", spec.lock.text))
     actions.append(install_cmd(spec))
-    actions.append(
-        Verify(verify_cmd(spec), judge=_judge(spec), what=f"import {', '.join(VERIFY_MODULES[spec.lock.profile])}")
-    )
+    modules = VERIFY_MODULES[spec.lock.profile]
+    shown = f"{spec.bin}/python -c VERIFY_SCRIPT {' '.join(modules)}"
+    actions.append(Verify(verify_cmd(spec), judge=_judge(spec), what=f"import {', '.join(modules)}", shown=shown))
     actions.append(PutText(f"{spec.venv.rstrip('/')}/{MARKER}", marker_json(spec)))
     return Plan(NAME, actions=tuple(actions), notes=tuple(notes))
 

@@ -19,7 +19,7 @@ from opsctl.inventory.model import (
     Service,
     SshConfig,
 )
-from opsctl.ops.base import Artifacts, Context
+from opsctl.ops.base import Artifacts, Context, Verify
 from opsctl.ops.errors import AbiMismatchError, FactError, ProvisionError
 from opsctl.ops.locks import Lock, Profile, lock_for, locks_dir
 from opsctl.ops.python_venv import (
@@ -90,17 +90,10 @@ def test_fresh_host_plan_with_wheelhouse(tmp_path: Path) -> None:
         f"push {tmp_path} -> /var/cache/opsctl/wheelhouse",
         f"write {VENV}/opsctl-lock.txt ({len(spec.lock.text.encode())} bytes, mode 644)",
         f"sudo {VENV}/bin/pip install --no-index --find-links /var/cache/opsctl/wheelhouse -r {VENV}/opsctl-lock.txt",
-        f"verify import torch, transformers, safetensors, fastapi, uvicorn: {VENV}/bin/python -c "
-        + _quoted(VERIFY_SCRIPT)
-        + " torch transformers safetensors fastapi uvicorn",
+        f"verify import torch, transformers, safetensors, fastapi, uvicorn: {VENV}/bin/python -c VERIFY_SCRIPT "
+        "torch transformers safetensors fastapi uvicorn",
         f"write {VENV}/.opsctl-venv.json ({len(marker_json(spec).encode())} bytes, mode 644)",
     ]
-
-
-def _quoted(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 def test_online_sglang_plan_installs_from_the_lock() -> None:
@@ -112,6 +105,8 @@ def test_online_sglang_plan_installs_from_the_lock() -> None:
         f"sudo {VENV}/bin/pip install -r {VENV}/opsctl-lock.txt",
     ]
     assert plan.commands()[2].endswith("torch sgl_kernel flashinfer sglang")
+    verify = plan.actions[2]
+    assert isinstance(verify, Verify) and verify.cmd.argv[2] == VERIFY_SCRIPT  # the real script runs
     assert plan.notes == (f"venv {VENV} does not match sglang-0.5.23.txt",)
 
 

@@ -1,0 +1,241 @@
+"""`opsctl provision` against real lab hosts (no GPU, no internet): the CLI end to end.
+
+The test writes its own inventory from the lab's (its own venv path and /dev/shm model paths, small random
+"models"), so it never disturbs what other lab tests deploy on the same hosts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from opsctl.commands import Cmd
+from opsctl.inventory.load import load_inventory
+from opsctl.lab import LabReport
+from opsctl.remote import SshHost, connect
+
+pytestmark = pytest.mark.lab
+
+VENV = "/opt/opsctl/venv-provtest"
+TARGET = "/dev/shm/provtest-target"
+DRAFT = "/dev/shm/provtest-draft"
+OPSCTL = (sys.executable, "-c", "from opsctl.cli.app import main; main()")
+
+
+def _write_model(root: Path, files: dict[str, int], seed: int) -> Path:
+    rng = random.Random(seed)
+    for name, size in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b'{"model_type": "qwen3"}' if name == "config.json" else rng.randbytes(size))
+    return root
+
+
+@pytest.fixture(scope="module")
+def models() -> Iterator[dict[str, Path]]:
+    base = Path(os.environ.get("OPSCTL_TEST_TMP", "/var/tmp")) / f"opsctl-provtest-{os.getpid()}"
+    target = _write_model(
+        base / "target", {"config.json": 0, "model.safetensors": 120 << 20, "tokenizer.json": 1 << 20}, 1
+    )
+    draft = _write_model(base / "draft", {"config.json": 0, "model.safetensors": 4 << 20}, 2)
+    yield {"target": target, "draft": draft}
+    subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+@pytest.fixture(scope="module")
+def inventory(lab_hosts: LabReport, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    doc = yaml.safe_load(Path(lab_hosts.inventory).read_text())
+    doc["defaults"]["venv"] = VENV
+    for host in doc["hosts"].values():
+        for svc in host["services"].values():
+            svc["model"] = {"source": str(models["target"]), "source_on": "control", "path": TARGET}
+            svc["draft_model"] = {"source": str(models["draft"]), "source_on": "control", "path": DRAFT}
+    path = tmp_path_factory.mktemp("provision") / "inventory.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def hosts(inventory: Path) -> Iterator[dict[str, SshHost]]:
+    inv = load_inventory(inventory)
+    remotes = {h.name: connect(h) for h in inv.hosts}
+    for remote in remotes.values():  # start from bare hosts (for this test's paths)
+        remote.run(Cmd.of("sh", "-c", f"rm -rf {VENV} /dev/shm/provtest-* /dev/shm/.opsctl-*-provtest-*"))
+    try:
+        yield remotes
+    finally:
+        for remote in remotes.values():
+            remote.run(Cmd.of("sh", "-c", f"rm -rf {VENV} /dev/shm/provtest-* /dev/shm/.opsctl-*-provtest-*"))
+            remote.close()
+
+
+def opsctl(inventory: Path, *args: str, timeout: float = 1500) -> tuple[int, dict[str, Any], str]:
+    proc = subprocess.run(
+        [*OPSCTL, "provision", "-i", str(inventory), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    body = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    return proc.returncode, body, proc.stderr
+
+
+def snapshot(remote: SshHost) -> str:
+    """Everything provision could touch on a host: file listing with sizes and mtimes, dpkg and pip state."""
+    script = (
+        f"find {VENV} /dev/shm /opt/opsctl/wheels /var/cache/opsctl/wheelhouse -path '*provtest*' "
+        "-printf '%p %s %T@\\n' 2>/dev/null | sort; "
+        "find /opt/opsctl/wheels /var/cache/opsctl/wheelhouse -printf '%p %s %T@\\n' 2>/dev/null | sort; "
+        f"dpkg -l | md5sum; {VENV}/bin/pip freeze 2>&1 | md5sum"
+    )
+    return remote.run(Cmd.of("sh", "-c", script)).stdout
+
+
+def steps(body: dict[str, Any], host: str) -> dict[str, dict[str, Any]]:
+    entry = next(h for h in body["hosts"] if h["host"] == host)
+    return {s["op"]: s for s in entry["steps"]}
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def remote_sha(remote: SshHost, path: str) -> str:
+    return remote.run(Cmd.of("sha256sum", path)).stdout.split()[0]
+
+
+def test_plan_changes_nothing(inventory: Path, hosts: dict[str, SshHost]) -> None:
+    before = {name: snapshot(r) for name, r in hosts.items()}
+    code, body, stderr = opsctl(inventory, "--plan")
+    assert code == 2, stderr
+    after = {name: snapshot(r) for name, r in hosts.items()}
+    assert after == before
+    for name in hosts:
+        s = steps(body, name)
+        assert s["gpu_driver"]["status"] == "unchanged"
+        assert s["gpu_driver"]["notes"] == ["no NVIDIA GPU detected"]
+        assert s["python_venv"]["status"] == "pending"
+        assert (
+            f"sudo {VENV}/bin/pip install --no-index --find-links /var/cache/opsctl/wheelhouse "
+            f"-r {VENV}/opsctl-lock.txt" in s["python_venv"]["commands"]
+        )
+        assert s["model_sync"]["status"] == "pending"
+    assert "no NVIDIA GPU detected" in stderr
+
+
+def test_provision_then_second_run_reports_zero_changes(
+    inventory: Path, hosts: dict[str, SshHost], models: dict[str, Path]
+) -> None:
+    start = time.monotonic()
+    code, body, stderr = opsctl(inventory)
+    first = time.monotonic() - start
+    assert code == 0, stderr
+    assert {h["status"] for h in body["hosts"]} == {"changed"}
+    for remote in hosts.values():
+        out = remote.run(
+            Cmd.of(f"{VENV}/bin/python", "-c", "import torch, transformers, fastapi; print(torch.__version__)")
+        )
+        assert out.stdout.strip() == "2.13.0+cpu"
+        assert remote_sha(remote, f"{TARGET}/model.safetensors") == sha(models["target"] / "model.safetensors")
+        assert remote_sha(remote, f"{DRAFT}/model.safetensors") == sha(models["draft"] / "model.safetensors")
+        manifest = json.loads(remote.run(Cmd.of("cat", f"{TARGET}/.opsctl-manifest.json")).stdout)
+        assert manifest["files"]["tokenizer.json"]["size"] == 1 << 20
+    start = time.monotonic()
+    code, body, stderr = opsctl(inventory)
+    second = time.monotonic() - start
+    assert code == 0, stderr
+    assert [(h["host"], h["status"], h["changes"]) for h in body["hosts"]] == [
+        (name, "unchanged", 0) for name in sorted(hosts)
+    ]
+    code, body, _ = opsctl(inventory, "--plan")
+    assert code == 0
+    print(f"\nprovision: first run {first:.1f}s, second run {second:.1f}s (0 changes)")
+
+
+def test_require_gpu_fails_on_a_cpu_host(inventory: Path, hosts: dict[str, SshHost]) -> None:
+    code, body, _ = opsctl(inventory, "--require-gpu", "--host", "lab1")
+    assert code == 1
+    step = steps(body, "lab1")["gpu_driver"]
+    assert step["status"] == "failed"
+    assert step["error"] == "no NVIDIA GPU detected (the inventory expects 0)"
+    assert steps(body, "lab1")["python_venv"]["status"] == "skipped"
+
+
+def test_corrupted_model_file_is_detected_and_recopied(
+    inventory: Path, hosts: dict[str, SshHost], models: dict[str, Path]
+) -> None:
+    lab1 = hosts["lab1"]
+    weights = f"{TARGET}/model.safetensors"
+    # flip bytes in place, keep size and mtime: only the manifest can tell
+    lab1.run(
+        Cmd.of(
+            "sh", "-c",
+            f"touch -r {weights} /tmp/ref && printf 'XXXX' | dd of={weights} bs=1 seek=4096 conv=notrunc "
+            f"status=none && touch -r /tmp/ref {weights}",
+        )
+    )  # fmt: skip
+    assert remote_sha(lab1, weights) != sha(models["target"] / "model.safetensors")
+    code, body, stderr = opsctl(inventory, "--host", "lab1")
+    assert code == 0, stderr
+    step = steps(body, "lab1")["model_sync"]
+    assert step["status"] == "changed"
+    assert "1 corrupted or changed (model.safetensors)" in step["notes"][0]
+    assert remote_sha(lab1, weights) == sha(models["target"] / "model.safetensors")
+    code, body, _ = opsctl(inventory, "--host", "lab1")
+    assert (code, body["hosts"][0]["changes"]) == (0, 0)
+
+
+def test_interrupted_copy_leaves_no_partial_model(inventory: Path, hosts: dict[str, SshHost]) -> None:
+    lab1 = hosts["lab1"]
+    lab1.run(Cmd.of("rm", "-rf", TARGET))
+    proc = subprocess.Popen(
+        [*OPSCTL, "provision", "-i", str(inventory), "--host", "lab1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    # Ctrl-C (to the whole process group, as a terminal does) as soon as the model's rsync is running
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        if any(line.startswith("rsync") and ".opsctl-sync-provtest-target" in line for line in ps.splitlines()):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "provision finished before the copy could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    assert lab1.run(Cmd.of("test", "-e", TARGET), check=False).exit_code == 1  # no partial model
+    code, body, stderr = opsctl(inventory, "--host", "lab1")
+    assert code == 0, stderr
+    assert steps(body, "lab1")["model_sync"]["status"] == "changed"
+    assert lab1.run(Cmd.of("sh", "-c", "ls -d /dev/shm/.opsctl-*-provtest-* 2>/dev/null"), check=False).stdout == ""
+
+
+def test_too_small_shm_is_refused_with_the_sizes(inventory: Path, hosts: dict[str, SshHost]) -> None:
+    lab2 = hosts["lab2"]
+    lab2.run(Cmd.of("rm", "-rf", TARGET))
+    free = int(lab2.run(Cmd.of("df", "-P", "-B1", "/dev/shm")).stdout.splitlines()[-1].split()[3])
+    lab2.run(Cmd.of("fallocate", "-l", str(free - (8 << 20)), "/dev/shm/provtest-filler"))
+    try:
+        code, body, _ = opsctl(inventory, "--host", "lab2")
+    finally:
+        lab2.run(Cmd.of("rm", "-f", "/dev/shm/provtest-filler"))
+    assert code == 1
+    step = steps(body, "lab2")["model_sync"]
+    assert step["status"] == "failed"
+    assert step["error"].startswith("provtest-target needs 0.12 GiB more in /dev/shm (")
+    assert "only 0.01 GiB available" in step["error"]
+    assert lab2.run(Cmd.of("test", "-e", TARGET), check=False).exit_code == 1
