@@ -86,10 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddtree-serve: error: {exc}", file=sys.stderr)
         return 2
     info = read_model_info(args.model_path, args.draft_model_path, args.context_length)
-    log.info(
-        "server_args: %s",
-        " ".join(f"{k}={v}" for k, v in args.public_dict().items() if v not in (None, False)),
-    )
+    # SGLang's shape, server_args=ServerArgs(k='v', ...): quoted values keep "DDTREE " out of this line
+    shown = ", ".join(f"{k}={v!r}" for k, v in args.public_dict().items() if v not in (None, False))
+    log.info("server_args=ServerArgs(%s)", shown)
     log.info("mode=%s device=%s dtype=%s context_len=%d", mode.value, device, dtype, info.context_len)
 
     server: _Server | None = None
