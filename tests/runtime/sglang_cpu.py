@@ -1,0 +1,103 @@
+"""Import SGLang 0.5.23 on a CPU-only test host (docs/sglang.md, "Importing SGLang without a GPU").
+
+The test environment has torch 2.13 (CPU) and sglang installed with --no-deps plus the few modules its import
+chain needs (.ci/sglang-test-requirements.txt). One module cannot be installed honestly: the only torchvision
+wheels on PyPI are CUDA builds that do not load against a CPU torch, and a torchvision that fails at import also
+breaks `transformers` for every other test in the environment. SGLang imports torchvision at module level only
+for multimodal image preprocessing (e.g. `sglang/srt/multimodal/internvl_utils.py`), which the plugin never
+runs. So, in the processes that import SGLang here (always subprocesses started by the tests, never the pytest
+process itself), a missing or broken torchvision is replaced by an inert stub before SGLang is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+# Prepend to a `python -c` script: makes `import sglang` work here, quietly.
+PRELUDE = f"""
+import sys, warnings
+warnings.simplefilter("ignore")
+sys.path.insert(0, {str(HERE)!r})
+import sglang_cpu
+sglang_cpu.import_sglang()
+"""
+
+
+class _InertMeta(type):
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return cls
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls
+
+
+class _Inert(metaclass=_InertMeta):
+    """Any attribute, call or subclass of the stub is this same inert class."""
+
+
+class _InertModule(ModuleType):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Inert
+
+
+class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname == "torchvision" or fullname.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = _InertModule(spec.name)
+        module.__path__ = []
+        module.__version__ = "0.0.0+inert"  # transformers parses it once it finds the package
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        return None
+
+
+def _torchvision_or_stub() -> str:
+    """'real' if torchvision imports, else installs the stub and returns 'stub'."""
+    try:
+        importlib.import_module("torchvision")
+        return "real"
+    except (ImportError, RuntimeError):
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.meta_path.insert(0, _TorchvisionStub())
+        return "stub"
+
+
+def import_sglang() -> ModuleType:
+    """Import sglang and the modules the plugin uses; raises ImportError if sglang is not installed."""
+    if importlib.util.find_spec("sglang") is None:
+        raise ImportError("sglang is not installed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _torchvision_or_stub()
+        sglang = importlib.import_module("sglang")
+        importlib.import_module("sglang.srt.plugins")
+        importlib.import_module("sglang.srt.speculative.spec_info")
+    return sglang
+
+
+def sglang_skip_reason() -> str | None:
+    """None if sglang is installed, else why the SGLang contract tests are skipped. Checked without importing
+    it here: SGLang is only ever imported in subprocesses."""
+    if importlib.util.find_spec("sglang") is None:
+        return "sglang is not installed (CI installs .ci/sglang-test-requirements.txt)"
+    return None
