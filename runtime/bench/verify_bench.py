@@ -1,7 +1,7 @@
 """Benchmark (not a test), for a GPU: one tree-verify forward of a Qwen3.6-27B-shaped hybrid target.
 
     python runtime/bench/verify_bench.py --layers 64 --nodes 1,16,32,64,128,256,512 --repeat 10
-    python runtime/bench/verify_bench.py --layers 8 --device cpu --dtype float32 --nodes 1,16 --repeat 2  # smoke
+    python runtime/bench/verify_bench.py --shape small --layers 4 --device cpu --dtype float32 --repeat 2  # smoke
 
 Random bf16 weights with Qwen3.6-27B's layer shapes (hidden 5120, MLP 17408, 24 query / 4 KV heads of 256,
 Gated DeltaNet 16 key / 48 value heads of 128, conv kernel 4, 3 GDN layers per full-attention layer, vocab
@@ -43,20 +43,33 @@ SHAPE_27B = dict(
     linear_conv_kernel_dim=4,
     vocab_size=248320,
 )
+# A small shape with the same structure, to check the script itself on a CPU (--shape small).
+SHAPE_SMALL = dict(
+    SHAPE_27B,
+    hidden_size=256,
+    intermediate_size=512,
+    num_attention_heads=4,
+    head_dim=64,
+    linear_num_value_heads=8,
+    linear_num_key_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+    vocab_size=4096,
+)
 BLOCK = 16
 TOPK = 8
 
 
-def build_model(layers: int, device: str, dtype: torch.dtype) -> torch.nn.Module:
+def build_model(layers: int, device: str, dtype: torch.dtype, shape: dict[str, int]) -> torch.nn.Module:
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
 
     layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
-    config = Qwen3_5TextConfig(num_hidden_layers=layers, layer_types=layer_types, **SHAPE_27B)
+    config = Qwen3_5TextConfig(num_hidden_layers=layers, layer_types=layer_types, **shape)
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         model = Qwen3_5ForCausalLM(config)
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype).to_empty(device=device)  # cast on meta first: never materialize fp32 27B weights
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -107,17 +120,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--shape", choices=("27b", "small"), default="27b")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     nodes = [int(n) for n in args.nodes.split(",")]
 
     start = time.perf_counter()
-    model = build_model(args.layers, args.device, dtype)
+    shape = SHAPE_27B if args.shape == "27b" else SHAPE_SMALL
+    model = build_model(args.layers, args.device, dtype, shape)
     params = sum(p.numel() for p in model.parameters())
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(f"# model: {args.layers} layers, {params / 1e9:.2f}B params, {weight_bytes / 1e9:.1f} GB, built in "
-          f"{time.perf_counter() - start:.1f}s on {args.device}", flush=True)
-    vocab = SHAPE_27B["vocab_size"]
+    print(
+        f"# model: {args.layers} layers, {params / 1e9:.2f}B params, {weight_bytes / 1e9:.1f} GB, built in "
+        f"{time.perf_counter() - start:.1f}s on {args.device}",
+        flush=True,
+    )
+    vocab = shape["vocab_size"]
     gen = torch.Generator(device=args.device).manual_seed(1)
     prompt = torch.randint(0, vocab, (args.prefix,), generator=gen, device=args.device).tolist()
 
@@ -168,14 +186,25 @@ def main(argv: list[str] | None = None) -> int:
     print("| nodes | depth | width | exact ms | unsafe ms | chain ms | exact/unsafe | tree ops ms | ops/exact |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
-        print(f"| {r['nodes']} | {r['depth']} | {r['width']} | {r['exact_ms']:.1f} | {r['unsafe_ms']:.1f} | "
-              f"{r['chain_ms']:.1f} | {r['exact_over_unsafe']:.2f} | {r['tree_ops_ms']:.2f} | "
-              f"{100 * r['tree_ops_share_of_exact']:.1f}% |")
+        print(
+            f"| {r['nodes']} | {r['depth']} | {r['width']} | {r['exact_ms']:.1f} | {r['unsafe_ms']:.1f} | "
+            f"{r['chain_ms']:.1f} | {r['exact_over_unsafe']:.2f} | {r['tree_ops_ms']:.2f} | "
+            f"{100 * r['tree_ops_share_of_exact']:.1f}% |"
+        )
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"layers": args.layers, "params": params, "weight_bytes": weight_bytes,
-                       "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                       "floor_ms": floor_ms, "rows": results}, fh, indent=2)
+            json.dump(
+                {
+                    "layers": args.layers,
+                    "params": params,
+                    "weight_bytes": weight_bytes,
+                    "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                    "floor_ms": floor_ms,
+                    "rows": results,
+                },
+                fh,
+                indent=2,
+            )
     return 0
 
 
