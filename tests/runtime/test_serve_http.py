@@ -363,13 +363,27 @@ def test_sigterm_finishes_in_flight_request_and_exits_0(tiny_dense: Any, tmp_pat
         s.stop()
 
 
-def test_bad_flags_fail_at_start(tmp_path: Path) -> None:
-    cases = [
-        (["--model-path", str(tmp_path), "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-        (["--model-path", str(tmp_path / "missing")], "not a directory"),
+def test_bad_flags_fail_at_start(tiny_dense: Any, tmp_path: Path) -> None:
+    target = str(Path(tiny_dense) / "target")
+    cases = [  # (argv, exit status, message): 2 = refused before serving, 1 = the engine failed to load
+        ([*("--model-path", target), "--no-such-flag"], 2, "unrecognized arguments: --no-such-flag"),
+        (["--model-path", str(tmp_path / "missing")], 2, "not a directory"),
+        (
+            [
+                *("--model-path", target, "--speculative-algorithm", "DFLASH"),
+                "--speculative-draft-model-path",
+                str(tmp_path),
+            ],
+            1,
+            "Failed to load the engine",
+        ),
     ]
-    for argv, message in cases:
+    for argv, status, message in cases:
         done = subprocess.run(
-            [sys.executable, "-m", "ddtree.serve", *argv], capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", "ddtree.serve", "--device", "cpu", "--port", str(_free_port()), *argv],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
-        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert done.returncode == status and message in done.stderr, done.stderr[-2000:]
