@@ -111,6 +111,53 @@ def synthetic_logprobs(vocab: int, device: str, gen: torch.Generator) -> torch.T
     return torch.log_softmax(logits, dim=-1)  # [D, V]
 
 
+def measure(
+    n: int,
+    model: torch.nn.Module,
+    runners: dict[HybridMode, TargetRunner],
+    prompt: list[int],
+    vocab: int,
+    gen: torch.Generator,
+    args: argparse.Namespace,
+) -> dict[str, object]:
+    """One row: exact, unsafe, chain and tree-ops timings for a tree of about n nodes."""
+    draft = synthetic_logprobs(vocab, args.device, gen)
+    tree = build_tree(draft, root_token=prompt[-1], budget=max(n - 1, 0), topk=TOPK) if n > 1 else None
+    if tree is None:
+        from ddtree.tree import spine_tree
+
+        tree = spine_tree(draft, root_token=prompt[-1], depth=0)
+    shape = tree_shape(tree)
+    row: dict[str, object] = {"nodes": tree.num_nodes, "depth": shape.depth, "width": shape.width}
+    for mode, runner in runners.items():
+
+        def round_trip(runner: TargetRunner = runner) -> None:
+            inputs = compile_tree(tree, runner.prefix_len)
+            out = runner.verify(inputs)
+            walk = walk_tree(tree, out.logits)
+            runner.commit(walk.accepted[:1])  # keep only the root: the prefix grows by one per call
+
+        row[f"{mode.value}_ms"] = timed(round_trip, args.repeat, args.device) * 1000
+    chain_ids = torch.randint(0, vocab, (1, tree.num_nodes), generator=gen, device=args.device)
+
+    def chain_forward() -> None:
+        with torch.no_grad():
+            model(input_ids=chain_ids, use_cache=False)
+
+    row["chain_ms"] = timed(chain_forward, args.repeat, args.device) * 1000
+    logits = torch.randn(max(tree.num_nodes, 2), vocab, device=args.device, generator=gen)
+
+    def tree_ops() -> None:
+        t = build_tree(draft, root_token=prompt[-1], budget=max(n - 1, 1), topk=TOPK)
+        compile_tree(t, args.prefix)
+        walk_tree(t, logits[: t.num_nodes])
+
+    row["tree_ops_ms"] = timed(tree_ops, args.repeat, args.device) * 1000
+    row["exact_over_unsafe"] = row["exact_ms"] / row["unsafe_ms"]  # type: ignore[operator]
+    row["tree_ops_share_of_exact"] = row["tree_ops_ms"] / row["exact_ms"]  # type: ignore[operator]
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=64)
@@ -144,40 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         runner.prefill(prompt)
     results = []
     for n in nodes:
-        draft = synthetic_logprobs(vocab, args.device, gen)
-        tree = build_tree(draft, root_token=prompt[-1], budget=max(n - 1, 0), topk=TOPK) if n > 1 else None
-        if tree is None:
-            from ddtree.tree import spine_tree
-
-            tree = spine_tree(draft, root_token=prompt[-1], depth=0)
-        shape = tree_shape(tree)
-        row: dict[str, object] = {"nodes": tree.num_nodes, "depth": shape.depth, "width": shape.width}
-        for mode, runner in runners.items():
-
-            def round_trip(runner: TargetRunner = runner) -> None:
-                inputs = compile_tree(tree, runner.prefix_len)
-                out = runner.verify(inputs)
-                walk = walk_tree(tree, out.logits)
-                runner.commit(walk.accepted[:1])  # keep only the root: the prefix grows by one per call
-
-            row[f"{mode.value}_ms"] = timed(round_trip, args.repeat, args.device) * 1000
-        chain_ids = torch.randint(0, vocab, (1, tree.num_nodes), generator=gen, device=args.device)
-
-        def chain_forward() -> None:
-            with torch.no_grad():
-                model(input_ids=chain_ids, use_cache=False)
-
-        row["chain_ms"] = timed(chain_forward, args.repeat, args.device) * 1000
-        logits = torch.randn(max(tree.num_nodes, 2), vocab, device=args.device, generator=gen)
-
-        def tree_ops() -> None:
-            t = build_tree(draft, root_token=prompt[-1], budget=max(n - 1, 1), topk=TOPK)
-            compile_tree(t, args.prefix)
-            walk_tree(t, logits[: t.num_nodes])
-
-        row["tree_ops_ms"] = timed(tree_ops, args.repeat, args.device) * 1000
-        row["exact_over_unsafe"] = row["exact_ms"] / row["unsafe_ms"]  # type: ignore[operator]
-        row["tree_ops_share_of_exact"] = row["tree_ops_ms"] / row["exact_ms"]  # type: ignore[operator]
+        row = measure(n, model, runners, prompt, vocab, gen, args)
         results.append(row)
         print(json.dumps(row), flush=True)
 
