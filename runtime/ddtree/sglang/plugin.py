@@ -1,0 +1,141 @@
+"""The SGLang plugin: `register()` is the `sglang.srt.plugins` entry point (runtime/pyproject.toml).
+
+SGLang 0.5.23 calls every general plugin in every process (launcher, scheduler, detokenizer) through
+`sglang.srt.plugins.load_plugins()`, before argument parsing; an exception there is logged and swallowed, so
+`register()` only registers, and every check that must stop the server runs where SGLang turns a ValueError
+into a start-up failure: `validate_server_args` (called by `handle_speculative_decoding` through
+`record_foreign_defaults`) and the worker's constructor.
+
+What `register()` adds, all through SGLang's public extension points:
+- `SpeculativeAlgorithm.register("DDTREE", supports_overlap=False, validate_server_args=...,
+  spec_class=DDTreeSpecAlgo)`: the algorithm, its gates, its worker factory;
+- `register_resolution_hook("handle_speculative_decoding")`: after SGLang's own step, a DDTREE server gets
+  DFLASH's argument resolution (`_handle_dflash`: block size, num_steps/topk = 1, draft attention backend),
+  because DDTREE drafts exactly like DFLASH.
+
+sglang is imported inside functions only: `import ddtree.sglang.plugin` works without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ddtree.config import DDTreeConfig
+from ddtree.sglang.gates import ServerFacts, check_server
+
+ALGORITHM = "DDTREE"
+ENTRY_POINT_GROUP = "sglang.srt.plugins"
+ENTRY_POINT_NAME = "ddtree"
+
+logger = logging.getLogger("ddtree")
+
+
+def server_facts(server_args: Any) -> ServerFacts:
+    """Read the gate inputs from a ServerArgs, or from the read-through stand-in SGLang hands validators."""
+    return ServerFacts(
+        page_size=server_args.page_size,
+        disable_overlap_schedule=bool(server_args.disable_overlap_schedule),
+        attention_backend=server_args.attention_backend,
+        prefill_attention_backend=server_args.prefill_attention_backend,
+        decode_attention_backend=server_args.decode_attention_backend,
+        use_rejection_sampling=bool(server_args.speculative_use_rejection_sampling),
+        accept_threshold_single=float(server_args.speculative_accept_threshold_single),
+        accept_threshold_acc=float(server_args.speculative_accept_threshold_acc),
+        draft_model_path=server_args.speculative_draft_model_path,
+    )
+
+
+def validate_server_args(server_args: Any, environ: Mapping[str, str] | None = None) -> None:
+    """SGLang's `validate_server_args` hook for DDTREE: the DDTREE_* environment, then the gates."""
+    env = os.environ if environ is None else environ
+    config = DDTreeConfig.from_env(env)  # ValueError with a one-line message on a bad value
+    check_server(server_facts(server_args), config, env)
+
+
+def _resolve_like_dflash(server_args: Any, previous: Callable[[Any], None]) -> None:
+    """Resolution hook around `handle_speculative_decoding`: a DDTREE server also gets DFLASH's resolution."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+
+    previous(server_args)
+    if str(resolving_view(server_args).speculative_algorithm).upper() == ALGORITHM:
+        _handle_dflash(server_args)
+
+
+def spec_class() -> type:
+    """`CustomSpecAlgo` subclass that answers SGLang's dispatch questions the way DFLASH does, so the
+    scheduler and model runner set DDTREE up as DFLASH (aux hidden-state capture, draft KV pool, verify
+    forward mode); only the worker differs. Built lazily: the base class lives in sglang."""
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    class DDTreeSpecAlgo(CustomSpecAlgo):  # type: ignore[misc,valid-type]
+        def is_dflash(self) -> bool:
+            return True
+
+        def is_dflash_family(self) -> bool:
+            return True
+
+        def supports_target_verify_for_draft(self) -> bool:
+            return True
+
+        def supports_prefill_shared_read_done(self) -> bool:
+            return True
+
+        def has_draft_kv(self) -> bool:
+            return True
+
+        def need_topk(self) -> bool:
+            return False
+
+        def carries_draft_hidden_states(self) -> bool:
+            return False
+
+        def get_platform_worker_cls(self) -> type | None:
+            return None
+
+        def create_future_map(
+            self,
+            device: Any,
+            req_to_token_pool: Any,
+            needs_cpu_seq_lens: bool = True,
+            needs_confidence_relay: bool = False,
+        ) -> Any:
+            from sglang.srt.managers.overlap_utils import FutureMap
+
+            return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+
+    return DDTreeSpecAlgo
+
+
+def worker_factory(server_args: Any) -> type:
+    """The worker class SGLang instantiates as `Cls(server_args, gpu_id, nccl_port, target_worker)`."""
+    validate_server_args(server_args)  # again, in the scheduler process, on the published arguments
+    from ddtree.sglang.worker import shadow_worker_class
+
+    return shadow_worker_class()
+
+
+def is_registered() -> bool:
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    return get_spec(ALGORITHM) is not None
+
+
+def register() -> None:
+    """Entry point. Idempotent: SGLang guards `load_plugins`, but tests and re-imports may call it again."""
+    if is_registered():
+        return
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    SpeculativeAlgorithm.register(
+        ALGORITHM,
+        supports_overlap=False,
+        validate_server_args=validate_server_args,
+        spec_class=spec_class(),
+    )(worker_factory)
+    register_resolution_hook("handle_speculative_decoding")(_resolve_like_dflash)
+    logger.info("DDTREE registered with SGLang (speculative algorithm %s)", ALGORITHM)
