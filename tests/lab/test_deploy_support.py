@@ -85,6 +85,7 @@ class Background:
     proc: subprocess.Popen[str]
     lines: list[str] = field(default_factory=list)
     stdout: str = ""
+    _pump: threading.Thread = field(default_factory=threading.Thread)
 
     def wait_for(self, needle: str, timeout: float) -> str:
         deadline = time.monotonic() + timeout
@@ -100,8 +101,14 @@ class Background:
         raise AssertionError(f"no {needle!r} within {timeout}s:\n" + self.text)
 
     def finish(self, timeout: float = 600) -> int:
+        """Wait for exit; collect stdout; close the pipes (ResourceWarnings are errors here)."""
+        assert self.proc.stdout is not None
+        self.stdout = self.proc.stdout.read()
         code = self.proc.wait(timeout=timeout)
-        time.sleep(0.2)
+        self._pump.join(timeout=10)
+        self.proc.stdout.close()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
         return code
 
     @property
@@ -118,7 +125,8 @@ def background(*args: str) -> Background:
         for line in proc.stderr:
             bg.lines.append(line.rstrip("\n"))
 
-    threading.Thread(target=pump, daemon=True).start()
+    bg._pump = threading.Thread(target=pump, daemon=True)
+    bg._pump.start()
     return bg
 
 
