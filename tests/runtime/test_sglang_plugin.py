@@ -1,0 +1,507 @@
+"""The DDTREE SGLang plugin: pure gates and shadow statistics, then contract tests against SGLang 0.5.23's
+real code (entry-point discovery, its plugin loader, its algorithm registry, the signatures we rely on, the
+gates on real ServerArgs). SGLang is imported only in a subprocess (tests/runtime/sglang_cpu.py says why);
+the contract tests skip, with the reason, only when sglang is not installed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ddtree.config import DDTreeConfig, HybridMode, VerifyMode
+from ddtree.sglang.gates import GateError, ServerFacts, check_server, hybrid_mode
+from ddtree.sglang.worker import DraftObservation, observe_draft, round_stats
+from ddtree.tree import build_tree, tree_shape
+
+pytestmark = pytest.mark.runtime
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from sglang_cpu import PRELUDE, sglang_skip_reason  # noqa: E402
+
+sys.path.remove(str(HERE))
+
+SHADOW_ENV = {"DDTREE_VERIFY": "shadow", "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER": "1"}
+GOOD = ServerFacts(
+    page_size=1,
+    disable_overlap_schedule=True,
+    attention_backend="triton",
+    prefill_attention_backend=None,
+    decode_attention_backend=None,
+    use_rejection_sampling=False,
+    accept_threshold_single=1.0,
+    accept_threshold_acc=1.0,
+    draft_model_path="/dev/shm/draft",
+)
+SHADOW = DDTreeConfig(verify=VerifyMode.SHADOW)
+TREE = DDTreeConfig(verify=VerifyMode.TREE)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure: gates
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_good_shadow_server_passes() -> None:
+    check_server(GOOD, SHADOW, SHADOW_ENV)
+    check_server(replace(GOOD, attention_backend="flashinfer"), SHADOW, SHADOW_ENV)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"page_size": 16}, "--page-size must be 1 (got 16)"),
+        ({"page_size": None}, "--page-size must be 1 (got None)"),
+        ({"disable_overlap_schedule": False}, "pass --disable-overlap-schedule"),
+        ({"attention_backend": None}, "pass --attention-backend triton"),
+        ({"attention_backend": "fa3"}, "--attention-backend fa3 cannot take the tree mask"),
+        ({"decode_attention_backend": "trtllm_mha"}, "--decode-attention-backend trtllm_mha cannot take"),
+        ({"use_rejection_sampling": True}, "--speculative-use-rejection-sampling is not supported"),
+        ({"accept_threshold_single": 0.9}, "must stay 1.0"),
+        ({"draft_model_path": None}, "pass --speculative-draft-model-path"),
+    ],
+)
+def test_each_gate_refuses_with_one_clear_line(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(GateError) as err:
+        check_server(replace(GOOD, **change), SHADOW, SHADOW_ENV)
+    text = str(err.value)
+    assert text.startswith("DDTREE: ") and message in text and "\n" not in text
+
+
+def test_tree_mode_is_refused_on_sglang_and_shadow_needs_the_eager_head() -> None:
+    with pytest.raises(GateError, match="DDTREE_VERIFY=tree is not available in the SGLang plugin"):
+        check_server(GOOD, TREE, SHADOW_ENV)
+    with pytest.raises(GateError, match="set SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1"):
+        check_server(GOOD, SHADOW, {"DDTREE_VERIFY": "shadow"})
+
+
+def test_hybrid_mode() -> None:
+    unsafe_ok = DDTreeConfig(verify=VerifyMode.TREE, allow_hybrid_unsafe=True)
+    assert hybrid_mode(TREE, is_hybrid=False, exact_tree_path=False) is HybridMode.NONE
+    assert hybrid_mode(SHADOW, is_hybrid=True, exact_tree_path=False) is HybridMode.EXACT
+    assert hybrid_mode(TREE, is_hybrid=True, exact_tree_path=True) is HybridMode.EXACT
+    assert hybrid_mode(unsafe_ok, is_hybrid=True, exact_tree_path=False) is HybridMode.UNSAFE
+    with pytest.raises(GateError, match="DDTREE_ALLOW_HYBRID_UNSAFE=1"):
+        hybrid_mode(TREE, is_hybrid=True, exact_tree_path=False)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure: shadow statistics (the side path of the shadow worker), on CPU tensors
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_observe_draft_builds_the_same_trees_as_ddtree() -> None:
+    g = torch.Generator().manual_seed(0)
+    bs, block, hidden, vocab = 3, 6, 16, 40
+    config = DDTreeConfig(verify=VerifyMode.SHADOW, budget=9, topk=3)
+    hs = torch.randn(bs * (block - 1), hidden, generator=g)  # [bs * rows, H]
+    weight = torch.randn(vocab, hidden, generator=g)  # [V, H]
+    argmax = (hs @ weight.T).argmax(-1)  # what DFLASH's head returns
+    obs = observe_draft(hs, weight, argmax, block, config)
+    lp = (hs @ weight.T).log_softmax(-1).view(bs, block - 1, vocab)
+    shapes = [tree_shape(build_tree(lp[b], 0, config.budget, config.topk)) for b in range(bs)]
+    assert obs.nodes == [s.nodes for s in shapes] == [9, 9, 9]
+    assert obs.depth == [s.depth for s in shapes]
+    assert obs.width == [s.width for s in shapes]
+    assert obs.spine_matches
+    wrong = argmax.clone()
+    wrong[4] = (wrong[4] + 1) % vocab
+    assert not observe_draft(hs, weight, wrong, block, config).spine_matches
+
+
+def test_round_stats_feed_the_metrics_contract() -> None:
+    obs = DraftObservation(nodes=[9, 7], depth=[5, 4], width=[3, 2], spine_matches=True, build_ms=2.0)
+    stats = round_stats(obs, accept_lens=[4, 1], round_ms=10.0)
+    assert [s.accepted_len for s in stats] == [4, 1]
+    assert [(s.nodes, s.depth, s.width) for s in stats] == [(9, 5, 3), (7, 4, 2)]
+    assert not any(s.off_spine for s in stats)
+    assert math.isclose(sum(s.build_ms for s in stats), 2.0)
+    assert math.isclose(sum(s.verify_ms for s in stats), 8.0)
+
+
+def test_importing_the_plugin_package_never_imports_sglang() -> None:
+    code = (
+        "import sys, ddtree.sglang, ddtree.sglang.plugin, ddtree.sglang.gates, ddtree.sglang.layout, "
+        "ddtree.sglang.worker; print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Contract: SGLang 0.5.23's real code, in one probe subprocess
+# ---------------------------------------------------------------------------------------------------
+
+# Every SGLang symbol the plugin (or the layout's claims about SGLang) relies on, with its parameters in
+# order. A version bump that renames or reorders one fails here, not on a production host.
+SIGNATURES: dict[str, list[str]] = {
+    "sglang.srt.plugins:load_plugins": [],
+    "sglang.srt.plugins:load_plugins_by_group": ["group", "excluded_dists"],
+    "sglang.srt.speculative.spec_info:SpeculativeAlgorithm.register": [
+        "cls",
+        "name",
+        "supports_overlap",
+        "validate_server_args",
+        "spec_class",
+    ],
+    "sglang.srt.speculative.spec_info:SpeculativeAlgorithm.from_string": ["cls", "name"],
+    "sglang.srt.speculative.spec_registry:get_spec": ["name"],
+    "sglang.srt.speculative.spec_registry:CustomSpecAlgo.__init__": [
+        "self",
+        "name",
+        "factory",
+        "supports_overlap",
+        "validate_server_args",
+    ],
+    "sglang.srt.speculative.spec_registry:CustomSpecAlgo.create_worker": ["self", "server_args"],
+    "sglang.srt.arg_groups.resolution_hooks:register_resolution_hook": ["name"],
+    "sglang.srt.arg_groups.resolution_hooks:run_hook": ["builtin", "server_args"],
+    "sglang.srt.arg_groups.speculative_hook:handle_speculative_decoding": ["server_args"],
+    "sglang.srt.arg_groups.speculative_hook:_handle_dflash": ["server_args"],
+    "sglang.srt.arg_groups.overrides:resolving_view": ["server_args"],
+    "sglang.srt.arg_groups.overrides:record_foreign_defaults": ["server_args", "source", "resolve"],
+    "sglang.srt.managers.overlap_utils:FutureMap.__init__": [
+        "self",
+        "device",
+        "spec_algo",
+        "req_to_token_pool",
+        "needs_cpu_seq_lens",
+        "needs_confidence_relay",
+    ],
+    "sglang.srt.configs.hybrid_arch:mambaish_config": ["model_config"],
+    "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2.__init__": [
+        "self",
+        "server_args",
+        "gpu_id",
+        "nccl_port",
+        "target_worker",
+    ],
+    "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2.forward_batch_generation": [
+        "self",
+        "batch",
+        "on_publish",
+        "grammar_barrier",
+        "pp_proxy_tensors",
+    ],
+    "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._greedy_sample_from_vocab_parallel_head": [
+        "self",
+        "hidden_states",
+        "lm_head",
+        "chunk_size",
+    ],
+    # The tree layout (ddtree.sglang.layout) is written for these:
+    "sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient": [
+        "bonus_tokens",
+        "parent_list",
+        "top_scores_index",
+        "draft_tokens",
+        "seq_lens",
+        "seq_lens_sum",
+        "topk",
+        "spec_steps",
+        "num_verify_tokens",
+        "tree_mask_mode",
+        "tree_mask_buf",
+        "fill_prefix_mask",
+    ],
+    "sglang.kernels.ops.speculative.spec_tree:verify_tree_greedy_func": [
+        "predicts",
+        "accept_index",
+        "accept_token_num",
+        "candidates",
+        "retrieve_index",
+        "retrieve_next_token",
+        "retrieve_next_sibling",
+        "target_predict",
+        "topk",
+    ],
+    "sglang.srt.speculative.spec_utils:commit_mamba_states_after_verify": [
+        "target_worker",
+        "batch",
+        "accept_lens",
+        "accept_index",
+        "draft_token_num",
+        "prepared_step_indices",
+    ],
+}
+
+# Fields read by name (ServerArgs through the gates; the verify input the tree layout fills).
+FIELDS: dict[str, list[str]] = {
+    "sglang.srt.server_args:ServerArgs": [
+        "page_size",
+        "disable_overlap_schedule",
+        "attention_backend",
+        "prefill_attention_backend",
+        "decode_attention_backend",
+        "speculative_algorithm",
+        "speculative_draft_model_path",
+        "speculative_num_draft_tokens",
+        "speculative_dflash_block_size",
+        "speculative_use_rejection_sampling",
+        "speculative_accept_threshold_single",
+        "speculative_accept_threshold_acc",
+    ],
+    "sglang.srt.speculative.eagle_info:EagleVerifyInput": [
+        "draft_token",
+        "custom_mask",
+        "positions",
+        "retrieve_index",
+        "retrieve_next_token",
+        "retrieve_next_sibling",
+        "draft_token_num",
+    ],
+    "sglang.srt.managers.utils:GenerationBatchResult": ["accept_lens", "next_token_ids"],
+}
+
+_PROBE = r"""
+import importlib, inspect, json, os, sys, traceback
+from importlib.metadata import entry_points
+req = json.load(open(sys.argv[1]))
+out = {}
+
+eps = [(e.name, e.value, e.dist.name if e.dist else None) for e in entry_points(group="sglang.srt.plugins")]
+out["entry_points"] = eps
+from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins, load_plugins_by_group
+out["group"] = GENERAL_PLUGINS_GROUP
+found = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+out["loaded"] = {k: [f"{f.__module__}:{f.__qualname__}", d] for k, (f, d) in found.items()}
+load_plugins()  # runs register() exactly as SGLang does (exceptions are logged, so check the registry)
+load_plugins()  # idempotent
+
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
+from sglang.srt.arg_groups import resolution_hooks
+algo = SpeculativeAlgorithm.from_string("ddtree")
+out["algo"] = {
+    "repr": repr(algo), "is_custom": isinstance(algo, CustomSpecAlgo), "same": algo is get_spec("DDTREE"),
+    "supports_overlap": algo.supports_overlap,
+    "answers": {m: getattr(algo, m)() for m in ("is_dflash", "is_dflash_family", "is_eagle", "is_speculative",
+                "supports_target_verify_for_draft", "need_topk", "has_draft_kv")},
+    "missing_enum_methods": sorted(
+        n for n, v in vars(SpeculativeAlgorithm).items()
+        if callable(v) and not n.startswith("_") and n not in ("register", "from_string") and not hasattr(algo, n)
+    ),
+}
+out["resolution_hooks"] = {k: [f"{f.__module__}:{f.__qualname__}" for f in v]
+                           for k, v in resolution_hooks._HOOKS.items()}
+
+def params(path):
+    mod, attr = path.split(":")
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = inspect.getattr_static(obj, part) if inspect.isclass(obj) else getattr(obj, part)
+    if isinstance(obj, (classmethod, staticmethod)):
+        obj = obj.__func__
+    return list(inspect.signature(obj).parameters)
+
+sigs = {}
+for path in req["signatures"]:
+    try:
+        sigs[path] = params(path)
+    except Exception as e:
+        sigs[path] = f"{type(e).__name__}: {e}"
+out["signatures"] = sigs
+fields = {}
+for path, names in req["fields"].items():
+    mod, attr = path.split(":")
+    cls = getattr(importlib.import_module(mod), attr)
+    have = set(getattr(cls, "__struct_fields__", ()) or getattr(cls, "__dataclass_fields__", {}))
+    fields[path] = sorted(n for n in names if n not in have)
+out["missing_fields"] = fields
+from sglang.srt.environ import envs
+out["eager_sampler_env"] = hasattr(envs, "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER")
+
+from sglang.srt.server_args import ServerArgs, prepare_server_args
+from sglang.srt.arg_groups.overrides import record_foreign_defaults, resolving_view
+from sglang.srt.arg_groups.resolution_hooks import run_hook
+from sglang.srt.arg_groups.speculative_hook import handle_speculative_decoding
+
+def gate(case):
+    os.environ.clear(); os.environ.update(req["base_env"]); os.environ.update(case.get("env", {}))
+    sa = ServerArgs(**{**req["good_args"], **case.get("args", {})})
+    try:
+        # exactly how handle_speculative_decoding calls a registered validator
+        record_foreign_defaults(sa, "handle_speculative_decoding.custom_validate", algo.validate_server_args)
+        return "ok"
+    except ValueError as e:
+        return f"ValueError: {e}"
+
+out["gates"] = {name: gate(case) for name, case in req["gate_cases"].items()}
+
+os.environ.clear(); os.environ.update(req["base_env"])
+sa = ServerArgs(**req["good_args"])
+run_hook(handle_speculative_decoding, sa)  # SGLang's own pipeline step, with our resolution hook around it
+v = resolving_view(sa)
+out["resolved"] = {f: getattr(v, f) for f in ("speculative_algorithm", "speculative_num_steps",
+                   "speculative_eagle_topk", "speculative_num_draft_tokens", "max_running_requests")}
+bad = ServerArgs(**{**req["good_args"], "page_size": 4})
+try:
+    run_hook(handle_speculative_decoding, bad)
+    out["pipeline_bad_page_size"] = "ok"
+except ValueError as e:
+    out["pipeline_bad_page_size"] = f"ValueError: {e}"
+
+cli = prepare_server_args(req["argv"])
+out["cli"] = {"speculative_algorithm": cli.speculative_algorithm, "page_size": cli.page_size,
+              "disable_overlap_schedule": cli.disable_overlap_schedule, "attention_backend": cli.attention_backend}
+try:
+    record_foreign_defaults(cli, "cli", algo.validate_server_args); out["cli_gate"] = "ok"
+except ValueError as e:
+    out["cli_gate"] = f"ValueError: {e}"
+
+worker = algo.create_worker(sa)  # SGLang's create_worker -> our factory -> the worker class
+out["worker_mro"] = [f"{c.__module__}:{c.__qualname__}" for c in worker.__mro__[:3]]
+try:
+    algo.create_worker(ServerArgs(**{**req["good_args"], "disable_overlap_schedule": False}))
+    out["overlap_create_worker"] = "ok"
+except ValueError as e:
+    out["overlap_create_worker"] = f"ValueError: {e}"
+json.dump(out, sys.stdout)
+"""
+
+DRAFT_CONFIG = {
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 256,
+}
+
+GATE_CASES: dict[str, dict[str, Any]] = {
+    "good": {},
+    "page_size": {"args": {"page_size": 16}},
+    "overlap": {"args": {"disable_overlap_schedule": False}},
+    "no_backend": {"args": {"attention_backend": None}},
+    "fa3": {"args": {"attention_backend": "fa3"}},
+    "rejection": {"args": {"speculative_use_rejection_sampling": True}},
+    "tree": {"env": {"DDTREE_VERIFY": "tree"}},
+    "bad_budget": {"env": {"DDTREE_BUDGET": "0"}},
+    "no_eager_head": {"env": {"SGLANG_DFLASH_EAGER_DRAFT_SAMPLER": "0"}},
+}
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    reason = sglang_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    tmp = tmp_path_factory.mktemp("sglang_probe")
+    draft = tmp / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps(DRAFT_CONFIG))
+    good_args = {
+        "model_path": str(draft),
+        "speculative_algorithm": "DDTREE",
+        "speculative_draft_model_path": str(draft),
+        "speculative_num_draft_tokens": 8,
+        "page_size": 1,
+        "disable_overlap_schedule": True,
+        "attention_backend": "triton",
+        "device": "cuda",  # never touched: only read by DFLASH's resolution
+    }
+    argv = ["--model-path", str(draft), "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path"]
+    argv += [str(draft), "--disable-overlap-schedule", "--page-size", "1", "--attention-backend", "triton"]
+    request = {
+        "signatures": list(SIGNATURES),
+        "fields": FIELDS,
+        "base_env": {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_")} | SHADOW_ENV,
+        "good_args": good_args,
+        "gate_cases": GATE_CASES,
+        "argv": argv,
+    }
+    (tmp / "request.json").write_text(json.dumps(request))
+    done = subprocess.run(
+        [sys.executable, "-c", PRELUDE + _PROBE, str(tmp / "request.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_plugin_is_discovered_through_entry_points_and_sglangs_loader(probe: dict[str, Any]) -> None:
+    assert probe["group"] == "sglang.srt.plugins"
+    assert ["ddtree", "ddtree.sglang.plugin:register", "ddtree-runtime"] in probe["entry_points"]
+    assert probe["loaded"]["ddtree"] == ["ddtree.sglang.plugin:register", "ddtree-runtime"]
+
+
+def test_ddtree_is_in_sglangs_registry_and_dispatches_like_dflash(probe: dict[str, Any]) -> None:
+    algo = probe["algo"]
+    assert algo["repr"] == "CustomSpecAlgo('DDTREE')" and algo["is_custom"] and algo["same"]
+    assert algo["supports_overlap"] is False
+    assert algo["answers"] == {
+        "is_dflash": True,
+        "is_dflash_family": True,
+        "is_eagle": False,
+        "is_speculative": True,
+        "supports_target_verify_for_draft": True,
+        "need_topk": False,
+        "has_draft_kv": True,
+    }
+    assert algo["missing_enum_methods"] == [], "every SpeculativeAlgorithm method must exist on DDTREE"
+    assert probe["resolution_hooks"] == {"handle_speculative_decoding": ["ddtree.sglang.plugin:_resolve_like_dflash"]}
+
+
+def test_every_sglang_symbol_we_use_has_the_expected_signature(probe: dict[str, Any]) -> None:
+    mismatched = {k: v for k, v in probe["signatures"].items() if v != SIGNATURES[k]}
+    assert mismatched == {}
+    assert probe["missing_fields"] == {path: [] for path in FIELDS}
+    assert probe["eager_sampler_env"]
+
+
+def test_gates_fire_on_real_server_args(probe: dict[str, Any]) -> None:
+    gates = probe["gates"]
+    assert gates["good"] == "ok"
+    expected = {
+        "page_size": "DDTREE: --page-size must be 1 (got 16)",
+        "overlap": "DDTREE: pass --disable-overlap-schedule",
+        "no_backend": "DDTREE: pass --attention-backend triton",
+        "fa3": "DDTREE: --attention-backend fa3 cannot take the tree mask",
+        "rejection": "DDTREE: --speculative-use-rejection-sampling is not supported",
+        "tree": "DDTREE: DDTREE_VERIFY=tree is not available in the SGLang plugin",
+        "bad_budget": "DDTREE_BUDGET='0': expected an integer >= 1",
+        "no_eager_head": "DDTREE: set SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1",
+    }
+    for case, text in expected.items():
+        assert gates[case].startswith("ValueError: ") and text in gates[case], (case, gates[case])
+
+
+def test_sglang_pipeline_resolves_ddtree_like_dflash_and_parses_the_flags(probe: dict[str, Any]) -> None:
+    assert probe["resolved"] == {
+        "speculative_algorithm": "DDTREE",
+        "speculative_num_steps": 1,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 8,
+        "max_running_requests": 48,
+    }
+    assert "DDTREE: --page-size must be 1 (got 4)" in probe["pipeline_bad_page_size"]
+    assert probe["cli"] == {
+        "speculative_algorithm": "DDTREE",
+        "page_size": 1,
+        "disable_overlap_schedule": True,
+        "attention_backend": "triton",
+    }
+    assert probe["cli_gate"] == "ok"
+
+
+def test_sglang_creates_the_shadow_worker_on_dflash(probe: dict[str, Any]) -> None:
+    assert probe["worker_mro"] == [
+        "ddtree.sglang.worker:shadow_worker_class.<locals>.DDTreeShadowWorker",
+        "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2",
+        "sglang.srt.speculative.base_spec_worker:BaseSpecWorker",
+    ]
+    assert "does not support overlap scheduling" in probe["overlap_create_worker"]
