@@ -99,6 +99,7 @@ class Settings:
     plan_only: bool = False
     options: Options = field(default_factory=Options)
     wheelhouse: Path | None = None  # --wheelhouse DIR: used as given for every host
+    runtime_wheel: Path | None = None  # --runtime-wheel FILE: push this wheel instead of building runtime/
     forks: int = 16
     playbook: Path = PLAYBOOK
 
@@ -148,7 +149,7 @@ def prepare(hosts: Sequence[HostSpec], steps: Sequence[str], settings: Settings)
     if "runtime_wheel" in steps:
         from opsctl.deploy.wheel import runtime_wheel
 
-        runtime = runtime_wheel().path
+        runtime = runtime_wheel(settings.runtime_wheel).path
     manifests: dict[str, Manifest] = {}
     if "model_sync" in steps:
         for host in hosts:

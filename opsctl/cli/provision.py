@@ -45,6 +45,10 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--wheelhouse", help="Local wheel directory to push and install from (--no-index)."),
         ] = None,
+        runtime_wheel: Annotated[
+            Path | None,
+            typer.Option("--runtime-wheel", help="Push this ddtree-runtime wheel instead of building runtime/."),
+        ] = None,
         reboot: Annotated[
             bool, typer.Option("--reboot", help="Reboot after a driver install, wait, check again.")
         ] = False,
@@ -65,6 +69,7 @@ def register(app: typer.Typer) -> None:
             plan_only=plan,
             options=Options(reboot=reboot, require_gpu=require_gpu),
             wheelhouse=wheelhouse,
+            runtime_wheel=runtime_wheel,
             forks=forks,
         )
         result = provision(hosts, settings)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,15 @@ def models() -> Iterator[dict[str, Path]]:
 
 
 @pytest.fixture(scope="module")
+def wheel() -> Path:
+    """One runtime wheel for the whole module: runtime/ changes under other sessions' hands would otherwise make
+    a legitimate new wheel (and a push) between two runs."""
+    from opsctl.deploy.wheel import runtime_wheel
+
+    return runtime_wheel().path
+
+
+@pytest.fixture(scope="module")
 def inventory(lab_hosts: LabReport, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     doc = yaml.safe_load(Path(lab_hosts.inventory).read_text())
     doc["defaults"]["venv"] = VENV
@@ -81,16 +91,25 @@ def hosts(inventory: Path) -> Iterator[dict[str, SshHost]]:
             remote.close()
 
 
-def opsctl(inventory: Path, *args: str, timeout: float = 1500) -> tuple[int, dict[str, Any], str]:
-    proc = subprocess.run(
-        [*OPSCTL, "provision", "-i", str(inventory), "--json", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    body = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    return proc.returncode, body, proc.stderr
+@dataclass(frozen=True)
+class Provision:
+    """`opsctl provision -i INVENTORY --runtime-wheel WHEEL --json ...` as a subprocess."""
+
+    inventory: Path
+    wheel: Path
+
+    def argv(self, *args: str) -> list[str]:
+        return [*OPSCTL, "provision", "-i", str(self.inventory), "--runtime-wheel", str(self.wheel), *args]
+
+    def __call__(self, *args: str, timeout: float = 1500) -> tuple[int, dict[str, Any], str]:
+        proc = subprocess.run(self.argv("--json", *args), capture_output=True, text=True, timeout=timeout, check=False)
+        body = json.loads(proc.stdout) if proc.stdout.strip() else {}
+        return proc.returncode, body, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def opsctl(inventory: Path, wheel: Path) -> Provision:
+    return Provision(inventory, wheel)
 
 
 def snapshot(remote: SshHost) -> str:
@@ -117,9 +136,9 @@ def remote_sha(remote: SshHost, path: str) -> str:
     return remote.run(Cmd.of("sha256sum", path)).stdout.split()[0]
 
 
-def test_plan_changes_nothing(inventory: Path, hosts: dict[str, SshHost]) -> None:
+def test_plan_changes_nothing(opsctl: Provision, hosts: dict[str, SshHost]) -> None:
     before = {name: snapshot(r) for name, r in hosts.items()}
-    code, body, stderr = opsctl(inventory, "--plan")
+    code, body, stderr = opsctl("--plan")
     assert code == 2, stderr
     after = {name: snapshot(r) for name, r in hosts.items()}
     assert after == before
@@ -137,10 +156,10 @@ def test_plan_changes_nothing(inventory: Path, hosts: dict[str, SshHost]) -> Non
 
 
 def test_provision_then_second_run_reports_zero_changes(
-    inventory: Path, hosts: dict[str, SshHost], models: dict[str, Path]
+    opsctl: Provision, hosts: dict[str, SshHost], models: dict[str, Path]
 ) -> None:
     start = time.monotonic()
-    code, body, stderr = opsctl(inventory)
+    code, body, stderr = opsctl()
     first = time.monotonic() - start
     assert code == 0, stderr
     assert {h["status"] for h in body["hosts"]} == {"changed"}
@@ -154,19 +173,20 @@ def test_provision_then_second_run_reports_zero_changes(
         manifest = json.loads(remote.run(Cmd.of("cat", f"{TARGET}/.opsctl-manifest.json")).stdout)
         assert manifest["files"]["tokenizer.json"]["size"] == 1 << 20
     start = time.monotonic()
-    code, body, stderr = opsctl(inventory)
+    code, body, stderr = opsctl()
     second = time.monotonic() - start
     assert code == 0, stderr
+    changed = {h["host"]: [s for s in h["steps"] if s["status"] != "unchanged"] for h in body["hosts"]}
     assert [(h["host"], h["status"], h["changes"]) for h in body["hosts"]] == [
         (name, "unchanged", 0) for name in sorted(hosts)
-    ]
-    code, body, _ = opsctl(inventory, "--plan")
+    ], changed
+    code, body, _ = opsctl("--plan")
     assert code == 0
     print(f"\nprovision: first run {first:.1f}s, second run {second:.1f}s (0 changes)")
 
 
-def test_require_gpu_fails_on_a_cpu_host(inventory: Path, hosts: dict[str, SshHost]) -> None:
-    code, body, _ = opsctl(inventory, "--require-gpu", "--host", "lab1")
+def test_require_gpu_fails_on_a_cpu_host(opsctl: Provision, hosts: dict[str, SshHost]) -> None:
+    code, body, _ = opsctl("--require-gpu", "--host", "lab1")
     assert code == 1
     step = steps(body, "lab1")["gpu_driver"]
     assert step["status"] == "failed"
@@ -175,7 +195,7 @@ def test_require_gpu_fails_on_a_cpu_host(inventory: Path, hosts: dict[str, SshHo
 
 
 def test_corrupted_model_file_is_detected_and_recopied(
-    inventory: Path, hosts: dict[str, SshHost], models: dict[str, Path]
+    opsctl: Provision, hosts: dict[str, SshHost], models: dict[str, Path]
 ) -> None:
     lab1 = hosts["lab1"]
     weights = f"{TARGET}/model.safetensors"
@@ -188,21 +208,21 @@ def test_corrupted_model_file_is_detected_and_recopied(
         )
     )  # fmt: skip
     assert remote_sha(lab1, weights) != sha(models["target"] / "model.safetensors")
-    code, body, stderr = opsctl(inventory, "--host", "lab1")
+    code, body, stderr = opsctl("--host", "lab1")
     assert code == 0, stderr
     step = steps(body, "lab1")["model_sync"]
     assert step["status"] == "changed"
     assert "1 corrupted or changed (model.safetensors)" in step["notes"][0]
     assert remote_sha(lab1, weights) == sha(models["target"] / "model.safetensors")
-    code, body, _ = opsctl(inventory, "--host", "lab1")
+    code, body, _ = opsctl("--host", "lab1")
     assert (code, body["hosts"][0]["changes"]) == (0, 0)
 
 
-def test_interrupted_copy_leaves_no_partial_model(inventory: Path, hosts: dict[str, SshHost]) -> None:
+def test_interrupted_copy_leaves_no_partial_model(opsctl: Provision, hosts: dict[str, SshHost]) -> None:
     lab1 = hosts["lab1"]
     lab1.run(Cmd.of("rm", "-rf", TARGET))
     proc = subprocess.Popen(
-        [*OPSCTL, "provision", "-i", str(inventory), "--host", "lab1"],
+        opsctl.argv("--host", "lab1"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -218,19 +238,19 @@ def test_interrupted_copy_leaves_no_partial_model(inventory: Path, hosts: dict[s
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=120) == 130
     assert lab1.run(Cmd.of("test", "-e", TARGET), check=False).exit_code == 1  # no partial model
-    code, body, stderr = opsctl(inventory, "--host", "lab1")
+    code, body, stderr = opsctl("--host", "lab1")
     assert code == 0, stderr
     assert steps(body, "lab1")["model_sync"]["status"] == "changed"
     assert lab1.run(Cmd.of("sh", "-c", "ls -d /dev/shm/.opsctl-*-provtest-* 2>/dev/null"), check=False).stdout == ""
 
 
-def test_too_small_shm_is_refused_with_the_sizes(inventory: Path, hosts: dict[str, SshHost]) -> None:
+def test_too_small_shm_is_refused_with_the_sizes(opsctl: Provision, hosts: dict[str, SshHost]) -> None:
     lab2 = hosts["lab2"]
     lab2.run(Cmd.of("rm", "-rf", TARGET))
     free = int(lab2.run(Cmd.of("df", "-P", "-B1", "/dev/shm")).stdout.splitlines()[-1].split()[3])
     lab2.run(Cmd.of("fallocate", "-l", str(free - (8 << 20)), "/dev/shm/provtest-filler"))
     try:
-        code, body, _ = opsctl(inventory, "--host", "lab2")
+        code, body, _ = opsctl("--host", "lab2")
     finally:
         lab2.run(Cmd.of("rm", "-f", "/dev/shm/provtest-filler"))
     assert code == 1
