@@ -153,3 +153,18 @@ def test_host_down_mid_deploy(base_inventory: Path, lab_config: LabConfig) -> No
     # lab2 rebooted: its deploy lock (under /run) is gone and a new deploy works there again
     again = opsctl("deploy", "-i", str(base_inventory), "--host", "lab2", "--mode", MODE, "--force")
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_logs_follow_stops_cleanly_on_ctrl_c(base_inventory: Path) -> None:
+    from opsctl.commands import sh
+    from tests.lab.test_deploy_support import remote_run
+
+    bg = background("logs", "-i", str(base_inventory), "ref", "--host", "lab1", "-f", "-n", "1")
+    time.sleep(4)
+    with polling(_health_url(base_inventory, "lab1")):
+        time.sleep(2)  # a few new /health lines in the journal while following
+    time.sleep(2)
+    bg.proc.send_signal(signal.SIGINT)
+    assert bg.finish(timeout=30) == 0
+    assert "lab1/ref | " in bg.stdout and "GET /health" in bg.stdout
+    assert remote_run(base_inventory, "lab1", sh("pgrep -c journalctl || true")).strip() in ("", "0")
