@@ -1,6 +1,7 @@
 """ddtree.sglang.layout: a DDTree tree in SGLang's EAGLE tree layout, checked against ddtree.tree's own
 compile_tree / walk_tree on the same inputs (off-spine acceptance included) and, where SGLang is installed,
-against SGLang 0.5.23's own tree-build and greedy-verify Triton kernels run by Triton's CPU interpreter."""
+against SGLang 0.5.23's own Triton kernels run by Triton's CPU interpreter: tree build and greedy verify, and
+the Gated DeltaNet tree kernels (causal conv + recurrent update) that make tree verify exact on hybrids."""
 
 from __future__ import annotations
 
@@ -301,3 +302,102 @@ def test_layout_equals_sglang_build_tree_and_verify_greedy(sglang_prelude: str) 
     for tree, lay, lg, acc in zip(trees, lays, logits, accepts, strict=True):
         assert tuple(lay.order[list(acc.accept_slots)].tolist()) == walk_tree(tree, lg).accepted
     assert any(is_off_spine(t, walk_tree(t, lg).accepted) for t, lg in zip(trees, logits, strict=True))
+
+
+_SGLANG_GDN_KERNELS = """
+import json, sys, torch
+from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+from sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent import (
+    fused_sigmoid_gating_delta_rule_update,
+)
+req = json.load(sys.stdin)
+nt = torch.tensor([req["next_token"]], dtype=torch.int64)  # [1, T]
+ns = torch.tensor([req["next_sibling"]], dtype=torch.int64)
+T = nt.shape[1]
+g = torch.Generator().manual_seed(0)
+dim, width, H, K, V = 24, 4, 2, 8, 8
+x = torch.randn(1, dim, T, generator=g)  # [bs, dim, T] as the GDN backend lays out mixed_qkv
+w, bias = torch.randn(dim, width, generator=g) * 0.5, torch.randn(dim, generator=g) * 0.1
+conv0 = torch.randn(1, dim, width - 1, generator=g)  # the committed conv window
+q, k = torch.randn(1, T, H, K, generator=g), torch.randn(1, T, H, K, generator=g)
+v = torch.randn(1, T, H, V, generator=g)
+a, b = torch.randn(T, H, generator=g), torch.randn(T, H, generator=g)
+A_log, dt_bias = torch.randn(H, generator=g) * 0.3, torch.randn(H, generator=g) * 0.3
+h0 = torch.randn(1, H, V, K, generator=g) * 0.5  # the committed recurrent state
+zero = torch.zeros(1, dtype=torch.int32)
+
+def conv(xs, tree):
+    n = xs.shape[-1]
+    inter = torch.zeros(1, n, dim, width - 1)
+    links = dict(retrieve_next_token=nt, retrieve_next_sibling=ns,
+                 retrieve_parent_token=torch.zeros(1, n, dtype=torch.int64)) if tree else {}
+    out = causal_conv1d_update(xs.clone(), conv0.clone(), w, bias, "silu", conv_state_indices=zero,
+                               intermediate_conv_window=inter, intermediate_state_indices=zero, **links)
+    return out[0], inter[0], links.get("retrieve_parent_token")
+
+def gdn(idx, parent):
+    n = len(idx)
+    inter = torch.zeros(1, n, H, V, K)
+    o = fused_sigmoid_gating_delta_rule_update(
+        A_log=A_log, a=a[idx].contiguous(), dt_bias=dt_bias, softplus_beta=1.0, softplus_threshold=20.0,
+        q=q[:, idx].contiguous(), k=k[:, idx].contiguous(), v=v[:, idx].contiguous(), b=b[idx].contiguous(),
+        initial_state_source=h0.clone(), initial_state_indices=zero,
+        cu_seqlens=torch.tensor([0, n], dtype=torch.int32), use_qk_l2norm_in_kernel=True,
+        disable_state_update=True, intermediate_states_buffer=inter, intermediate_state_indices=zero,
+        cache_steps=n, retrieve_parent_token=parent)
+    return o.reshape(n, H, V), inter[0]
+
+out_t, win_t, parent = conv(x, tree=True)
+o_t, st_t = gdn(list(range(T)), parent)
+out_flat, _, _ = conv(x, tree=False)
+o_flat, _ = gdn(list(range(T)), None)
+err = dict(conv=0.0, window=0.0, gdn=0.0, state=0.0, flat_conv=0.0, flat_gdn=0.0)
+for slot, path in enumerate(req["paths"]):  # each node against its own root-to-node chain
+    out_c, win_c, _ = conv(x[:, :, path], tree=False)
+    o_c, st_c = gdn(path, None)
+    err["conv"] = max(err["conv"], (out_c[:, -1] - out_t[:, slot]).abs().max().item())
+    err["window"] = max(err["window"], (win_c[-1] - win_t[slot]).abs().max().item())
+    err["gdn"] = max(err["gdn"], (o_c[-1] - o_t[slot]).abs().max().item())
+    err["state"] = max(err["state"], (st_c[-1] - st_t[slot]).abs().max().item())
+    err["flat_conv"] = max(err["flat_conv"], (out_c[:, -1] - out_flat[:, slot]).abs().max().item())
+    err["flat_gdn"] = max(err["flat_gdn"], (o_c[-1] - o_flat[slot]).abs().max().item())
+json.dump({"parents": parent[0].tolist(), "err": err}, sys.stdout)
+"""
+
+
+def test_sglang_gdn_tree_kernels_are_exact_on_our_layout(sglang_prelude: str) -> None:
+    """SGLang's hybrid tree path, fed our links: every node's conv output, conv window (the commit state),
+    recurrent output and recurrent state equal the same kernels run on that node's root-to-node chain alone.
+    The flat order (no links) does not, so the links are what makes it exact."""
+    tree = random_tree(seed=3, budget=9, topk=3, rows=5)
+    lay = to_sglang_layout(tree, prefix_len=0)
+    par = lay.parents.tolist()
+    paths = []
+    for slot in range(lay.num_slots):
+        path = [slot]
+        while par[path[-1]] >= 0:
+            path.append(par[path[-1]])
+        paths.append(path[::-1])
+    assert max(len(p) for p in paths) >= 3 and len(lay.retrieve_next_sibling.nonzero()) >= 2
+    request = {
+        "next_token": lay.retrieve_next_token.tolist(),
+        "next_sibling": lay.retrieve_next_sibling.tolist(),
+        "paths": paths,
+    }
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", sglang_prelude + _SGLANG_GDN_KERNELS],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout)
+    assert got["parents"] == [0, *par[1:]], "the kernel rebuilds our parents from next_token/next_sibling"
+    err = got["err"]
+    assert err["conv"] < 1e-5 and err["window"] < 1e-6
+    assert err["gdn"] < 1e-5 and err["state"] < 1e-5
+    assert err["flat_conv"] > 1e-2 and err["flat_gdn"] > 1e-2
