@@ -8,6 +8,7 @@ is not hollow.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -94,3 +95,31 @@ def test_unsafe_is_explicit_and_loud() -> None:
     assert engine.runner.hybrid_mode.value == "unsafe"
     # the flag changes nothing for chain verifies (a chain has no siblings)
     assert ReferenceEngine(target, Mode.SHADOW, drafter=drafter, ddtree=unsafe_cfg).hybrid == "exact"
+
+
+@pytest.mark.parametrize("arch", ["tiny_dense", "tiny_hybrid"])
+def test_loaded_tiny_models_with_dflash_drafter_are_lossless(arch: str, request: pytest.FixtureRequest) -> None:
+    """ReferenceEngine.load end to end: target + tokenizer + distilled DFlash drafter from disk."""
+    root = request.getfixturevalue(arch)
+    target, draft = str(root / "target"), str(root / "draft")
+    baseline = ReferenceEngine.load(target, None, "baseline")
+    cfg = DDTreeConfig(budget=16, topk=4)
+    engines = {m: ReferenceEngine.load(target, draft, m, ddtree=cfg) for m in ("linear", "shadow", "tree")}
+    tok = baseline.tokenizer
+    heldout = json.loads((root / "build.json").read_text())["heldout_prompts"][:4]  # prompts it never saw
+    stop = [tok.convert_tokens_to_ids("<|im_end|>")]
+    taus: dict[str, list[int]] = {m: [] for m in engines}
+    for user in heldout:
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
+        ids = list(tok.encode(text))
+        want = baseline.generate(ids, 32, stop_token_ids=stop).tokens
+        for mode, engine in engines.items():
+            got = engine.generate(ids, 32, stop_token_ids=stop)
+            assert got.tokens == want, f"{arch} {mode} diverged on {user!r}"
+            taus[mode].extend(got.accept_lengths)
+    summary = {m: round(sum(v) / len(v), 2) for m, v in taus.items()}
+    print(f"\n{arch}: tau {summary} hybrid={engines['tree'].hybrid}")
+    assert engines["tree"].hybrid == ("exact" if arch == "tiny_hybrid" else "none")
+    assert summary["tree"] >= summary["linear"] > 1.5  # the distilled drafter really drafts
