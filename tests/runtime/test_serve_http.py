@@ -285,15 +285,17 @@ def test_chat_reasoning_stream_stop_and_seed(servers: Callable[[str, str], Serve
     assert "".join(d.get("content", "") for d in deltas) == (msg["content"] or "")
     assert events[-2]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"]
     # stop strings: cut where the greedy text first shows the stop string
-    plain = s.post("/v1/completions", {"prompt": "The answer is", "max_tokens": 16, "temperature": 0}).json()
+    prompt = s.tokenizer.decode(s.chat_ids("Count to three.", thinking=False))
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    plain = s.post("/v1/completions", body).json()
     text = plain["choices"][0]["text"]
-    assert len(text) >= 4, text
-    stop = text[2:4]
-    cut = s.post("/v1/completions", {"prompt": "The answer is", "max_tokens": 16, "temperature": 0, "stop": [stop]})
-    choice = cut.json()["choices"][0]
+    assert len(text) >= 6 and plain["usage"]["completion_tokens"] == 24, plain
+    stop = text[3:5]
+    cut = s.post("/v1/completions", {**body, "stop": [stop]}).json()
+    choice = cut["choices"][0]
     assert choice["text"] == text[: text.find(stop)]
     assert choice["finish_reason"] == "stop" and choice["matched_stop"] == stop
-    assert cut.json()["usage"]["completion_tokens"] <= plain["usage"]["completion_tokens"]
+    assert cut["usage"]["completion_tokens"] < 24
     # seed: sampling at temperature 1 is reproducible
     sampled = [
         s.post("/v1/completions", {"prompt": "Once", "max_tokens": 8, "temperature": 1.0, "seed": 7}).json()
