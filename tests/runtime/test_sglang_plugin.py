@@ -364,6 +364,27 @@ try:
     out["overlap_create_worker"] = "ok"
 except ValueError as e:
     out["overlap_create_worker"] = f"ValueError: {e}"
+
+# The shadow worker's override around DFLASH's real eager head, on CPU tensors: the instance skips
+# DFlashWorkerV2.__init__ (it loads models), the head method is SGLang's own code.
+import logging, torch
+from ddtree.config import DDTreeConfig
+from ddtree.metrics import MetricsLog
+cls = worker
+w = cls.__new__(cls)
+w.block_size = 6
+w._ddtree_config = DDTreeConfig.from_env({"DDTREE_VERIFY": "shadow", "DDTREE_BUDGET": "9", "DDTREE_TOPK": "3"})
+w._ddtree_log = MetricsLog(w._ddtree_config, 6, "none", logger=logging.getLogger("ddtree.probe"))
+w._ddtree_obs, w._ddtree_enabled = None, True
+g = torch.Generator().manual_seed(0)
+head = torch.nn.Linear(16, 40, bias=False)  # a dense, unsharded LM head: weight [V, H]
+hs = torch.randn(2 * 5, 16, generator=g)  # [bs * (block - 1), H]
+with torch.no_grad():
+    tokens = w._greedy_sample_from_vocab_parallel_head(hidden_states=hs, lm_head=head)
+    expected = (hs @ head.weight.T).argmax(-1)
+obs = w._ddtree_obs
+out["shadow_head"] = {"same_tokens": bool(torch.equal(tokens, expected)), "enabled": w._ddtree_enabled,
+                      "nodes": obs.nodes if obs else None, "spine_matches": obs.spine_matches if obs else None}
 json.dump(out, sys.stdout)
 """
 
@@ -505,3 +526,7 @@ def test_sglang_creates_the_shadow_worker_on_dflash(probe: dict[str, Any]) -> No
         "sglang.srt.speculative.base_spec_worker:BaseSpecWorker",
     ]
     assert "does not support overlap scheduling" in probe["overlap_create_worker"]
+
+
+def test_shadow_head_returns_dflash_tokens_and_builds_the_trees(probe: dict[str, Any]) -> None:
+    assert probe["shadow_head"] == {"same_tokens": True, "enabled": True, "nodes": [9, 9], "spine_matches": True}
