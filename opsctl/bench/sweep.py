@@ -10,7 +10,7 @@ from opsctl.bench.prompts import BenchPrompt
 from opsctl.bench.report import Arm
 from opsctl.bench.run import BenchSettings, bench_service
 from opsctl.errors import OpsctlError
-from opsctl.inventory.model import DDTreeKnobs, Host, Inventory, Service
+from opsctl.inventory.model import DDTreeKnobs, Host, Service
 
 SWEEP_KNOBS = {"budget": (1, 1024), "topk": (1, 64)}
 
@@ -42,7 +42,6 @@ def with_knob(service: Service, knob: str, value: int) -> Service:
 
 
 def run_sweep(
-    inventory: Inventory,
     host: Host,
     service: Service,
     knob: str,
@@ -64,9 +63,9 @@ def run_sweep(
         for value in values:
             variant = with_knob(service, knob, value)
             progress(f"sweep: deploying {service.name} with {knob}={value}")
-            deploy_variant(inventory, host, variant)
+            deploy_variant(host, variant, progress)
             arms.append(bench_service(host, variant, prompts, settings, f"{service.name} {knob}={value}", progress))
     finally:
         progress(f"sweep: restoring {service.name} to release {original}")
-        restore_release(inventory, host, service, original)
+        restore_release(host, service, original, progress)
     return arms

@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
             if len(picked) != 1:
                 raise OpsctlError("--sweep works on exactly one service", "select it with --services NAME")
             knob, values = parse_sweep(sweep)
-            arms = run_sweep(inv, picked[0][0], picked[0][1], knob, values, prompt_set, settings, progress)
+            arms = run_sweep(picked[0][0], picked[0][1], knob, values, prompt_set, settings, progress)
         else:
             arms = [bench_service(h, s, prompt_set, settings, progress=progress) for h, s in picked]
         report = summarize(arms)
