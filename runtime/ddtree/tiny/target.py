@@ -37,10 +37,10 @@ class TargetShape:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    steps: int = 200
+    steps: int = 400
     batch_size: int = 8
     seq_len: int = 128
-    lr: float = 3e-3
+    lr: float = 5e-3
     warmup: int = 20
     weight_decay: float = 0.01
 
