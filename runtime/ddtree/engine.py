@@ -64,7 +64,7 @@ class Drafter(Protocol):
 class DFlashDrafter:
     """`ddtree.drafter.DFlashDraftModel` behind the Drafter protocol, with its context K/V cached."""
 
-    def __init__(self, model: Any, target: nn.Module) -> None:
+    def __init__(self, model: Any, target: Any) -> None:
         self.model = model
         self.target = target
         self.block_size = int(model.block_size)
@@ -82,7 +82,7 @@ class DFlashDrafter:
             self.model.extend_context(self._ctx, request.new_features[None])  # [1, t, F]
         dev = next(self.target.parameters()).device
         bonus = torch.tensor([request.bonus_token], device=dev)  # [1]
-        lp = self.model.draft_logprobs_cached(
+        lp: Tensor = self.model.draft_logprobs_cached(
             self._ctx, bonus, self.target.get_input_embeddings(), self.target.lm_head
         )  # [1, D, V]
         return lp[0]
@@ -226,7 +226,8 @@ class ReferenceEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch_dtype = getattr(torch, dtype)
-        model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch_dtype, local_files_only=True)
+        auto_model: Any = AutoModelForCausalLM
+        model = auto_model.from_pretrained(target_path, dtype=torch_dtype, local_files_only=True)
         model = model.to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(target_path, local_files_only=True)
         drafter: Drafter | None = None

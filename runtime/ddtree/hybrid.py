@@ -42,10 +42,12 @@ if TYPE_CHECKING:
 __all__ = ["GDNPlan", "GDNStash", "HybridMode", "commit_gdn", "delta_step", "find_gdn_layers", "tree_gdn"]
 
 
+GDNLayer = Any  # transformers' Qwen3_5GatedDeltaNet, duck-typed (its attributes are the same in 5.17 and 5.24)
+
 _GDN_ATTRS = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias", "norm", "out_proj")
 
 
-def find_gdn_layers(model: nn.Module) -> list[nn.Module]:
+def find_gdn_layers(model: nn.Module) -> list[GDNLayer]:
     """The Gated DeltaNet modules of a transformers Qwen3.5/3.6 model, in layer order."""
     layers = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
     for m in layers:
@@ -115,7 +117,7 @@ def delta_step(state: Tensor, key: Tensor, value: Tensor, g: Tensor, beta: Tenso
 
 
 def _gdn_tree_forward(
-    mod: nn.Module,
+    mod: GDNLayer,
     plan: GDNPlan,
     compat: HFCompat,
     stashes: dict[int, GDNStash],
@@ -143,10 +145,10 @@ def _gdn_tree_forward(
     # causal conv over each node's ancestry: ext rows = [conv_state | nodes]
     ext = torch.cat([conv_state[0].transpose(0, 1).to(mixed.dtype), mixed], dim=0)  # [K + N, C]
     windows = ext[plan.conv_index]  # [N, K, C]
-    weight = mod.conv1d.weight.squeeze(1)  # [C, K]
-    conv = (windows.to(weight.dtype) * weight.transpose(0, 1)[None]).sum(dim=1)  # [N, C]
+    weight = mod.conv1d.weight.squeeze(1).float()  # [C, K]; accumulate in fp32 like the conv kernels
+    conv = (windows.float() * weight.transpose(0, 1)[None]).sum(dim=1)  # [N, C]
     if mod.conv1d.bias is not None:
-        conv = conv + mod.conv1d.bias
+        conv = conv + mod.conv1d.bias.float()
     conv = _act(mod.activation)(conv).to(dtype)
 
     q, k, v = torch.split(conv, [mod.key_dim, mod.key_dim, mod.value_dim], dim=-1)
@@ -174,7 +176,8 @@ def _gdn_tree_forward(
     stashes[int(mod.layer_idx)] = GDNStash(mixed=mixed, key=k, value=v, g=g, beta=beta)
 
     out = mod.norm(core.to(dtype).reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
-    return mod.out_proj(out.reshape(1, n, -1))  # [1, N, hidden]
+    result: Tensor = mod.out_proj(out.reshape(1, n, -1))  # [1, N, hidden]
+    return result
 
 
 def _act(name: str) -> Any:
@@ -184,27 +187,27 @@ def _act(name: str) -> Any:
 
 
 @contextmanager
-def tree_gdn(layers: Sequence[nn.Module], plan: GDNPlan, compat: HFCompat) -> Iterator[dict[int, GDNStash]]:
+def tree_gdn(layers: Sequence[GDNLayer], plan: GDNPlan, compat: HFCompat) -> Iterator[dict[int, GDNStash]]:
     """Within the block, every GDN layer runs the tree forward of `plan`; the original forward comes back on exit.
 
     Yields the dict that collects each layer's `GDNStash` (filled during the forward)."""
     stashes: dict[int, GDNStash] = {}
-    saved: list[tuple[nn.Module, Any]] = []
+    saved: list[tuple[GDNLayer, Any]] = []
     try:
         for mod in layers:
             saved.append((mod, mod.__dict__.get("forward")))
-            mod.forward = functools.partial(_gdn_tree_forward, mod, plan, compat, stashes)  # type: ignore[method-assign]
+            mod.forward = functools.partial(_gdn_tree_forward, mod, plan, compat, stashes)
         yield stashes
     finally:
         for mod, previous in saved:
             if previous is None:
                 del mod.forward
             else:
-                mod.forward = previous  # type: ignore[method-assign]
+                mod.forward = previous
 
 
 def commit_gdn(
-    layers: Sequence[nn.Module],
+    layers: Sequence[GDNLayer],
     stashes: dict[int, GDNStash],
     path: Tensor,  # [A] accepted node ids, root first
     cache: Any,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ddtree import hybrid
 from ddtree.hybrid import HybridMode
@@ -27,11 +27,20 @@ from ddtree.hybrid import HybridMode
 class TreeInputsLike(Protocol):
     """What `verify` needs from `ddtree.tree.TreeInputs` (structural, so tests can build trees directly)."""
 
-    input_ids: Tensor  # [N] int64
-    position_ids: Tensor  # [N] int64, prefix_len + depth
-    attention_mask: Tensor  # [N, N] bool, mask[i, j] = j is i or an ancestor of i
-    parents: Tensor  # [N] int64, parents[0] == -1
-    depth_groups: tuple[Tensor, ...]  # node ids per depth
+    @property
+    def input_ids(self) -> Tensor: ...  # [N] int64
+
+    @property
+    def position_ids(self) -> Tensor: ...  # [N] int64, prefix_len + depth
+
+    @property
+    def attention_mask(self) -> Tensor: ...  # [N, N] bool, mask[i, j] = j is i or an ancestor of i
+
+    @property
+    def parents(self) -> Tensor: ...  # [N] int64, parents[0] == -1
+
+    @property
+    def depth_groups(self) -> tuple[Tensor, ...]: ...  # node ids per depth
 
 
 @dataclass(frozen=True)
@@ -47,19 +56,19 @@ class HFCompat:
     cache_kwarg: str  # "cache" | "past_key_values"
 
     @classmethod
-    def for_model(cls, model: nn.Module) -> HFCompat:
+    def for_model(cls, model: Any) -> HFCompat:
         params = inspect.signature(model.forward).parameters
         return cls(cache_kwarg="cache" if "cache" in params else "past_key_values")
 
     @staticmethod
-    def new_cache(model: nn.Module) -> Any:
+    def new_cache(model: Any) -> Any:
         from transformers import DynamicCache
 
         return DynamicCache(config=model.config)
 
     def forward(
         self,
-        model: nn.Module,
+        model: Any,
         input_ids: Tensor,  # [1, T]
         position_ids: Tensor,  # [1, T]
         attention_mask: dict[str, Tensor | None] | None,
@@ -120,7 +129,7 @@ class TargetRunner:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Any,  # a transformers causal LM (PreTrainedModel)
         feature_layers: Sequence[int] = (),
         hybrid_mode: HybridMode | None = None,
     ) -> None:
@@ -139,7 +148,8 @@ class TargetRunner:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        dev: torch.device = next(self.model.parameters()).device
+        return dev
 
     def _features(self, hidden_states: tuple[Tensor, ...] | None) -> Tensor | None:
         if not self.feature_layers or hidden_states is None:
