@@ -1,12 +1,15 @@
 """runtime_wheel: the ddtree-runtime wheel, built once per run on the control machine, pushed to every host.
 
 Deploy installs it per release (`pip install --no-deps --target`); provision only makes sure each host holds
-the current build at REMOTE_DIR. The wheel comes from `opsctl.deploy.wheel.runtime_wheel()` (one builder for
+the current build under REMOTE_DIR, content-addressed (`<sha256[:16]>/<wheel>`): wheels of one version
+built from different sources (development) never overwrite each other, and a check is stable whatever else
+pushed wheels meanwhile. The wheel comes from `opsctl.deploy.wheel.runtime_wheel()` (one builder for
 provision and deploy, cached per source hash), so an unchanged runtime/ means the same bytes and no push.
 """
 
 from __future__ import annotations
 
+import posixpath
 from pathlib import Path
 
 from opsctl.commands import Cmd
@@ -17,13 +20,17 @@ NAME = "runtime_wheel"
 REMOTE_DIR = "/opt/opsctl/wheels"  # = opsctl.deploy.wheel.REMOTE_WHEELS
 
 
+def remote_path(wheel_name: str, sha256: str) -> str:
+    return f"{REMOTE_DIR}/{sha256[:16]}/{wheel_name}"
+
+
 def plan_wheel(wheel: Path | None, local_sha: str, remote_sha: str | None) -> Plan:
     if wheel is None:
         return Plan(NAME, notes=("no runtime wheel this run",))
-    remote = f"{REMOTE_DIR}/{wheel.name}"
+    remote = remote_path(wheel.name, local_sha)
     if remote_sha == local_sha:
-        return Plan(NAME, notes=(f"{remote} is current (sha256 {local_sha[:12]})",))
-    actions = (Cmd.of("mkdir", "-p", REMOTE_DIR, sudo=True), Push(wheel, remote))
+        return Plan(NAME, notes=(f"{remote} is current",))
+    actions = (Cmd.of("mkdir", "-p", posixpath.dirname(remote), sudo=True), Push(wheel, remote))
     return Plan(NAME, actions=actions, notes=(f"push {wheel.name} (sha256 {local_sha[:12]})",))
 
 
@@ -41,8 +48,9 @@ class RuntimeWheel:
         wheel = ctx.artifacts.runtime_wheel
         if wheel is None:
             return plan_wheel(None, "", None)
-        result = read(ctx.remote, Cmd.of("sha256sum", f"{REMOTE_DIR}/{wheel.name}"))
-        return plan_wheel(wheel, sha256_file(wheel), parse_sha256sum(result.exit_code, result.stdout))
+        local_sha = sha256_file(wheel)
+        result = read(ctx.remote, Cmd.of("sha256sum", remote_path(wheel.name, local_sha)))
+        return plan_wheel(wheel, local_sha, parse_sha256sum(result.exit_code, result.stdout))
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
         execute(ctx.remote, plan.actions)

@@ -9,13 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import yaml
 from opsctl.commands import Cmd
 from opsctl.inventory.load import load_inventory
 from opsctl.lab import LabReport
+from opsctl.ops.runtime_wheel import remote_path
 from opsctl.remote import SshHost, connect
 
 pytestmark = pytest.mark.lab
@@ -55,13 +58,35 @@ def models() -> Iterator[dict[str, Path]]:
     subprocess.run(["rm", "-rf", str(base)], check=False)
 
 
-@pytest.fixture(scope="module")
-def wheel() -> Path:
-    """One runtime wheel for the whole module: runtime/ changes under other sessions' hands would otherwise make
-    a legitimate new wheel (and a push) between two runs."""
-    from opsctl.deploy.wheel import runtime_wheel
+@dataclass(frozen=True)
+class Pinned:
+    """This module's own runtime wheel, locks and wheelhouse. Other sessions change runtime/, locks/ and the
+    shared wheelhouse while this module runs; each is a legitimate change that a second provision would
+    (rightly) act on, so the module pins its own copies."""
 
-    return runtime_wheel().path
+    wheel: Path
+    locks: Path
+    wheelhouse: Path
+
+
+@pytest.fixture(scope="module")
+def pinned(tmp_path_factory: pytest.TempPathFactory) -> Pinned:
+    from opsctl import wheelhouse
+    from opsctl.deploy.wheel import runtime_wheel
+    from opsctl.ops.locks import Lock, Profile, locks_dir
+
+    root = tmp_path_factory.mktemp("pinned")
+    locks = root / "locks"
+    shutil.copytree(locks_dir(), locks)
+    lock = Lock(Profile.REFERENCE, "reference-cpu.txt", (locks / "reference-cpu.txt").read_text())
+    built = wheelhouse.ensure(lock, wheelhouse.CACHE_DIR)
+    copy = root / "wheelhouse"
+    if subprocess.run(["cp", "-al", str(built.path), str(copy)], check=False).returncode != 0:
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(built.path, copy)
+    wheel = root / runtime_wheel().name
+    shutil.copyfile(runtime_wheel().path, wheel)
+    return Pinned(wheel, locks, copy)
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +103,12 @@ def inventory(lab_hosts: LabReport, models: dict[str, Path], tmp_path_factory: p
 
 
 @pytest.fixture(scope="module")
-def hosts(inventory: Path) -> Iterator[dict[str, SshHost]]:
+def hosts(inventory: Path, pinned: Pinned) -> Iterator[dict[str, SshHost]]:
     inv = load_inventory(inventory)
     remotes = {h.name: connect(h) for h in inv.hosts}
     for remote in remotes.values():  # start from bare hosts (for this test's paths)
         remote.run(Cmd.of("sh", "-c", f"rm -rf {VENV} /dev/shm/provtest-* /dev/shm/.opsctl-*-provtest-*"))
+        remote.run(Cmd.of("rm", "-rf", posixpath.dirname(wheel_path(pinned))))
     try:
         yield remotes
     finally:
@@ -96,28 +122,39 @@ class Provision:
     """`opsctl provision -i INVENTORY --runtime-wheel WHEEL --json ...` as a subprocess."""
 
     inventory: Path
-    wheel: Path
+    pinned: Pinned
 
     def argv(self, *args: str) -> list[str]:
-        return [*OPSCTL, "provision", "-i", str(self.inventory), "--runtime-wheel", str(self.wheel), *args]
+        p = self.pinned
+        return [*OPSCTL, "provision", "-i", str(self.inventory), "--runtime-wheel", str(p.wheel),
+                "--wheelhouse", str(p.wheelhouse), *args]  # fmt: skip
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "OPSCTL_LOCKS_DIR": str(self.pinned.locks)}
 
     def __call__(self, *args: str, timeout: float = 1500) -> tuple[int, dict[str, Any], str]:
-        proc = subprocess.run(self.argv("--json", *args), capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(
+            self.argv("--json", *args), capture_output=True, text=True, timeout=timeout, check=False, env=self.env
+        )
         body = json.loads(proc.stdout) if proc.stdout.strip() else {}
         return proc.returncode, body, proc.stderr
 
 
 @pytest.fixture(scope="module")
-def opsctl(inventory: Path, wheel: Path) -> Provision:
-    return Provision(inventory, wheel)
+def opsctl(inventory: Path, pinned: Pinned) -> Provision:
+    return Provision(inventory, pinned)
+
+
+def wheel_path(pinned: Pinned) -> str:
+    return remote_path(pinned.wheel.name, hashlib.sha256(pinned.wheel.read_bytes()).hexdigest())
 
 
 def snapshot(remote: SshHost) -> str:
-    """Everything provision could touch on a host: file listing with sizes and mtimes, dpkg and pip state."""
+    """What this module's provision could touch on a host (the lab is shared: other tests' paths are left out):
+    file listing with sizes and mtimes, dpkg and pip state."""
     script = (
-        f"find {VENV} /dev/shm /opt/opsctl/wheels /var/cache/opsctl/wheelhouse -path '*provtest*' "
-        "-printf '%p %s %T@\\n' 2>/dev/null | sort; "
-        "find /opt/opsctl/wheels /var/cache/opsctl/wheelhouse -printf '%p %s %T@\\n' 2>/dev/null | sort; "
+        f"find {VENV} /dev/shm /opt/opsctl/wheels -path '*provtest*' -printf '%p %s %T@\\n' 2>/dev/null | sort; "
         f"dpkg -l | md5sum; {VENV}/bin/pip freeze 2>&1 | md5sum"
     )
     return remote.run(Cmd.of("sh", "-c", script)).stdout
@@ -142,6 +179,8 @@ def test_plan_changes_nothing(opsctl: Provision, hosts: dict[str, SshHost]) -> N
     assert code == 2, stderr
     after = {name: snapshot(r) for name, r in hosts.items()}
     assert after == before
+    for remote in hosts.values():
+        assert remote.run(Cmd.of("test", "-e", wheel_path(opsctl.pinned)), check=False).exit_code == 1
     for name in hosts:
         s = steps(body, name)
         assert s["gpu_driver"]["status"] == "unchanged"
@@ -224,8 +263,9 @@ def test_interrupted_copy_leaves_no_partial_model(opsctl: Provision, hosts: dict
     proc = subprocess.Popen(
         opsctl.argv("--host", "lab1"),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env=opsctl.env,
     )
     # Ctrl-C (to the whole process group, as a terminal does) as soon as the model's rsync is running
     deadline = time.monotonic() + 300
@@ -259,3 +299,57 @@ def test_too_small_shm_is_refused_with_the_sizes(opsctl: Provision, hosts: dict[
     assert step["error"].startswith("provtest-target needs 0.12 GiB more in /dev/shm (")
     assert "only 0.01 GiB available" in step["error"]
     assert lab2.run(Cmd.of("test", "-e", TARGET), check=False).exit_code == 1
+
+
+@pytest.mark.skipif(os.environ.get("OPSCTL_BENCH") != "1", reason="benchmark: set OPSCTL_BENCH=1 (needs ~5 GiB RAM)")
+def test_model_sync_benchmark_2gib(hosts: dict[str, SshHost], inventory: Path) -> None:
+    """model_sync of a 2 GiB model vs a plain `rsync -a` of the same files to the same host (docs/provision.md)."""
+    from opsctl.inventory.model import DDTreeKnobs, Engine, Mode, ModelSourceKind, ModelSpec, Service
+    from opsctl.ops.base import Artifacts, Context
+    from opsctl.ops.model_sync import ModelSync
+    from opsctl.provision import control_manifest
+
+    lab1 = hosts["lab1"]
+    spec_host = load_inventory(inventory).host("lab1")
+    source = Path("/var/tmp/opsctl-bench-model")
+    subprocess.run(["rm", "-rf", str(source)], check=True)
+    _write_model(source, {"config.json": 0, **{f"model-{i:05d}-of-00004.safetensors": 512 << 20 for i in range(4)}}, 3)
+    cache = Path("/var/cache/opsctl/manifests")
+    lab1.run(Cmd.of("mount", "-o", "remount,size=3G", "/dev/shm"))
+    dest, plain = "/dev/shm/bench-model", "/dev/shm/bench-plain"
+    try:
+        lab1.run(Cmd.of("rm", "-rf", dest, plain))
+        subprocess.run(["sh", "-c", f"rm -f {cache}/*.json"], check=False)
+        t0 = time.monotonic()
+        lab1.sync_dir(source, plain)
+        t_plain = time.monotonic() - t0
+        lab1.run(Cmd.of("rm", "-rf", plain))
+
+        model = ModelSpec(str(source), ModelSourceKind.CONTROL, dest, hybrid=False)
+        svc = Service("b", "lab1", (), 30000, Mode.BASELINE, Engine.REFERENCE, model, None, DDTreeKnobs())
+        host = replace(spec_host, services=(svc,))
+        t0 = time.monotonic()
+        manifest = control_manifest(source)  # cold: hashes 2 GiB on the control machine
+        t_hash = time.monotonic() - t0
+        ctx = Context(host, lab1, artifacts=Artifacts(manifests={str(source): manifest}))
+        t0 = time.monotonic()
+        plan = ModelSync().plan(ctx)
+        ModelSync().apply(ctx, plan)
+        t_sync = time.monotonic() - t0
+        t0 = time.monotonic()
+        again = Context(host, lab1, artifacts=Artifacts(manifests={str(source): control_manifest(source)}))
+        assert ModelSync().plan(again).actions == ()
+        t_noop = time.monotonic() - t0
+        cold = t_hash + t_sync
+        print(
+            f"\nmodel_sync 2 GiB: plain rsync -a {t_plain:.1f}s; model_sync cold {cold:.1f}s "
+            f"(control hash {t_hash:.1f}s + plan/stage/verify/rename {t_sync:.1f}s) = {cold / t_plain:.2f}x; "
+            f"warm manifest cache {t_sync:.1f}s = {t_sync / t_plain:.2f}x; no-op re-check {t_noop:.1f}s"
+        )
+        assert remote_sha(lab1, f"{dest}/model-00000-of-00004.safetensors") == sha(
+            source / "model-00000-of-00004.safetensors"
+        )
+    finally:
+        lab1.run(Cmd.of("rm", "-rf", dest, plain))
+        lab1.run(Cmd.of("mount", "-o", "remount,size=2G", "/dev/shm"))
+        subprocess.run(["rm", "-rf", str(source)], check=False)

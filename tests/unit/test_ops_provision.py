@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,3 +119,19 @@ def test_whole_run_with_fake_hosts_in_parallel(monkeypatch: pytest.MonkeyPatch) 
     result = prov.provision(hosts, Settings(playbook=playbook), connect=connect)
     assert [(h.host, h.status) for h in result.hosts] == [("h1", HostStatus.CHANGED), ("h2", HostStatus.CHANGED)]
     assert all(f.closed and f.ran == ["true"] for f in fakes.values())
+
+
+def test_runtime_wheel_plan_is_content_addressed(tmp_path: Path) -> None:
+    from opsctl.ops.runtime_wheel import RuntimeWheel
+
+    wheel = tmp_path / "ddtree_runtime-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"wheel bytes")
+    digest = "67c0d8f7de19e30c2d5891030a0b37cbfcdd240852b53055c0b28290ad52290b"
+    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == digest
+    remote_file = f"/opt/opsctl/wheels/{digest[:16]}/{wheel.name}"
+    remote = FakeHost("h1", answers={f"sha256sum {remote_file}": (1, "", "No such file")}, default=None)
+    ctx = Context(HOST, remote, artifacts=prov.Artifacts(runtime_wheel=wheel))
+    plan = RuntimeWheel().plan(ctx)
+    assert plan.commands() == [f"sudo mkdir -p /opt/opsctl/wheels/{digest[:16]}", f"push {wheel} -> {remote_file}"]
+    remote.answers = {f"sha256sum {remote_file}": (0, f"{digest}  {remote_file}\n", "")}
+    assert RuntimeWheel().plan(ctx).actions == ()
