@@ -74,6 +74,41 @@ def test_greedy_modes_equal_baseline(target: torch.nn.Module) -> None:
     assert not any(r.off_spine for r in stats[Mode.SHADOW])
 
 
+def test_unsafe_flat_order_is_not_lossless_on_the_hybrid_target() -> None:
+    """What the seed shipped: the flat-order tree verify on a hybrid target changes the output."""
+    target = hybrid_target(VOCAB, seed=0)
+    drafter = _drafter(target)
+    unsafe_cfg = DDTreeConfig(budget=12, topk=3, allow_hybrid_unsafe=True)
+    baseline = ReferenceEngine(target, Mode.BASELINE)
+    unsafe = ReferenceEngine(target, Mode.TREE, drafter=drafter, ddtree=unsafe_cfg)
+    diverged = 0
+    for p, seed in CASES[:5]:
+        drafter.seed = seed
+        want = baseline.generate(_prompt(p), NEW_TOKENS).tokens
+        diverged += unsafe.generate(_prompt(p), NEW_TOKENS).tokens != want
+    print(f"\nunsafe tree verify: {diverged}/5 greedy outputs differ from baseline")
+    assert diverged >= 2
+
+
+def test_stop_and_length_cut_inside_a_round() -> None:
+    target = dense_target(VOCAB, seed=0)
+    baseline = ReferenceEngine(target, Mode.BASELINE)
+    tree = ReferenceEngine(target, Mode.TREE, drafter=_drafter(target), ddtree=CFG)
+    prompt = _prompt(3)
+    full = baseline.generate(prompt, NEW_TOKENS).tokens
+    stop = full[7]
+    cut = full[: full.index(stop) + 1]
+    for engine in (baseline, tree):
+        res = engine.generate(prompt, NEW_TOKENS, stop_token_ids=[stop])
+        assert (res.tokens, res.finish_reason) == (cut, "stop")
+        res = engine.generate(prompt, 6)
+        assert (res.tokens, res.finish_reason) == (full[:6], "length")
+        chunks = list(engine.stream(prompt, 6))
+        assert [t for c in chunks for t in c] == full[:6]
+        assert chunks[0] == full[:1]  # the prefill's token comes first, on its own
+    assert max(len(c) for c in tree.stream(prompt, NEW_TOKENS)) > 1  # rounds commit several tokens
+
+
 def test_tree_mode_emits_ddtree_lines(caplog: pytest.LogCaptureFixture) -> None:
     target = dense_target(VOCAB, seed=0)
     with caplog.at_level(logging.INFO, logger="ddtree"):
