@@ -122,6 +122,7 @@ class OracleNoiseDrafter:
     def reset(self) -> None:
         # the trajectory is a cache keyed by its own tokens, valid across sequences: keep it
         self._gen = torch.Generator().manual_seed(self.seed)
+        self._fresh = True
 
     @torch.no_grad()
     def _trajectory(self, seq: list[int], steps: int) -> list[Tensor]:
@@ -131,7 +132,9 @@ class OracleNoiseDrafter:
             runner = TargetRunner(self.target)
             logits = list(runner.prefill(seq).logits.cpu())
             tokens = list(seq)
-            for _ in range(steps - 1 + self.lookahead):
+            # look ahead once per sequence: later misses (sampling, unsafe) would waste it every round
+            extra, self._fresh = (self.lookahead if self._fresh else 0), False
+            for _ in range(steps - 1 + extra):
                 tokens.append(int(logits[-1].argmax()))
                 logits.append(runner.decode(tokens[-1]).logits[-1].cpu())
             self._tokens, self._logits = tokens, logits
