@@ -1,0 +1,122 @@
+"""Benchmark (not a test): the reference engine end to end, every mode side by side, on the tiny models.
+
+    python -m ddtree.tiny --arch qwen3 --out /tmp/tiny/qwen3        # once per arch (or reuse .cache/tiny)
+    python runtime/bench/engine_bench.py --models .cache/tiny --device cpu --repeat 3
+    python runtime/bench/engine_bench.py --models .cache/tiny --device cuda --repeat 5
+
+For each arch (dense qwen3, hybrid qwen3_5) and mode (baseline, linear, shadow, tree) it generates greedily
+from a fixed prompt set with --max-new-tokens, and reports per mode: rounds per second (verify rounds, or decode
+steps for baseline), output tokens per second, tau (committed tokens per round incl. the bonus) and the ratio of
+tokens/s to baseline. Medians over --repeat passes of the whole prompt set; every mode's output is checked equal
+to baseline (a benchmark that changed the output would be measuring something else).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from ddtree.config import DDTreeConfig
+from ddtree.engine import ReferenceEngine
+
+PROMPTS = [
+    "Write a short note about the weather in Paris.",
+    "List three uses of a paper clip.",
+    '{"name": "Ada", "role": "engineer", "skills": [',
+    "def fibonacci(n):\n",
+    "The quick brown fox",
+    "Explain what a hash map is.",
+]
+MODES = ("baseline", "linear", "shadow", "tree")
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_arch(arch_dir: Path, args: argparse.Namespace) -> list[dict[str, object]]:
+    ddtree = DDTreeConfig(budget=args.budget, topk=args.topk, log_interval=10_000)
+    engines = {
+        mode: ReferenceEngine.load(
+            str(arch_dir / "target"), str(arch_dir / "draft"), mode, ddtree=ddtree, device=args.device
+        )
+        for mode in MODES
+    }
+    tok = engines["baseline"].tokenizer
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    reference = [engines["baseline"].generate(p, args.max_new_tokens).tokens for p in prompts]
+    rows = []
+    for mode, engine in engines.items():
+        for p in prompts[:2]:  # warm-up
+            engine.generate(p, args.max_new_tokens)
+        passes = []
+        for _ in range(args.repeat):
+            tokens = rounds = 0
+            accept: list[int] = []
+            sync(args.device)
+            start = time.perf_counter()
+            for p, expected in zip(prompts, reference, strict=True):
+                result = engine.generate(p, args.max_new_tokens)
+                if result.tokens != expected:
+                    raise SystemExit(f"{arch_dir.name}/{mode}: output differs from baseline")
+                tokens += len(result.tokens)
+                rounds += result.rounds
+                accept += result.accept_lengths
+            sync(args.device)
+            wall = time.perf_counter() - start
+            passes.append((tokens / wall, rounds / wall, statistics.mean(accept) if accept else 1.0))
+        rows.append(
+            {
+                "arch": arch_dir.name,
+                "mode": mode,
+                "tok_s": statistics.median(p[0] for p in passes),
+                "tok_s_min": min(p[0] for p in passes),
+                "tok_s_max": max(p[0] for p in passes),
+                "rounds_s": statistics.median(p[1] for p in passes),
+                "tau": statistics.median(p[2] for p in passes) if mode != "baseline" else 1.0,
+            }
+        )
+    base = rows[0]["tok_s"]
+    for row in rows:
+        row["vs_baseline"] = row["tok_s"] / base  # type: ignore[operator]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=".cache/tiny", help="folder with <arch>/target and <arch>/draft")
+    parser.add_argument("--archs", default="qwen3,qwen3_5")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--budget", type=int, default=32)
+    parser.add_argument("--topk", type=int, default=4)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    rows = []
+    for arch in args.archs.split(","):
+        for row in run_arch(Path(args.models) / arch, args):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\ndevice {args.device}, max_new_tokens {args.max_new_tokens}, budget {args.budget}, topk {args.topk}\n")
+    print("| arch | mode | rounds/s | tok/s (median) | tok/s min-max | tau | vs baseline |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(
+            f"| {r['arch']} | {r['mode']} | {r['rounds_s']:.1f} | {r['tok_s']:.1f} | "
+            f"{r['tok_s_min']:.1f}-{r['tok_s_max']:.1f} | {r['tau']:.2f} | {r['vs_baseline']:.2f}x |"
+        )
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
