@@ -59,11 +59,17 @@ def find_gdn_layers(model: nn.Module) -> list[GDNLayer]:
 
 @dataclass(frozen=True)
 class GDNPlan:
-    """Index math for one tree, shared by every GDN layer (pure tensors)."""
+    """Index math for one tree, shared by every GDN layer (pure tensors, built once per verify).
+
+    The recurrence visits nodes group by group (a group = one depth; one node per group when flat). Nodes are
+    permuted so every group is a contiguous slice (`order`), which keeps the per-depth loop free of gathers
+    except the one that fetches the parents' states (`parent_slot`)."""
 
     parents: Tensor  # [N] parent used by the recurrence (tree parents, or i - 1 when flat)
-    depth_groups: tuple[Tensor, ...]  # node ids processed together, parents always in the previous group
-    slot: Tensor  # [N] position of each node inside its group
+    order: Tensor  # [N] node ids, group after group
+    inverse: Tensor  # [N] position of node i in `order`
+    sizes: tuple[int, ...]  # nodes per group
+    parent_slot: tuple[Tensor, ...]  # per group after the first: [W] its nodes' parents' index in the previous group
     conv_index: Tensor  # [N, K] rows into [conv_state (K cols) | nodes (N)], oldest first, self last
 
     @classmethod
@@ -72,11 +78,12 @@ class GDNPlan:
         dev = parents.device
         if flat:
             parents = torch.arange(n, device=dev) - 1
-            depth_groups = tuple(torch.tensor([i], device=dev) for i in range(n))
+            depth_groups = tuple(torch.arange(i, i + 1, device=dev) for i in range(n))
         groups = tuple(g.to(dev) for g in depth_groups)
-        slot = torch.empty(n, dtype=torch.long, device=dev)
+        slot = torch.empty(n, dtype=torch.long, device=dev)  # position of each node inside its group
         for g in groups:
             slot[g] = torch.arange(g.shape[0], device=dev)
+        order = torch.cat(groups)
         k = conv_kernel
         # ext rows: 0..K-1 the committed conv state (oldest first), K + i the tree node i.
         # up[r] = the row one step back in time from row r along the node's ancestry.
@@ -87,7 +94,14 @@ class GDNPlan:
         for _ in range(k - 1):
             cols.append(up[cols[-1]])
         conv_index = torch.stack(cols[::-1], dim=1)  # [N, K] oldest first
-        return cls(parents=parents, depth_groups=groups, slot=slot, conv_index=conv_index)
+        return cls(
+            parents=parents,
+            order=order,
+            inverse=torch.argsort(order),
+            sizes=tuple(int(g.shape[0]) for g in groups),
+            parent_slot=tuple(slot[parents[g]] for g in groups[1:]),
+            conv_index=conv_index,
+        )
 
 
 @dataclass(frozen=True)
@@ -165,14 +179,23 @@ def _gdn_tree_forward(
     k = _l2norm(k.float())
     v = v.float()
 
-    # recurrence depth by depth; `frontier` holds the previous group's states only
-    core = torch.empty(n, mod.num_v_heads, mod.head_v_dim, dtype=torch.float32, device=x.device)
-    frontier = rec_state.float()  # [1, H_v, d_k, d_v], the root's parent state
-    for group in plan.depth_groups:
-        par = plan.parents[group]  # [W]
-        start = frontier[plan.slot[par]] if int(par[0]) >= 0 else frontier.expand(group.shape[0], -1, -1, -1)
-        frontier = delta_step(start, k[group], v[group], g[group], beta[group])  # [W, H_v, d_k, d_v]
-        core[group] = (frontier * q[group][..., None]).sum(dim=-2)  # [W, H_v, d_v]
+    # recurrence group by group (depth by depth); `state` holds the previous group's states only
+    qo, ko, vo = q[plan.order], k[plan.order], v[plan.order]  # group slices become contiguous
+    decay, bo = g[plan.order].exp()[..., None, None], beta[plan.order][..., None]
+    outs = []
+    state = rec_state.float()  # [1, H_v, d_k, d_v], the root's parent state
+    lo = 0
+    for i, w in enumerate(plan.sizes):
+        hi = lo + w
+        if i:
+            state = state[plan.parent_slot[i - 1]]  # [W, H_v, d_k, d_v], each node's parent state
+        # one delta-rule step, the op order of transformers' recurrent kernel (see delta_step)
+        state = state * decay[lo:hi]
+        delta = (vo[lo:hi] - (state * ko[lo:hi, ..., None]).sum(dim=-2)) * bo[lo:hi]
+        state = state + ko[lo:hi, ..., None] * delta[..., None, :]
+        outs.append((state * qo[lo:hi, ..., None]).sum(dim=-2))  # [W, H_v, d_v]
+        lo = hi
+    core = torch.cat(outs)[plan.inverse]  # [N, H_v, d_v] back in node order
     stashes[int(mod.layer_idx)] = GDNStash(mixed=mixed, key=k, value=v, g=g, beta=beta)
 
     out = mod.norm(core.to(dtype).reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
