@@ -264,6 +264,13 @@ def _post(client: httpx.Client, url: str, body: dict[str, Any], headers: Mapping
         raise SmokeError(f"{url}: response is not JSON", "check the service") from None
 
 
+def chatml(user: str) -> str:
+    """The prompt as a Qwen chat turn with thinking off (ChatML, the template of every Qwen3/3.5/3.6 model),
+    used when the server cannot apply its own template (/tokenize). The special tokens are parsed by the
+    server's tokenizer. Both servers get the same text, so the comparison stays exact either way."""
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
 def chat_input_ids(
     client: httpx.Client, base: str, model: str, prompt: str, headers: Mapping[str, str], timeout: float
 ) -> list[int] | None:
@@ -305,7 +312,7 @@ def generate(
     if input_ids is not None:
         body["input_ids"] = input_ids
     else:
-        body["text"] = prompt.text
+        body["text"] = chatml(prompt.text)
     data = _post(client, f"{base}/generate", body, headers, timeout)
     if isinstance(data, list):  # SGLang answers a batch shape for some inputs
         data = data[0] if data else {}
@@ -313,7 +320,7 @@ def generate(
         raise SmokeError(f"{base}/generate: unexpected response shape", "check the server version")
     ids = data.get("output_ids")
     out_ids = tuple(ids) if isinstance(ids, list) and all(isinstance(t, int) for t in ids) else None
-    via = "generate+chat-template" if input_ids is not None else "generate+text"
+    via = "generate+chat-template" if input_ids is not None else "generate+chatml"
     return Generation(out_ids, str(data.get("text", "")), via)
 
 

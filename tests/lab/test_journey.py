@@ -33,6 +33,25 @@ def journey_inventory(lab_hosts, tmp_path_factory) -> Path:
     return derived_inventory(tmp_path_factory.mktemp("journey") / "lab.yaml", mutate)
 
 
+# The tiny lab model knows a handful of tasks (ddtree.tiny's corpus); on these its distilled drafter accepts
+# several tokens per round, so the lab's 2 shared CPUs get through the comparison in reasonable time. The
+# shipped 24-prompt default set is exercised by the unit tests and works the same way on real models.
+TINY_PROMPTS = [
+    "count from 43 to 50", "json for dave, age 47, from delhi", "write mul for 4 and 9", "count from 12 to 20",
+    "json for erin, age 54, from lima", "write add for 5 and 5", "repeat \"token\" 6 times", "spell banana",
+    "list 4 fruits", "tell me about the cat",
+]  # fmt: skip
+
+
+def _tiny_prompts(folder: Path) -> Path:
+    import yaml
+
+    path = folder / "prompts.yaml"
+    items = [{"id": f"p{i}", "prompt": p, "max_tokens": 48} for i, p in enumerate(TINY_PROMPTS)]
+    path.write_text(yaml.safe_dump({"prompts": items}))
+    return path
+
+
 def _ok(result, what: str) -> str:
     assert result.returncode == 0, (
         f"{what} exited {result.returncode}:\n{result.stderr[-4000:]}\n{result.stdout[-2000:]}"
@@ -57,12 +76,15 @@ def test_journey(journey_inventory: Path) -> None:
     assert "lab1/ref: deployed" in err and "lab2/ref: deployed" in err
     assert current_mode(journey_inventory, "lab2", "ref") == "tree"
 
-    eq = opsctl("smoke", "-i", inv, "--service", "ref", "--equivalence", "--baseline", "lab1/base", "--json")
+    eq = opsctl(
+        "smoke", "-i", inv, "--service", "ref", "--equivalence", "--baseline", "lab1/base",
+        "--prompts", str(_tiny_prompts(journey_inventory.parent)), "--json",
+    )  # fmt: skip
     _ok(eq, "smoke --equivalence")
     reports = json.loads(eq.stdout)
     assert len(reports) == 2
     for report in reports:
-        assert report["passed"] and report["agreement"] == 1.0 and len(report["prompts"]) >= 20
+        assert report["passed"] and report["agreement"] == 1.0 and len(report["prompts"]) == len(TINY_PROMPTS)
         assert all(p["equal"] and p["first_divergence"] is None for p in report["prompts"])
 
     logs = opsctl("logs", "-i", inv, "ref", "--metrics", "--json")

@@ -143,6 +143,7 @@ def test_generate_uses_input_ids_when_given():
     with _client(handler) as client:
         g = smoke.generate(client, "http://h:1", smoke.Prompt("a", "hi", 8), {}, [1, 2, 3])
         t = smoke.generate(client, "http://h:1", smoke.Prompt("a", "hi", 8), {}, None)
-    assert g.ids == (5, 6) and g.via == "generate+chat-template" and t.via == "generate+text"
+    assert g.ids == (5, 6) and g.via == "generate+chat-template" and t.via == "generate+chatml"
     assert bodies[0]["input_ids"] == [1, 2, 3] and "text" not in bodies[0]
-    assert bodies[1]["text"] == "hi" and bodies[1]["sampling_params"] == {"temperature": 0, "max_new_tokens": 8}
+    assert bodies[1]["text"] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert bodies[1]["sampling_params"] == {"temperature": 0, "max_new_tokens": 8}
