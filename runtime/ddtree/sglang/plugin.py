@@ -71,7 +71,7 @@ def spec_class() -> type:
     forward mode); only the worker differs. Built lazily: the base class lives in sglang."""
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-    class DDTreeSpecAlgo(CustomSpecAlgo):  # type: ignore[misc,valid-type]
+    class DDTreeSpecAlgo(CustomSpecAlgo):  # type: ignore[misc]
         def is_dflash(self) -> bool:
             return True
 

@@ -90,7 +90,7 @@ def shadow_worker_class() -> type:
 
     from ddtree.sglang.gates import hybrid_mode
 
-    class DDTreeShadowWorker(DFlashWorkerV2):  # type: ignore[misc,valid-type]
+    class DDTreeShadowWorker(DFlashWorkerV2):  # type: ignore[misc]
         def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
             self._ddtree_config = DDTreeConfig.from_env(os.environ)
