@@ -99,8 +99,10 @@ class ServeProcess:
             )
         return cls(proc, f"http://127.0.0.1:{port}", models, log)
 
-    def wait_ready(self, timeout: float = 240.0) -> ServeProcess:
+    def wait_ready(self, timeout: float = 300.0) -> ServeProcess:
         """Poll /health until 200; remember every status seen (503 while loading)."""
+        if self.health_seen and self.health_seen[-1] == 200:
+            return self
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -156,6 +158,10 @@ class ServeProcess:
         )
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def signal_stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -170,20 +176,25 @@ class ServeProcess:
 @pytest.fixture(scope="module")
 def servers(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[[str, str], ServeProcess]]:
-    """servers(arch, mode) -> a ready server, started on first use and stopped at the end of the module."""
+) -> Iterator[Callable[..., ServeProcess]]:
+    """servers(arch, mode, *also) -> a ready server, started on first use (together with the `also` modes, so
+    their start-ups overlap) and stopped at the end of the module."""
     started: dict[tuple[str, str], ServeProcess] = {}
 
-    def get(arch: str, mode: str) -> ServeProcess:
-        if (arch, mode) not in started:
-            models = Path(request.getfixturevalue("tiny_dense" if arch == "dense" else "tiny_hybrid"))
-            work = tmp_path_factory.mktemp(f"serve-{arch}-{mode}")
-            started[(arch, mode)] = ServeProcess.start(models, mode, work).wait_ready()
+    def get(arch: str, mode: str, *also: str) -> ServeProcess:
+        models = Path(request.getfixturevalue("tiny_dense" if arch == "dense" else "tiny_hybrid"))
+        for m in (mode, *also):
+            if (arch, m) not in started:
+                started[(arch, m)] = ServeProcess.start(models, m, tmp_path_factory.mktemp(f"serve-{arch}-{m}"))
+        for m in (mode, *also):
+            started[(arch, m)].wait_ready()
         return started[(arch, mode)]
 
     yield get
-    for proc in started.values():
-        proc.stop()
+    for proc in started.values():  # SIGTERM them all first: they drain and exit in parallel
+        proc.signal_stop()
+    codes = {key: proc.stop() for key, proc in started.items()}
+    assert all(code == 0 for code in codes.values()), codes
 
 
 def _generate(s: ServeProcess, ids: list[int], n: int) -> dict[str, Any]:
@@ -194,8 +205,8 @@ def _generate(s: ServeProcess, ids: list[int], n: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_greedy_identical_across_modes(servers: Callable[[str, str], ServeProcess], arch: str) -> None:
-    ref = servers(arch, "baseline")
+def test_greedy_identical_across_modes(servers: Callable[..., ServeProcess], arch: str) -> None:
+    ref = servers(arch, "baseline", *MODES[1:])
     prompts = [ref.chat_ids("What is 2+2?", thinking=False), ref.chat_ids("Name a color.", thinking=True)]
     chat = chat_body("What is 2+2?", max_tokens=24, enable_thinking=False)
     results: dict[str, tuple[Any, ...]] = {}
@@ -220,7 +231,7 @@ def test_greedy_identical_across_modes(servers: Callable[[str, str], ServeProces
         assert results[mode] == results["baseline"], f"{arch}: {mode} differs from baseline"
 
 
-def test_sixteen_concurrent_requests(servers: Callable[[str, str], ServeProcess]) -> None:
+def test_sixteen_concurrent_requests(servers: Callable[..., ServeProcess]) -> None:
     s = servers("dense", "tree")
     questions = ["What is 2+2?", "Name a color.", "Say hi.", "Count to three."]
     bodies = [chat_body(questions[i % 4], max_tokens=6, enable_thinking=False, ignore_eos=True) for i in range(16)]
@@ -251,14 +262,14 @@ def test_sixteen_concurrent_requests(servers: Callable[[str, str], ServeProcess]
         ({**chat_body("hi", max_tokens=4), "model": "gpt-4"}, "The model `gpt-4` does not exist"),
     ],
 )
-def test_bad_requests_get_400(servers: Callable[[str, str], ServeProcess], body: Any, fragment: str) -> None:
+def test_bad_requests_get_400(servers: Callable[..., ServeProcess], body: Any, fragment: str) -> None:
     s = servers("dense", "baseline")
     r = s.post("/v1/chat/completions", body)
     assert r.status_code == 400, r.text
     assert fragment in r.json()["message"] and r.json()["code"] == 400
 
 
-def test_api_key(servers: Callable[[str, str], ServeProcess]) -> None:
+def test_api_key(servers: Callable[..., ServeProcess]) -> None:
     s = servers("dense", "baseline")
     body = chat_body("hi", max_tokens=2)
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
@@ -271,7 +282,7 @@ def test_api_key(servers: Callable[[str, str], ServeProcess]) -> None:
     assert [m["id"] for m in models["data"]] == ["tiny"]
 
 
-def test_chat_reasoning_stream_stop_and_seed(servers: Callable[[str, str], ServeProcess]) -> None:
+def test_chat_reasoning_stream_stop_and_seed(servers: Callable[..., ServeProcess]) -> None:
     s = servers("dense", "linear")
     # thinking on (the default): the reply starts inside <think>, so the text lands in reasoning_content
     full = s.post("/v1/chat/completions", chat_body("What is 2+2?", max_tokens=12)).json()
@@ -305,7 +316,7 @@ def test_chat_reasoning_stream_stop_and_seed(servers: Callable[[str, str], Serve
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_metrics_and_log_lines(servers: Callable[[str, str], ServeProcess], arch: str) -> None:
+def test_metrics_and_log_lines(servers: Callable[..., ServeProcess], arch: str) -> None:
     s = servers(arch, "tree")
     before = s.metric("sglang:generation_tokens")
     out = _generate(s, s.chat_ids("Count to three.", thinking=False), 24)
