@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (one case per line reads best in this table)
 """Every bad inventory gives exactly one line naming the problem, exit code 1, and no traceback."""
 
 from __future__ import annotations
@@ -58,34 +59,122 @@ CASES: list[tuple[str, str | None, str]] = [
     ("host-unknown-key", host(extra="adress: x"), "hosts.h1.adress: unknown key"),
     ("gpus-wrong-type", host(extra="", gpus="eight"), "hosts.h1.gpus: expected an integer, got a string"),  # type: ignore[arg-type]
     ("ssh-port-string", host(extra="ssh: {port: twenty-two}"), "hosts.h1.ssh.port: expected an integer"),
-    ("ssh-bad-policy", host(extra="ssh: {host_key_policy: yolo}"), "host_key_policy: expected one of strict, accept-new"),
+    (
+        "ssh-bad-policy",
+        host(extra="ssh: {host_key_policy: yolo}"),
+        "host_key_policy: expected one of strict, accept-new",
+    ),
     ("venv-relative", host(extra="venv: opt/venv"), "hosts.h1.venv: 'opt/venv' is not a safe absolute path"),
     ("venv-dotdot", host(extra="venv: /opt/../etc"), "must not contain '..'"),
     ("venv-shell", host(extra="venv: '/opt/v;rm -rf /'"), "is not a safe absolute path"),
     ("service-bad-name", host(svc("gpu 0")), "'gpu 0' is not a safe name"),
-    ("service-unknown-key", host(svc(body=with_key(GOOD_SERVICE, "prot: 1"))), "services.s1.prot: unknown key (did you mean `port`?)"),
-    ("service-missing-port", host(svc(body=GOOD_SERVICE.replace("port: 30000", ""))), "services.s1.port: required key is missing"),
-    ("port-out-of-range", host(svc(body=GOOD_SERVICE.replace("30000", "99999"))), "services.s1.port: 99999 is out of range"),
-    ("bad-mode", host(svc(body=GOOD_SERVICE.replace("linear", "turbo"))), "services.s1.mode: expected one of baseline, linear, shadow, tree"),
-    ("bad-engine", host(svc(body=with_key(GOOD_SERVICE, "engine: vllm"))), "services.s1.engine: expected one of sglang, reference"),
-    ("duplicate-port", host(svc("s1") + "\n" + svc("s2", GOOD_SERVICE.replace("[0]", "[1]"))), "services.s2.port: 30000 already used by s1"),
-    ("gpu-clash", host(svc("s1") + "\n" + svc("s2", GOOD_SERVICE.replace("30000", "30001"))), "services.s2.gpus: GPU 0 already used by s1"),
-    ("gpu-out-of-range", host(svc(body=GOOD_SERVICE.replace("[0]", "[5]"))), "services.s1.gpus: GPU 5 does not exist (host has 2 GPUs)"),
+    (
+        "service-unknown-key",
+        host(svc(body=with_key(GOOD_SERVICE, "prot: 1"))),
+        "services.s1.prot: unknown key (did you mean `port`?)",
+    ),
+    (
+        "service-missing-port",
+        host(svc(body=GOOD_SERVICE.replace("port: 30000", ""))),
+        "services.s1.port: required key is missing",
+    ),
+    (
+        "port-out-of-range",
+        host(svc(body=GOOD_SERVICE.replace("30000", "99999"))),
+        "services.s1.port: 99999 is out of range",
+    ),
+    (
+        "bad-mode",
+        host(svc(body=GOOD_SERVICE.replace("linear", "turbo"))),
+        "services.s1.mode: expected one of baseline, linear, shadow, tree",
+    ),
+    (
+        "bad-engine",
+        host(svc(body=with_key(GOOD_SERVICE, "engine: vllm"))),
+        "services.s1.engine: expected one of sglang, reference",
+    ),
+    (
+        "duplicate-port",
+        host(svc("s1") + "\n" + svc("s2", GOOD_SERVICE.replace("[0]", "[1]"))),
+        "services.s2.port: 30000 already used by s1",
+    ),
+    (
+        "gpu-clash",
+        host(svc("s1") + "\n" + svc("s2", GOOD_SERVICE.replace("30000", "30001"))),
+        "services.s2.gpus: GPU 0 already used by s1",
+    ),
+    (
+        "gpu-out-of-range",
+        host(svc(body=GOOD_SERVICE.replace("[0]", "[5]"))),
+        "services.s1.gpus: GPU 5 does not exist (host has 2 GPUs)",
+    ),
     ("gpu-not-int", host(svc(body=GOOD_SERVICE.replace("[0]", "[zero]"))), "services.s1.gpus[0]: expected an integer"),
-    ("literal-api-key", host(svc(body=with_key(GOOD_SERVICE, "api_key: hunter2-literal"))), "services.s1.api_key: literal secrets are not allowed"),
-    ("secret-in-extra-env", host(svc(body=with_key(GOOD_SERVICE, "extra_env: {HF_TOKEN: abc123}"))), "extra_env.HF_TOKEN: looks like a secret"),
-    ("secret-in-extra-args", host(svc(body=with_key(GOOD_SERVICE, "extra_args: ['--api-key=abc']"))), "secrets must not be passed as arguments"),
-    ("unsafe-extra-arg", host(svc(body=with_key(GOOD_SERVICE, "extra_args: ['--x=$(reboot)']"))), "extra_args[0]: '--x=$(reboot)' is not a safe argument"),
-    ("reserved-env", host(svc(body=with_key(GOOD_SERVICE, "extra_env: {CUDA_VISIBLE_DEVICES: '3'}"))), "is set by opsctl itself"),
-    ("model-not-shm", host(svc(body=GOOD_SERVICE.replace("path: /dev/shm/m", "path: /tmp/m"))), "model.path: '/tmp/m' must be a directory under /dev/shm/"),
-    ("model-missing-path", host(svc(body=GOOD_SERVICE.replace(", path: /dev/shm/m", ""))), "services.s1.model.path: required key is missing"),
-    ("draft-missing", host(svc(body="\n".join(ln for ln in GOOD_SERVICE.splitlines() if "draft_model" not in ln))), "mode linear needs a draft model"),
-    ("budget-zero", host(svc(body=with_key(GOOD_SERVICE, "ddtree: {budget: 0}"))), "ddtree.budget: 0 is out of range (1..1024)"),
-    ("topk-huge", host(svc(body=with_key(GOOD_SERVICE, "ddtree: {topk: 1000}"))), "ddtree.topk: 1000 is out of range (1..64)"),
-    ("unsafe-bool-string", host(svc(body=with_key(GOOD_SERVICE, "ddtree: {allow_hybrid_unsafe: 'yes'}"))), "allow_hybrid_unsafe: expected true or false"),
-    ("tree-on-hybrid", host(svc(body=GOOD_SERVICE.replace("linear", "tree").replace("hybrid: false", "hybrid: true"))), "tree mode on a hybrid target (m) needs exact recurrent-state tree verify"),
+    (
+        "literal-api-key",
+        host(svc(body=with_key(GOOD_SERVICE, "api_key: hunter2-literal"))),
+        "services.s1.api_key: literal secrets are not allowed",
+    ),
+    (
+        "secret-in-extra-env",
+        host(svc(body=with_key(GOOD_SERVICE, "extra_env: {HF_TOKEN: abc123}"))),
+        "extra_env.HF_TOKEN: looks like a secret",
+    ),
+    (
+        "secret-in-extra-args",
+        host(svc(body=with_key(GOOD_SERVICE, "extra_args: ['--api-key=abc']"))),
+        "secrets must not be passed as arguments",
+    ),
+    (
+        "unsafe-extra-arg",
+        host(svc(body=with_key(GOOD_SERVICE, "extra_args: ['--x=$(reboot)']"))),
+        "extra_args[0]: '--x=$(reboot)' is not a safe argument",
+    ),
+    (
+        "reserved-env",
+        host(svc(body=with_key(GOOD_SERVICE, "extra_env: {CUDA_VISIBLE_DEVICES: '3'}"))),
+        "is set by opsctl itself",
+    ),
+    (
+        "model-not-shm",
+        host(svc(body=GOOD_SERVICE.replace("path: /dev/shm/m", "path: /tmp/m"))),
+        "model.path: '/tmp/m' must be a directory under /dev/shm/",
+    ),
+    (
+        "model-missing-path",
+        host(svc(body=GOOD_SERVICE.replace(", path: /dev/shm/m", ""))),
+        "services.s1.model.path: required key is missing",
+    ),
+    (
+        "draft-missing",
+        host(svc(body="\n".join(ln for ln in GOOD_SERVICE.splitlines() if "draft_model" not in ln))),
+        "mode linear needs a draft model",
+    ),
+    (
+        "budget-zero",
+        host(svc(body=with_key(GOOD_SERVICE, "ddtree: {budget: 0}"))),
+        "ddtree.budget: 0 is out of range (1..1024)",
+    ),
+    (
+        "topk-huge",
+        host(svc(body=with_key(GOOD_SERVICE, "ddtree: {topk: 1000}"))),
+        "ddtree.topk: 1000 is out of range (1..64)",
+    ),
+    (
+        "unsafe-bool-string",
+        host(svc(body=with_key(GOOD_SERVICE, "ddtree: {allow_hybrid_unsafe: 'yes'}"))),
+        "allow_hybrid_unsafe: expected true or false",
+    ),
+    (
+        "tree-on-hybrid",
+        host(svc(body=GOOD_SERVICE.replace("linear", "tree").replace("hybrid: false", "hybrid: true"))),
+        "tree mode on a hybrid target (m) needs exact recurrent-state tree verify",
+    ),
     ("sglang-on-cpu", host(svc(body=with_key(GOOD_SERVICE, "device: cpu"))), "the sglang engine needs a GPU"),
-    ("bad-address", "hosts:\n  h1: {address: 'a b'}\n", "hosts.h1.address: 'a b' is not a valid IP address or hostname"),
+    (
+        "bad-address",
+        "hosts:\n  h1: {address: 'a b'}\n",
+        "hosts.h1.address: 'a b' is not a valid IP address or hostname",
+    ),
 ]
 
 

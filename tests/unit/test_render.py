@@ -62,7 +62,7 @@ def test_secret_only_in_the_0600_server_config(golden_inventory) -> None:
         assert [f.name for f in holders] == ["server.yaml"] and holders[0].mode == 0o600
         assert SECRET not in " ".join(revealed.exec_start + revealed.flags)
         assert all(SECRET not in f.text for f in masked.files)
-        assert "api-key: \"***\"" in masked.server_config
+        assert 'api-key: "***"' in masked.server_config
 
 
 def test_secret_never_in_cli_output(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -122,8 +122,12 @@ def test_systemd_analyze_catches_a_broken_unit(tmp_path: Path) -> None:
     inv = load_inventory(REPO / "inventory/ct200.yaml")
     unit = render_service(inv.hosts[0], inv.hosts[0].services[0], "r").unit.replace("KillMode=mixed", "KillMode=mixd")
     (root / "etc/systemd/system/opsctl-gpu0.service").write_text(unit)
-    proc = subprocess.run(["systemd-analyze", "verify", f"--root={root}", "opsctl-gpu0.service"],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", f"--root={root}", "opsctl-gpu0.service"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert "kill mode" in (proc.stdout + proc.stderr).lower()
 
 
