@@ -1,4 +1,3 @@
-# ruff: noqa: E501  (one case per line reads best in this table)
 """Every bad inventory gives exactly one line naming the problem, exit code 1, and no traceback."""
 
 from __future__ import annotations
