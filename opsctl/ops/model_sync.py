@@ -117,14 +117,10 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
         actions.append(Cmd.of("rsync", "-a", f"{spec.source.rstrip('/')}/", f"{p.staging}/"))
     actions.append(
         Verify(
-            Cmd.of(
-                "sh",
-                "-c",
-                f"cd {shlex.quote(p.staging)} && sha256sum --quiet --strict -c -",
-                stdin=manifest.sha256sum_lines(),
-            ),
-            judge=_verify_judge(spec.name),
+            hash_listing_cmd(p.staging),
+            judge=_verify_judge(spec.name, manifest),
             what=f"sha256 of {len(manifest.files)} files",
+            shown=f"hash every file in {p.staging} (parallel sha256sum), compare with the manifest",
         )
     )
     actions.append(PutText(f"{p.staging}/{MANIFEST_NAME}", manifest.to_json()))
@@ -153,12 +149,16 @@ def _why(p: ModelPaths, manifest: Manifest, state: DirState | None, need: int) -
     return f"{p.final}: {'; '.join(parts)}; re-copy ({gib(need)} to transfer)"
 
 
-def _verify_judge(name: str) -> Callable[[int, str, str], None]:
+def _verify_judge(name: str, manifest: Manifest) -> Callable[[int, str, str], None]:
     def judge(exit_code: int, stdout: str, stderr: str) -> None:
         if exit_code != 0:
-            failed = [ln for ln in (stdout + stderr).splitlines() if ln.strip()][:3]
+            raise ManifestMismatchError(f"{name}: hashing the staged copy failed: {stderr.strip()[-200:]}")
+        state = compare(manifest, parse_hash_listing(stdout))
+        if not state.matches:
+            wrong = sorted(state.bad | state.missing | state.extra)
             raise ManifestMismatchError(
-                f"{name}: the copy does not match the source manifest: {'; '.join(failed) or f'exit {exit_code}'}",
+                f"{name}: the copy does not match the source manifest: {', '.join(wrong[:3])}"
+                + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""),
                 "the source changed during the copy, or the host's memory is faulty; run provision again",
             )
 

@@ -43,7 +43,12 @@ def _write_model(root: Path, files: dict[str, int], seed: int) -> Path:
     for name, size in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b'{"model_type": "qwen3"}' if name == "config.json" else rng.randbytes(size))
+        if name == "config.json":
+            path.write_bytes(b'{"model_type": "qwen3"}')
+            continue
+        with path.open("wb") as fh:
+            for start in range(0, size, 16 << 20):
+                fh.write(rng.randbytes(min(16 << 20, size - start)))
     return root
 
 

@@ -183,4 +183,3 @@ def test_manifest_json_round_trip() -> None:
     assert parse_manifest_json("") is None
     assert parse_manifest_json("{not json") is None
     assert parse_manifest_json('{"files": {"x": {"size": 1}}}') is None
-    assert manifest.sha256sum_lines() == f"{'d' * 64}  a.json\n{'c' * 64}  b.bin\n"

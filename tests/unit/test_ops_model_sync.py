@@ -23,7 +23,14 @@ from opsctl.inventory.model import (
 )
 from opsctl.ops.base import Artifacts, Context, Push, Verify
 from opsctl.ops.errors import ManifestMismatchError, ShmTooSmallError
-from opsctl.ops.facts.manifest import MANIFEST_NAME, FileEntry, Manifest, build_local_manifest, sha256_file
+from opsctl.ops.facts.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    build_local_manifest,
+    hash_listing_cmd,
+    sha256_file,
+)
 from opsctl.ops.facts.system import DiskSpace
 from opsctl.ops.model_sync import ModelFacts, ModelPaths, ModelSync, models_of, plan_model
 from opsctl.remote.local import LocalHost
@@ -68,13 +75,17 @@ def test_absent_model_is_staged_verified_and_renamed() -> None:
         "rm -rf /dev/shm/.opsctl-old-m",
         "mkdir -p /dev/shm/.opsctl-sync-m",
         "push /models/m -> /dev/shm/.opsctl-sync-m",
-        "verify sha256 of 2 files: sh -c 'cd /dev/shm/.opsctl-sync-m && sha256sum --quiet --strict -c -'",
+        "verify sha256 of 2 files: hash every file in /dev/shm/.opsctl-sync-m (parallel sha256sum), "
+        "compare with the manifest",
         f"write /dev/shm/.opsctl-sync-m/{MANIFEST_NAME} ({len(MANIFEST.to_json())} bytes, mode 644)",
         SWAP,
     ]
     verify = actions[3]
     assert isinstance(verify, Verify)
-    assert verify.cmd.stdin == f"{A}  config.json\n{B}  model.safetensors\n"
+    assert verify.cmd == hash_listing_cmd("/dev/shm/.opsctl-sync-m")
+    verify.judge(0, f"{A} 100 config.json\n{B} 1000 model.safetensors\n", "")  # matches: no error
+    with pytest.raises(ManifestMismatchError, match=r"does not match the source manifest: model\.safetensors"):
+        verify.judge(0, f"{A} 100 config.json\n{C} 1000 model.safetensors\n", "")
     assert notes == ["/dev/shm/m: absent; copy 2 files, 0.00 GiB (0.00 GiB to transfer)"]
 
 

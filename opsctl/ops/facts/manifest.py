@@ -42,10 +42,6 @@ class Manifest:
         }
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
-    def sha256sum_lines(self) -> str:
-        """The `sha256sum -c` input for this manifest."""
-        return "".join(f"{e.sha256}  {p}\n" for p, e in sorted(self.files.items()))
-
 
 def parse_manifest_json(text: str) -> Manifest | None:
     """Parse a stored manifest; None when absent or unreadable (it is then simply rewritten)."""
@@ -60,14 +56,16 @@ def parse_manifest_json(text: str) -> Manifest | None:
 
 
 def hash_listing_cmd(directory: str) -> Cmd:
-    """A read-only command printing `<sha256> <size> <path>` per file under `directory` (nothing if absent)."""
+    """A read-only command printing `<sha256> <size> <path>` per file under `directory` (nothing if absent).
+
+    One sha256sum per file, as many at once as the host has CPUs (a model is a few large shards)."""
     d = shlex.quote(directory)
     per_file = (
         'for f; do printf "%s %s %s\\n" "$(sha256sum < "$f" | cut -d" " -f1)" "$(stat -c %s "$f")" "${f#./}"; done'
     )
     script = (
         f"if [ -d {d} ]; then cd {d} && find . -type f ! -name {MANIFEST_NAME} -print0"
-        f' | xargs -0 -r -n 4 -P "$(nproc)" sh -c {shlex.quote(per_file)} _; fi'
+        f' | xargs -0 -r -n 1 -P "$(nproc)" sh -c {shlex.quote(per_file)} _; fi'
     )
     return Cmd.of("sh", "-c", script)
 
