@@ -117,6 +117,10 @@ def server_env(host: Host, service: Service, release_dir: str) -> list[tuple[str
         ("SGLANG_CACHE_DIR", f"{layout.SGLANG_CACHE_ROOT}/{service.name}"),
         ("HF_HUB_OFFLINE", "1"),
     ]
+    if service.engine is Engine.SGLANG and service.mode is Mode.SHADOW:
+        # The shadow worker reads DFLASH's per-position draft distributions, which SGLang only keeps with the
+        # eager draft sampler (docs/sglang.md).
+        env.append(("SGLANG_DFLASH_EAGER_DRAFT_SAMPLER", "1"))
     if service.mode.ddtree:
         knobs = service.ddtree
         env += [

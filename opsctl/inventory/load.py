@@ -354,6 +354,12 @@ def _service(
         health_timeout=s.number(d.get("health_timeout", 600), f"{path}.health_timeout", 1, 7200),
         readiness_delay=s.number(d.get("readiness_delay", 10), f"{path}.readiness_delay", 0, 600),
     )
+    if mode is Mode.TREE and engine is Engine.SGLANG:
+        warnings.append(
+            f"{path}: SGLANG TREE UNAVAILABLE: this ddtree-runtime's SGLang plugin runs shadow only and refuses "
+            "DDTREE_VERIFY=tree at start (docs/sglang.md), so a deploy will fail its gates and roll back; "
+            "use mode shadow, or engine reference"
+        )
     if mode is Mode.TREE and model.hybrid and engine not in EXACT_HYBRID_ENGINES:
         if not knobs.allow_hybrid_unsafe:
             raise InventoryError(

@@ -51,6 +51,8 @@ def test_modes_render_the_right_flags(golden_inventory) -> None:
     assert "DDTREE_VERIFY=tree\n" in env and "DDTREE_BUDGET=64\n" in env and "DDTREE_LOG_INTERVAL=20\n" in env
     assert "DDTREE_VERIFY=shadow\n" in render_service(host, host.service("ref-shadow"), "r").env
     assert "DDTREE_" not in render_service(host, host.service("sgl-linear"), "r").env
+    assert "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1" in render_service(host, host.service("sgl-shadow"), "r").env
+    assert "SGLANG_DFLASH_EAGER" not in render_service(host, host.service("ref-shadow"), "r").env
 
 
 def test_secret_only_in_the_0600_server_config(golden_inventory) -> None:
@@ -103,6 +105,7 @@ def test_ct200_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     result = run_cli("render", "-i", str(REPO / "inventory/ct200.yaml"), "--out", str(out))
     assert result.exit_code == 0, result.stderr
     assert "HYBRID UNSAFE" in result.stderr  # gpu1 runs tree on a hybrid target: loud in every output
+    assert "SGLANG TREE UNAVAILABLE" in result.stderr  # and the SGLang plugin refuses tree at start
     root = _verify_root(tmp_path, "/opt/opsctl/venv")
     units = sorted(out.rglob("opsctl-*.service"))
     assert [u.name for u in units] == ["opsctl-gpu0.service", "opsctl-gpu1.service"]
