@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from . import corpus
 from .chain import greedy_chain
@@ -29,7 +29,7 @@ from .distill import DrafterSettings, collect_greedy, make_drafter, train_drafte
 from .target import Arch, TargetShape, TrainSettings, make_target, train_target
 from .tokenizer import IM_END, MASK, TOKEN_IDS, build_tokenizer
 
-__all__ = ["BUILD_VERSION", "Arch", "BuildSettings", "build"]
+__all__ = ["BUILD_VERSION", "Arch", "BuildSettings", "build", "chat_prompt_ids"]
 
 BUILD_VERSION = 2  # bump when the build changes its output; the test fixtures rebuild stale caches
 TARGET_LAYER_IDS = (1, 2)
@@ -50,7 +50,8 @@ class BuildSettings:
     eval_new_tokens: int = 64
 
 
-def _chat_prompt(tok, user: str, thinking: bool) -> list[int]:  # type: ignore[no-untyped-def]
+def chat_prompt_ids(tok: PreTrainedTokenizerBase, user: str, thinking: bool) -> list[int]:
+    """Token ids of a one-turn chat prompt ending with the assistant generation prompt."""
     text = tok.apply_chat_template(
         [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True, enable_thinking=thinking
     )
@@ -67,7 +68,7 @@ def build(arch: Arch, out: Path, seed: int = 0, settings: BuildSettings | None =
 
     samples = corpus.training_samples(settings.corpus_size, seed)
     conversations = [
-        _chat_prompt(tok, s.prompt, thinking) + list(tok.encode(corpus.completion(s, thinking) + "\n"))
+        chat_prompt_ids(tok, s.prompt, thinking) + list(tok.encode(corpus.completion(s, thinking) + "\n"))
         for s, thinking in samples
     ]
     target = make_target(arch, settings.target_shape)
@@ -83,7 +84,7 @@ def build(arch: Arch, out: Path, seed: int = 0, settings: BuildSettings | None =
     )
 
     t0 = time.perf_counter()
-    distill_prompts = [_chat_prompt(tok, s.prompt, th) for s, th in samples[: settings.distill_prompts]]
+    distill_prompts = [chat_prompt_ids(tok, s.prompt, th) for s, th in samples[: settings.distill_prompts]]
     data = collect_greedy(
         target, distill_prompts, settings.distill_new_tokens, stop, TOKEN_IDS["<|endoftext|>"], TARGET_LAYER_IDS
     )
@@ -101,7 +102,7 @@ def build(arch: Arch, out: Path, seed: int = 0, settings: BuildSettings | None =
     heldout = corpus.heldout_prompts(settings.eval_prompts, seed + 1000, {s.prompt for s, _ in samples})
     accepts: list[int] = []
     for i, user in enumerate(heldout):
-        res = greedy_chain(target, drafter, _chat_prompt(tok, user, i % 4 == 3), settings.eval_new_tokens, stop)
+        res = greedy_chain(target, drafter, chat_prompt_ids(tok, user, i % 4 == 3), settings.eval_new_tokens, stop)
         accepts += res.accept_lengths
     tau = sum(accepts) / max(1, len(accepts))
     t_eval = time.perf_counter() - t0
