@@ -242,7 +242,11 @@ def crash_fault_installed(inventory: Path, host: str, venv: str = "/opt/opsctl/v
         remote_run(inventory, host, Cmd.of("rm", "-f", f"{site}/opsctl_test_fault.pth", f"{site}/opsctl_test_fault.py"))
 
 
-def provision(inventory: Path = LAB_INVENTORY) -> subprocess.CompletedProcess[str]:
-    if SKIP_PROVISION:
+PROVISION_ARGS = os.environ.get("OPSCTL_DEPLOY_TEST_PROVISION_ARGS", "").split()
+
+
+def provision(inventory: Path = LAB_INVENTORY, *args: str, always: bool = False) -> subprocess.CompletedProcess[str]:
+    """`opsctl provision` (skipped with OPSCTL_DEPLOY_TEST_SKIP_PROVISION=1 unless `always`)."""
+    if SKIP_PROVISION and not always:
         return subprocess.CompletedProcess(["provision"], 0, "", "")
-    return opsctl("provision", "-i", str(inventory), timeout=1800)
+    return opsctl("provision", "-i", str(inventory), *args, *PROVISION_ARGS, timeout=1800)
