@@ -135,7 +135,9 @@ def config_hash_for(ctx: ServiceContext, wheel: RuntimeWheel) -> str:
     files, _, argv = _render(ctx, release.PLACEHOLDER_ID, reveal=False)
     files = {k: v.replace(release.PLACEHOLDER_ID, "<release>") for k, v in files.items()}
     argv = tuple(a.replace(release.PLACEHOLDER_ID, "<release>") for a in argv)
-    return release.config_hash(files, argv, wheel.sha256)
+    models = [m.path for m in (ctx.service.model, ctx.service.draft_model) if m is not None]
+    digests = release.parse_model_manifests(ctx.run(release.model_manifests_cmd(models), check=False), models)
+    return release.config_hash(files, argv, wheel.sha256, digests)
 
 
 def _gate(

@@ -28,14 +28,17 @@ MANIFEST = "manifest.json"
 DEFAULT_KEEP = 5
 
 
-def config_hash(files: Mapping[str, str], argv: tuple[str, ...], runtime_sha256: str) -> str:
-    """Stable hash of everything that defines a release (files by name, argv, runtime wheel)."""
+def config_hash(files: Mapping[str, str], argv: tuple[str, ...], runtime_sha256: str, models: str = "") -> str:
+    """Stable hash of everything that defines a release (files by name, argv, runtime wheel, and the model
+    manifests on the host, so new weights at the same path make a new release and a restart)."""
     digest = hashlib.sha256()
     for name in sorted(files):
         digest.update(f"file {name} {len(files[name])}\n".encode())
         digest.update(files[name].encode())
     digest.update(("argv " + "\0".join(argv) + "\n").encode())
     digest.update(f"runtime {runtime_sha256}\n".encode())
+    if models:
+        digest.update(f"models {models}\n".encode())
     return digest.hexdigest()[:HASH_LEN]
 
 
@@ -268,3 +271,22 @@ def plan_prune(facts: ReleaseFacts, keep: int, protect: tuple[str, ...] = ()) ->
     if facts.current:
         keep_set.add(facts.current)
     return [r for r in ids if r not in keep_set]
+
+
+MODEL_MANIFEST = ".opsctl-manifest.json"  # written by provision's model_sync next to the weights
+
+
+def model_manifests_cmd(model_paths: list[str]) -> Cmd:
+    """sha256 of each model's manifest on the host (missing ones print nothing)."""
+    files = " ".join(shlex.quote(f"{p.rstrip('/')}/{MODEL_MANIFEST}") for p in model_paths)
+    return sh(f"sha256sum {files} 2>/dev/null || true", sudo=True)
+
+
+def parse_model_manifests(stdout: str, model_paths: list[str]) -> str:
+    """`path=sha` for each model in order; `path=none` when the host has no manifest for it."""
+    found = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and len(parts[0]) == 64:
+            found[parts[1].rsplit("/", 1)[0]] = parts[0]
+    return ";".join(f"{p.rstrip('/')}={found.get(p.rstrip('/'), 'none')}" for p in model_paths)

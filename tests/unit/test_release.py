@@ -194,3 +194,20 @@ def test_facts_script_runs_in_a_real_shell(tmp_path):
     switch = release.switch_cmd(p, "20261129T220000Z-aaaaaaaaaaaa").argv[2].replace(p.root, str(root))
     subprocess.run(["sh", "-c", switch], check=True)
     assert (root / "current").readlink().as_posix() == "releases/20261129T220000Z-aaaaaaaaaaaa"
+
+
+def test_model_manifests_enter_the_hash():
+    paths = ["/dev/shm/tiny", "/dev/shm/tiny-draft/"]
+    cmd = release.model_manifests_cmd(paths)
+    assert cmd.display() == (
+        "sh -c 'sha256sum /dev/shm/tiny/.opsctl-manifest.json /dev/shm/tiny-draft/.opsctl-manifest.json "
+        "2>/dev/null || true'"
+    )
+    out = f"{'a' * 64}  /dev/shm/tiny/.opsctl-manifest.json\n"
+    digests = release.parse_model_manifests(out, paths)
+    assert digests == f"/dev/shm/tiny={'a' * 64};/dev/shm/tiny-draft=none"
+    files = {"unit": "u"}
+    assert release.config_hash(files, (), "w", digests) != release.config_hash(
+        files, (), "w", digests.replace("a", "b")
+    )
+    assert release.config_hash(files, (), "w") == release.config_hash(files, (), "w", "")
