@@ -238,3 +238,56 @@ def test_cmd_values_are_exact() -> None:
     remote = with_repo(fake((127, "", fx("nvidia-smi-not-found.txt")), (1, "", ""), fx("pci-blackwell-8x.txt")))
     plan = GpuDriver().plan(Context(host(cuda=CudaConfig()), remote))
     assert plan.actions[1] == Cmd.of("dpkg", "-i", "/tmp/cuda-keyring.deb", sudo=True)
+
+
+def test_reboot_waits_for_a_new_boot_id() -> None:
+    from opsctl.errors import UnreachableError
+    from opsctl.ops import reboot
+
+    answers = iter([(0, "boot-1\n", ""), UnreachableError("ct200", "connection refused"), (0, "boot-1\n", ""),
+                    (0, "boot-2\n", "")])  # fmt: skip
+
+    def handler(cmd: Cmd) -> tuple[int, str, str] | UnreachableError | None:
+        if cmd.display() == "cat /proc/sys/kernel/random/boot_id":
+            return next(answers)
+        return None
+
+    remote = FakeHost("ct200", handler=handler)
+    reboot.reboot_and_wait(remote, timeout=10.0, poll=0.0)
+    assert remote.ran.count("cat /proc/sys/kernel/random/boot_id") == 4
+    assert "systemctl reboot" in remote.ran
+    assert remote.commands[1].sudo
+
+
+def test_reboot_gives_up_after_the_timeout() -> None:
+    from opsctl.ops import reboot
+
+    remote = FakeHost("ct200", answers={"cat /proc/sys/kernel/random/boot_id": (0, "same\n", "")})
+    with pytest.raises(ProvisionError, match="not back over SSH"):
+        reboot.reboot_and_wait(remote, timeout=0.05, poll=0.01)
+
+
+def test_apply_with_reboot_flag_reboots_and_rechecks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opsctl.ops import reboot
+
+    remote = with_repo(
+        fake((127, "", fx("nvidia-smi-not-found.txt")), (1, "", ""), fx("pci-blackwell-8x.txt")),
+    )
+    remote.default = (0, "", "")
+    rebooted: list[str] = []
+
+    def fake_reboot(r: FakeHost, timeout: float) -> None:
+        rebooted.append(r.name)
+        # after the reboot the open driver answers
+        r.answers = {
+            **r.answers,
+            SMI: (0, fx("nvidia-smi-blackwell-8x.txt"), ""),
+            PROC: (0, fx("proc-nvidia-version-open-580.txt"), ""),
+        }
+
+    monkeypatch.setattr(reboot, "reboot_and_wait", fake_reboot)
+    op = GpuDriver()
+    ctx = Context(host(cuda=CudaConfig()), remote, Options(reboot=True))
+    after = op.apply(ctx, op.plan(ctx))
+    assert rebooted == ["ct200"]
+    assert not after.reboot_required and after.actions == ()
