@@ -78,6 +78,7 @@ def ensure(lock: Lock, directory: Path) -> Wheelhouse:
     cmd = download_cmd(requirements, staging)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
         lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
         detail = next((ln for ln in reversed(lines) if "ERROR" in ln), lines[-1] if lines else "")
         raise WheelhouseError(
