@@ -51,6 +51,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -85,7 +86,7 @@ class DFlashDraftConfig(Qwen3Config):
 
     block_size: int = 16
     num_target_layers: int = 32
-    dflash_config: dict | None = None
+    dflash_config: dict[str, Any] | None = None
 
     # Some published drafters put mask_token_id / target_layer_ids at the top level instead of in
     # dflash_config; those land as plain attributes, so these readers try both (dflash_config first).
@@ -260,7 +261,8 @@ class DFlashDraftModel(PreTrainedModel):
         n_feats = len(config.draft_target_layer_ids())
         self.fc = nn.Linear(n_feats * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = DFlashRMSNorm(config.hidden_size, config.rms_norm_eps)
-        theta = float((config.rope_parameters or {}).get("rope_theta", 10000.0))
+        rope = dict(config.rope_parameters or {})
+        theta = float(rope.get("rope_theta") or 10000.0)
         self.rotary = DFlashRotary(config.head_dim, theta)
         self.post_init()
 
@@ -287,7 +289,7 @@ class DFlashDraftModel(PreTrainedModel):
         ctx = self.project_context(target_hidden)
         pos = torch.arange(start, start + t, device=ctx.device).expand(b, t)
         cos, sin = self.rotary(pos, ctx.dtype)
-        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+        return [cast(DFlashDecoderLayer, layer).self_attn.kv(ctx, cos, sin) for layer in self.layers]
 
     def new_context(self) -> DraftContext:
         return DraftContext(len(self.layers))

@@ -96,11 +96,11 @@ def collect_greedy(
         pred = out.logits.argmax(-1)  # [b, width]
         for j in range(pred.shape[0]):
             r = i + j
-            p, n = int(prompt_lengths[r]), int(lengths[r])
-            ok = pred[j, p - 1 : n - 1] == tokens[r, p:n]
+            start, end = int(prompt_lengths[r]), int(lengths[r])
+            ok = pred[j, start - 1 : end - 1] == tokens[r, start:end]
             bad = (~ok).nonzero()
             if len(bad):
-                lengths[r] = p + int(bad[0])
+                lengths[r] = start + int(bad[0])
     return DistillData(tokens, lengths, prompt_lengths, torch.cat(feats))
 
 

@@ -12,6 +12,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
@@ -46,7 +47,7 @@ class TrainSettings:
 
 
 def make_target(arch: Arch, shape: TargetShape) -> PreTrainedModel:
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=shape.vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
