@@ -64,6 +64,7 @@ class ServeProcess:
     log: Path
     started: float = field(default_factory=time.monotonic)
     health_seen: list[int] = field(default_factory=list)
+    signalled: bool = False
 
     @classmethod
     def start(cls, models: Path, mode: str, work: Path) -> ServeProcess:
@@ -159,12 +160,13 @@ class ServeProcess:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def signal_stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and not self.signalled:
             self.proc.send_signal(signal.SIGTERM)
+            self.signalled = True
 
     def stop(self, timeout: float = 60) -> int:
+        self.signal_stop()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -359,7 +361,7 @@ def test_sigterm_finishes_in_flight_request_and_exits_0(tiny_dense: Any, tmp_pat
             assert r.status_code == 200
             lines = r.iter_lines()
             first = next(line for line in lines if line.startswith("data: "))
-            s.proc.send_signal(signal.SIGTERM)  # the request is in flight: its first chunk arrived
+            s.signal_stop()  # SIGTERM while the request is in flight: its first chunk arrived
             time.sleep(0.5)
             with pytest.raises(httpx.TransportError):  # no new connections while draining
                 httpx.get(f"{s.url}/health", timeout=2)

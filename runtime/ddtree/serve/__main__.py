@@ -39,12 +39,15 @@ class _Server(uvicorn.Server):
             yield
             return
         sigs = (signal.SIGINT, signal.SIGTERM)
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
+        for sig in sigs:
+            signal.signal(sig, self.handle_exit)
         try:
             yield
         finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
+            # Draining is over and the process is about to exit 0: a repeated SIGTERM (a supervisor
+            # retrying) must not turn that into a death by signal, so keep ignoring them until exit.
+            for sig in sigs:
+                signal.signal(sig, signal.SIG_IGN)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
