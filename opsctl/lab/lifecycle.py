@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from opsctl.errors import LabError
-from opsctl.lab import inventory, keys, machine, net, rootfs, state, system
+from opsctl.lab import inventory, keys, machine, models, net, rootfs, state, system
 from opsctl.lab.config import LabConfig, host_name
 from opsctl.lab.state import HostRecord, LabState
 from opsctl.remote.pool import run_parallel
@@ -73,6 +73,7 @@ def up(cfg: LabConfig, count: int) -> LabReport:
             raise LabError(
                 "; ".join(e.one_line() for e in failed), "see `opsctl lab status`; `opsctl lab down` cleans up"
             )
+        models.ensure_tiny_models()
         inventory.write(cfg, st.hosts.values())
         return _report(cfg, st, build_s, tuple(r.name for r in started), time.monotonic() - begin)
 
