@@ -18,6 +18,6 @@ def test_complete_build_is_reused(tmp_path: Path) -> None:
 
 
 def test_failed_build_is_one_line(tmp_path: Path) -> None:
-    with pytest.raises(LabError, match="building the lab's tiny models failed: .*invalid choice") as info:
+    with pytest.raises(LabError, match=r"building the lab.s tiny models failed: .*invalid choice") as info:
         ensure_tiny_models(tmp_path, "no-such-arch")
     assert "\n" not in info.value.one_line()
