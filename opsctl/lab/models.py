@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ BUILD_TIMEOUT_S = 1800
 def ensure_tiny_models(root: Path = Path(TINY_DIR), arch: str = LAB_ARCH) -> bool:
     """Build the tiny target + drafter for `arch` unless a complete build is cached. True when built now."""
     out = root / arch
-    if (out / "target" / "config.json").is_file() and (out / "draft" / "config.json").is_file():
+    if _is_current(out):
         return False
     out.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "ddtree.tiny", "--arch", arch, "--out", str(out)]
@@ -33,3 +34,18 @@ def ensure_tiny_models(root: Path = Path(TINY_DIR), arch: str = LAB_ARCH) -> boo
             raise LabError("the lab's tiny models need ddtree-runtime", "pip install -e ./runtime") from None
         raise LabError(f"building the lab's tiny models failed: {last}", f"run `{' '.join(argv)}` to see why")
     return True
+
+
+def _is_current(out: Path) -> bool:
+    """A complete build made by the installed runtime's tiny-model builder (build.json's build_version)."""
+    if not ((out / "target" / "config.json").is_file() and (out / "draft" / "config.json").is_file()):
+        return False
+    try:
+        built = json.loads((out / "build.json").read_text()).get("build_version")
+    except (OSError, ValueError):
+        return False
+    try:
+        from ddtree.tiny import BUILD_VERSION
+    except ImportError:
+        return True  # no runtime here to rebuild with: use what is cached
+    return bool(built == BUILD_VERSION)
