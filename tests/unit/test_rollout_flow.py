@@ -212,3 +212,15 @@ def test_cancel_after_switch_restores_previous_and_waits_for_it(ctx_for):
     assert result.outcome is Outcome.INTERRUPTED, result.message
     assert f"{OLD} restored and healthy" in result.message
     assert box.current == OLD and result.release in box.bad
+
+
+def test_first_deploy_failing_stops_and_removes(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(None, crash_after_switch=True)
+    ctx, fake = make(box)
+    result = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert result.outcome is Outcome.FAILED and "no previous release to roll back to" in result.message
+    ran = " ".join(fake.ran)
+    assert "systemctl disable --now --quiet -- opsctl-ref-shadow.service" in ran
+    assert "rm -f -- /opt/opsctl/services/ref-shadow/current /etc/systemd/system/opsctl-ref-shadow.service" in ran
+    assert result.release in box.bad
