@@ -284,6 +284,20 @@ def test_api_key(servers: Callable[..., ServeProcess]) -> None:
     assert [m["id"] for m in models["data"]] == ["tiny"]
 
 
+def test_tokenize_matches_the_chat_template(servers: Callable[..., ServeProcess]) -> None:
+    s = servers("dense", "baseline")
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "What is 2+2?"}],
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    tok = s.post("/tokenize", body).json()  # what opsctl smoke --equivalence asks for
+    assert tok["tokens"] == s.chat_ids("What is 2+2?", thinking=False) and tok["count"] == len(tok["tokens"])
+    plain = s.post("/v1/tokenize", {"prompt": "hi there"}).json()["tokens"]
+    assert s.post("/detokenize", {"tokens": plain}).json() == {"text": "hi there"}
+    assert s.post("/tokenize", {"prompt": "x", "messages": []}).status_code == 400
+
+
 def test_chat_reasoning_stream_stop_and_seed(servers: Callable[..., ServeProcess]) -> None:
     s = servers("dense", "linear")
     # thinking on (the default): the reply starts inside <think>, so the text lands in reasoning_content

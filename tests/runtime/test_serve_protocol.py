@@ -11,6 +11,7 @@ from ddtree.serve.protocol import (
     parse_chat,
     parse_completion,
     parse_generate,
+    parse_tokenize,
     resolve_max_tokens,
 )
 from ddtree.serve.stats import DecodeWindow, ServerStats, decode_batch_line
@@ -85,6 +86,17 @@ def test_completion_and_generate() -> None:
         parse_generate({"text": "x", "input_ids": [1]})
     with pytest.raises(RequestError, match="max_new_tokens must be >= 1"):
         parse_generate({"input_ids": [1], "sampling_params": {"max_new_tokens": -4}})
+
+
+def test_tokenize_request() -> None:
+    t = parse_tokenize({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"x": 1}})
+    assert t.prompt is None and t.messages is not None and t.messages[0].content == "hi"
+    assert t.chat_template_kwargs == {"x": 1} and t.add_special_tokens is False
+    assert parse_tokenize({"prompt": "hi", "add_special_tokens": True}).add_special_tokens is True
+    with pytest.raises(RequestError, match="exactly one of prompt or messages"):
+        parse_tokenize({})
+    with pytest.raises(RequestError, match="prompt must be a string"):
+        parse_tokenize({"prompt": [1, 2]})
 
 
 def test_max_tokens_against_context() -> None:

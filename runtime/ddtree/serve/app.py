@@ -23,7 +23,9 @@ from ddtree.serve.protocol import (
     parse_chat,
     parse_completion,
     parse_generate,
+    parse_tokenize,
     resolve_max_tokens,
+    token_ids,
 )
 from ddtree.serve.reasoning import StreamingSplitter, forced_reasoning, split_reasoning
 from ddtree.serve.service import EngineError, Outcome, run, run_all
@@ -199,6 +201,28 @@ def create_app(state: AppState) -> FastAPI:
             return _sse(_generate_stream(loaded, params, req.sampling.stop, rid, t0))
         out = await run_all(loaded.worker, _decoder(loaded), params, req.sampling.stop)
         return JSONResponse(_generate_body(out, rid, t0))
+
+    @app.post("/tokenize")
+    @app.post("/v1/tokenize")
+    async def tokenize(request: Request) -> Response:
+        req = parse_tokenize(await _json(request))
+        check_model(req.model, args.served_model_name, args.model_path)
+        loaded = ready()
+        if req.messages is not None:
+            ids = render_chat(loaded.tokenizer, req.messages, req.chat_template_kwargs)
+        else:
+            ids = list(loaded.tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens))
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.info.context_len})
+
+    @app.post("/detokenize")
+    @app.post("/v1/detokenize")
+    async def detokenize(request: Request) -> Response:
+        body = await _json(request)
+        if not isinstance(body, dict) or "tokens" not in body:
+            raise RequestError("tokens (a list of token ids) is required", "tokens")
+        loaded = ready()
+        ids = _check_vocab(list(token_ids(body["tokens"], "tokens")), loaded, "tokens")
+        return JSONResponse({"text": _decoder(loaded)(ids)})
 
     return app
 

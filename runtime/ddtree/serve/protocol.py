@@ -65,6 +65,15 @@ class GenerateRequest:
     stream: bool
 
 
+@dataclass(frozen=True)
+class TokenizeRequest:
+    model: str | None
+    prompt: str | None  # plain text, or
+    messages: tuple[ChatMessage, ...] | None  # chat messages through the chat template
+    add_special_tokens: bool
+    chat_template_kwargs: Mapping[str, Any]
+
+
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
 
@@ -109,7 +118,7 @@ def _opt_bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
     return v
 
 
-def _token_ids(v: Any, key: str) -> tuple[int, ...]:
+def token_ids(v: Any, key: str) -> tuple[int, ...]:
     if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
         raise RequestError(f"{key} must be a list of integer token ids", key)
     if any(t < 0 for t in v):
@@ -165,7 +174,7 @@ def _openai_sampling(body: Mapping[str, Any], max_key_names: tuple[str, ...]) ->
         temperature=1.0 if temperature is None else temperature,
         seed=_opt_int(body, "seed"),
         stop=_stop(body.get("stop")),
-        stop_token_ids=_token_ids(body["stop_token_ids"], "stop_token_ids") if body.get("stop_token_ids") else (),
+        stop_token_ids=token_ids(body["stop_token_ids"], "stop_token_ids") if body.get("stop_token_ids") else (),
         ignore_eos=_opt_bool(body, "ignore_eos"),
     )
 
@@ -219,7 +228,7 @@ def parse_completion(body: Any) -> CompletionRequest:
     if isinstance(prompt, list) and any(isinstance(p, str | list) for p in prompt):
         raise RequestError("prompt batches are not supported: send one prompt per request", "prompt")
     if isinstance(prompt, list):
-        parsed: str | tuple[int, ...] = _token_ids(prompt, "prompt")
+        parsed: str | tuple[int, ...] = token_ids(prompt, "prompt")
         if not parsed:
             raise RequestError("prompt must not be empty", "prompt")
     elif isinstance(prompt, str):
@@ -246,7 +255,7 @@ def parse_generate(body: Any) -> GenerateRequest:
         raise RequestError("exactly one of text or input_ids is required", "input_ids")
     if text is not None and not isinstance(text, str):
         raise RequestError("text must be a string (batches are not supported)", "text")
-    input_ids = _token_ids(ids, "input_ids") if ids is not None else None
+    input_ids = token_ids(ids, "input_ids") if ids is not None else None
     if input_ids is not None and not input_ids:
         raise RequestError("input_ids must not be empty", "input_ids")
     sp = _require_object(body.get("sampling_params") or {}, "sampling_params")
@@ -258,10 +267,33 @@ def parse_generate(body: Any) -> GenerateRequest:
         temperature=1.0 if temperature is None else temperature,
         seed=_opt_int(sp, "seed") if sp.get("seed") is not None else _opt_int(sp, "sampling_seed"),
         stop=_stop(sp.get("stop")),
-        stop_token_ids=_token_ids(sp["stop_token_ids"], "stop_token_ids") if sp.get("stop_token_ids") else (),
+        stop_token_ids=token_ids(sp["stop_token_ids"], "stop_token_ids") if sp.get("stop_token_ids") else (),
         ignore_eos=_opt_bool(sp, "ignore_eos"),
     )
     return GenerateRequest(text=text, input_ids=input_ids, sampling=sampling, stream=_opt_bool(body, "stream"))
+
+
+def parse_tokenize(body: Any) -> TokenizeRequest:
+    """SGLang's /tokenize (``prompt``), plus ``messages`` for the chat-templated ids opsctl compares."""
+    body = _require_object(body)
+    prompt, msgs = body.get("prompt"), body.get("messages")
+    if (prompt is None) == (msgs is None):
+        raise RequestError("exactly one of prompt or messages is required", "prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise RequestError("prompt must be a string", "prompt")
+    messages = None
+    if msgs is not None:
+        if not isinstance(msgs, list) or not msgs:
+            raise RequestError("messages must be a non-empty list", "messages")
+        messages = tuple(_message(m, i) for i, m in enumerate(msgs))
+    raw_kwargs = body.get("chat_template_kwargs")
+    return TokenizeRequest(
+        model=_model(body),
+        prompt=prompt,
+        messages=messages,
+        add_special_tokens=_opt_bool(body, "add_special_tokens", default=False),
+        chat_template_kwargs={} if raw_kwargs is None else dict(_require_object(raw_kwargs, "chat_template_kwargs")),
+    )
 
 
 def _replace_max(s: Sampling, max_tokens: int) -> Sampling:
