@@ -29,25 +29,3 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
 def cli():
     return run_cli
 
-
-_EXIT_STATUS: list[int] = []
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _EXIT_STATUS.append(int(exitstatus))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """Leave without interpreter finalization once every report is written.
-
-    In a fresh venv, a run that loaded torch, transformers' tokenizers and hypothesis segfaulted *after* all
-    tests passed and the summary was printed (in native finalizers: "no Python frame"), turning a green run red.
-    Exiting here keeps pytest's own exit status and skips those finalizers."""
-    import os
-    import sys
-
-    if _EXIT_STATUS:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_EXIT_STATUS[-1])
