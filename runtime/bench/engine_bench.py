@@ -49,7 +49,13 @@ def run_arch(arch_dir: Path, args: argparse.Namespace) -> list[dict[str, object]
         for mode in MODES
     }
     tok = engines["baseline"].tokenizer
-    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, enable_thinking=False, tokenize=True
+        )
+        for p in PROMPTS
+    ]
+    prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
     reference = [engines["baseline"].generate(p, args.max_new_tokens).tokens for p in prompts]
     rows = []
     for mode, engine in engines.items():
