@@ -62,7 +62,8 @@ def _ok(result, what: str) -> str:
 def test_journey(journey_inventory: Path) -> None:
     inv = str(journey_inventory)
     err = _ok(opsctl("deploy", "-i", inv, "--service", "ref", "--mode", "shadow"), "deploy --mode shadow")
-    assert "lab1/ref: deployed" in err and "lab2/ref: deployed" in err
+    # An earlier lab module may have left this very shadow release live: then nothing is restarted.
+    assert all(f"{h}/ref: deployed" in err or f"{h}/ref: unchanged" in err for h in ("lab1", "lab2")), err
     _ok(opsctl("deploy", "-i", inv, "--service", "base"), "deploy baseline")
     assert current_mode(journey_inventory, "lab1", "ref") == "shadow"
 
