@@ -28,4 +28,3 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
 @pytest.fixture
 def cli():
     return run_cli
-
