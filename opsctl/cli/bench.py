@@ -80,7 +80,7 @@ def _print_table(report: Report) -> None:
     table = Table(*TABLE_HEADER, title="opsctl bench (tok/s = completion tokens / wall time, per request)")
     for row in table_rows(report):
         table.add_row(*row)
-    console.print(table)
+    console.print(table, width=max(console.width, 140))  # nine columns: never wrap headers in a pipe or a log
 
 
 def _sample_json(sample: Sample) -> dict[str, Any]:
