@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from opsctl.bench.chart import write_chart
@@ -80,7 +81,8 @@ def _print_table(report: Report) -> None:
     table = Table(*TABLE_HEADER, title="opsctl bench (tok/s = completion tokens / wall time, per request)")
     for row in table_rows(report):
         table.add_row(*row)
-    console.print(table, width=max(console.width, 140))  # nine columns: never wrap headers in a pipe or a log
+    # Nine columns: a pipe or a log gets 80 columns by default, which would truncate labels and wrap headers.
+    Console(stderr=True, highlight=False, width=max(console.width, 140)).print(table)
 
 
 def _sample_json(sample: Sample) -> dict[str, Any]:

@@ -87,3 +87,14 @@ def test_sweep_parsing_and_variants() -> None:
 def test_default_prompts_cover_the_workload_classes() -> None:
     categories = {p.category for p in load_prompts()}
     assert categories == {"short chat", "code", "math", "JSON extraction", "long-form"}
+
+
+def test_table_is_not_squeezed_in_a_pipe(capsys: pytest.CaptureFixture[str]) -> None:
+    from opsctl.cli.bench import _print_table
+
+    base = _arm("lab1/base-service", "baseline", [(16, 0.1)], 1.0)
+    tree = _arm("lab1/tree-service", "tree", [(16, 0.05)], 3.0)
+    _print_table(summarize([base, tree]))
+    err = capsys.readouterr().err
+    for text in ("tok/s med", "tok/s min-max", "vs first", "lab1/base-service", "lab1/tree-service", "2.00x"):
+        assert text in err
