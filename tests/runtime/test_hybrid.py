@@ -6,11 +6,19 @@ import pytest
 import torch
 from ddtree.config import HybridMode
 from ddtree.hybrid import GDNPlan, find_gdn_layers
-from ddtree.tree import build_tree, compile_tree
+from ddtree.tree import compile_tree
 from ddtree.verify import TargetRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_targets import hybrid_target, one_thread, reference_logits, rel_err, root_paths, sequence_logits
+from tiny_targets import (
+    hybrid_target,
+    one_thread,
+    random_tree,
+    reference_logits,
+    rel_err,
+    root_paths,
+    sequence_logits,
+)
 
 pytestmark = [pytest.mark.runtime, pytest.mark.usefixtures("one_thread")]
 __all__ = ["one_thread"]  # the fixture, imported for pytest
@@ -26,11 +34,7 @@ def model() -> torch.nn.Module:
 
 
 def _random_tree(seed: int, depth: int, budget: int, topk: int):
-    g = torch.Generator().manual_seed(seed)
-    lp = torch.log_softmax(2.0 * torch.randn(depth, VOCAB, generator=g), dim=-1)  # [D, V]
-    prompt = torch.randint(0, VOCAB, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
-    root = int(torch.randint(0, VOCAB, (1,), generator=g))
-    return prompt, build_tree(lp, root, budget, topk)
+    return random_tree(VOCAB, seed, depth, budget, topk)
 
 
 def _verify(model, prompt, tree, mode: HybridMode) -> tuple[TargetRunner, torch.Tensor]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ddtree.tree import build_tree, compile_tree
+from ddtree.tree import compile_tree
 from ddtree.verify import TargetRunner, tree_mask_4d
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_targets import dense_target, one_thread, reference_logits, rel_err, root_paths
+from tiny_targets import dense_target, one_thread, random_tree, reference_logits, rel_err, root_paths
 
 pytestmark = [pytest.mark.runtime, pytest.mark.usefixtures("one_thread")]
 __all__ = ["one_thread"]  # the fixture, imported for pytest
@@ -23,11 +23,7 @@ def model() -> torch.nn.Module:
 
 
 def _random_tree(seed: int, depth: int, budget: int, topk: int):
-    g = torch.Generator().manual_seed(seed)
-    lp = torch.log_softmax(2.0 * torch.randn(depth, VOCAB, generator=g), dim=-1)  # [D, V]
-    prompt = torch.randint(0, VOCAB, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
-    root = int(torch.randint(0, VOCAB, (1,), generator=g))
-    return prompt, build_tree(lp, root, budget, topk)
+    return random_tree(VOCAB, seed, depth, budget, topk)
 
 
 def test_tree_mask_4d_is_prefix_visible_and_ancestor_only() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
-from ddtree.tree import DraftTree
+from ddtree.tree import DraftTree, build_tree
 from ddtree.verify import TargetRunner
 from torch import Tensor, nn
 
@@ -136,3 +136,12 @@ def one_thread() -> Iterator[None]:
 def rel_err(a: Tensor, b: Tensor) -> Tensor:
     """Per-row max |a - b| / max |b|: [N]."""
     return (a - b).abs().amax(dim=-1) / b.abs().amax(dim=-1)
+
+
+def random_tree(vocab: int, seed: int, depth: int, budget: int, topk: int) -> tuple[list[int], DraftTree]:
+    """A seeded random prompt and a DDTree built from random drafter log-probs (shared by the verify tests)."""
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.log_softmax(2.0 * torch.randn(depth, vocab, generator=g), dim=-1)  # [D, V]
+    prompt = torch.randint(0, vocab, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+    root = int(torch.randint(0, vocab, (1,), generator=g))
+    return prompt, build_tree(lp, root, budget, topk)
