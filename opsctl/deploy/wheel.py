@@ -1,9 +1,10 @@
 """The ddtree-runtime wheel that every release installs: built once per run on the control machine (cached by
-a hash of the runtime's sources) and pushed to /opt/opsctl/wheels on each host when its sha256 differs."""
+a hash of the runtime's sources) and pushed to /opt/opsctl/wheels/<sha16>/ on each host when it is not there yet."""
 
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,14 @@ from opsctl.errors import DeployError
 from opsctl.remote.base import Host
 
 REMOTE_WHEELS = "/opt/opsctl/wheels"
+
+
+def remote_wheel_path(wheel_name: str, sha256: str) -> str:
+    """Where a wheel lives on a host, content-addressed (`<sha256[:16]>/<wheel>`): builds of one version from
+    different sources never overwrite each other, and provision's push is the copy deploy installs from."""
+    return f"{REMOTE_WHEELS}/{sha256[:16]}/{wheel_name}"
+
+
 RUNTIME_SRC = Path(__file__).resolve().parents[2] / "runtime"
 
 
@@ -35,7 +44,7 @@ class RuntimeWheel:
 
     @property
     def remote_path(self) -> str:
-        return f"{REMOTE_WHEELS}/{self.path.name}"
+        return remote_wheel_path(self.path.name, self.sha256)
 
 
 def sha256_file(path: Path) -> str:
@@ -92,6 +101,6 @@ def ensure_on_host(host: Host, wheel: RuntimeWheel) -> bool:
     check = host.run(Cmd.of("sha256sum", "--", wheel.remote_path, sudo=True), check=False)
     if check.ok and check.stdout.split()[:1] == [wheel.sha256]:
         return False
-    host.run(Cmd.of("mkdir", "-p", REMOTE_WHEELS, sudo=True))
+    host.run(Cmd.of("mkdir", "-p", posixpath.dirname(wheel.remote_path), sudo=True))
     host.put_file(wheel.path, wheel.remote_path, 0o644)
     return True

@@ -1,7 +1,7 @@
 """runtime_wheel: the ddtree-runtime wheel, built once per run on the control machine, pushed to every host.
 
 Deploy installs it per release (`pip install --no-deps --target`); provision only makes sure each host holds
-the current build under REMOTE_DIR, content-addressed (`<sha256[:16]>/<wheel>`): wheels of one version
+the current build under /opt/opsctl/wheels, content-addressed (`<sha256[:16]>/<wheel>`): wheels of one version
 built from different sources (development) never overwrite each other, and a check is stable whatever else
 pushed wheels meanwhile. The wheel comes from `opsctl.deploy.wheel.runtime_wheel()` (one builder for
 provision and deploy, cached per source hash), so an unchanged runtime/ means the same bytes and no push.
@@ -13,15 +13,12 @@ import posixpath
 from pathlib import Path
 
 from opsctl.commands import Cmd
+from opsctl.deploy.wheel import remote_wheel_path
 from opsctl.ops.base import Context, Plan, Push, execute, read
 from opsctl.ops.facts.manifest import sha256_file
 
 NAME = "runtime_wheel"
-REMOTE_DIR = "/opt/opsctl/wheels"  # = opsctl.deploy.wheel.REMOTE_WHEELS
-
-
-def remote_path(wheel_name: str, sha256: str) -> str:
-    return f"{REMOTE_DIR}/{sha256[:16]}/{wheel_name}"
+remote_path = remote_wheel_path  # one layout for provision and deploy
 
 
 def plan_wheel(wheel: Path | None, local_sha: str, remote_sha: str | None) -> Plan:
