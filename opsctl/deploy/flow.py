@@ -9,6 +9,7 @@ is healthy, mark the failed release bad. The caller holds the host's deploy lock
 from __future__ import annotations
 
 import difflib
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -18,8 +19,8 @@ from datetime import UTC, datetime
 import httpx
 
 from opsctl import __version__, health
-from opsctl.commands import Cmd
-from opsctl.deploy import audit, preflight, release
+from opsctl.commands import Cmd, sh
+from opsctl.deploy import audit, preflight, release, secret_fp
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate, parse_show, show_cmd
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
@@ -28,6 +29,7 @@ from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableE
 from opsctl.inventory.model import Host as InvHost
 from opsctl.inventory.model import Service
 from opsctl.remote.base import Host
+from opsctl.secrets import SecretError
 from opsctl.smoke import smoke_service
 
 JOURNAL_TAIL_LINES = 30
@@ -223,6 +225,39 @@ def _plan(ctx: ServiceContext, facts: ReleaseFacts, new_id: str) -> list[str]:
     return lines
 
 
+def _secrets(ctx: ServiceContext) -> dict[str, str]:
+    api_key = ctx.service.api_key
+    return {"api_key": api_key.reveal()} if api_key is not None else {}
+
+
+def _secrets_rotated(ctx: ServiceContext, current: str, plan: bool) -> bool:
+    """Whether the service's secrets differ from those the current release was deployed with."""
+    try:
+        secrets = _secrets(ctx)
+    except SecretError:
+        if plan:
+            return False  # a plan may be made without the secret at hand; the real deploy needs it
+        raise
+    if not secrets:
+        return False  # no secrets now; had there been some, the masked server.yaml (and the hash) changed
+    try:
+        stored = ctx.remote.get_text(ctx.paths.release_file(current, secret_fp.FP_FILE))
+    except OpsctlError:
+        stored = ""
+    return secret_fp.matches(stored, secrets) is False
+
+
+def missing_models_cmd(paths: list[str]) -> Cmd:
+    """Print each model directory that has no config.json on the host."""
+    checks = "; ".join(f"test -f {shlex.quote(p.rstrip('/') + '/config.json')} || echo {shlex.quote(p)}" for p in paths)
+    return sh(checks + "; true", sudo=True)
+
+
+def _missing_models(ctx: ServiceContext) -> list[str]:
+    models = [m.path for m in (ctx.service.model, ctx.service.draft_model) if m is not None]
+    return ctx.run(missing_models_cmd(models)).split() if models else []
+
+
 def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySettings) -> ServiceResult:
     start = time.monotonic()
     host, svc, paths = ctx.inv_host.name, ctx.service.name, ctx.paths
@@ -230,29 +265,47 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     facts = read_facts(ctx)
     result.previous = facts.current
     chash = config_hash_for(ctx, wheel)
-    new_id = release.new_release_id(ctx.now, chash)
-    if facts.current_hash == chash and not settings.force:
+    new_id = release.unused_release_id(ctx.now, chash, {r.release_id for r in facts.releases})
+    same_config = facts.current is not None and facts.current_hash == chash
+    rotated = same_config and not settings.force and _secrets_rotated(ctx, str(facts.current), settings.plan)
+    if same_config and not settings.force and not rotated:
         result.outcome, result.release = Outcome.UNCHANGED, facts.current
         result.message = f"release {facts.current}: same config, nothing restarted"
         probe = health.probe(ctx.http, health.health_url(ctx.inv_host, ctx.service), timeout=5.0)
         if not probe.ok:
             # Same config, but not serving: say so (and fail) instead of reporting success.
             result.outcome = Outcome.FAILED
-            result.message = (
-                f"unchanged config (release {facts.current}) but /health: {probe.describe()}; "
-                "`opsctl deploy --force` restarts it, `opsctl logs` shows why"
+            missing = _missing_models(ctx)
+            fix = (
+                f"model {', '.join(missing)} not on the host (a reboot empties /dev/shm): "
+                "`opsctl provision`, then `opsctl deploy --force`"
+                if missing
+                else "`opsctl deploy --force` restarts it, `opsctl logs` shows why"
             )
+            result.message = f"unchanged config (release {facts.current}) but /health: {probe.describe()}; {fix}"
         if not settings.plan:
             ctx.audit("deploy", facts.current, "unchanged" if probe.ok else "unchanged-unhealthy")
         return result
+    missing = _missing_models(ctx)
+    why = "; API key changed" if rotated else ""
     if settings.plan:
         result.outcome, result.release = Outcome.PLANNED, new_id
         result.plan = _plan(ctx, facts, new_id)
-        result.message = f"would deploy {new_id} (current: {facts.current or 'none'})"
+        result.plan += [f"WARNING model {m} is not on the host: `opsctl provision` first" for m in missing]
+        result.message = f"would deploy {new_id} (current: {facts.current or 'none'}{why})"
         return result
+    if missing:
+        # After a reboot /dev/shm is empty: starting the server would only crash-loop, and so would a rollback.
+        raise DeployError(
+            f"{host}/{svc}: model {', '.join(missing)} not on the host (/dev/shm is emptied by a reboot); "
+            "nothing was changed",
+            f"run `opsctl provision -i INVENTORY --host {host}`, then deploy again",
+        )
+    if rotated:
+        ctx.say(f"API key changed since {facts.current}: deploying a new release")
 
     result.release = new_id
-    ctx.audit("deploy-start", new_id, "started", f"previous={facts.current or '-'} mode={ctx.service.mode.value}")
+    ctx.audit("deploy-start", new_id, "started", f"previous={facts.current or '-'} mode={ctx.service.mode.value}{why}")
     # --- stage (nothing live changes yet) ---
     ctx.say(f"staging {new_id}")
     try:
@@ -261,6 +314,9 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         ctx.run(Cmd.of("mkdir", "-p", "--", paths.release(new_id), sudo=True))
         for name, text in files.items():
             ctx.remote.put_text(text, paths.release_file(new_id, name), modes[name])
+        secrets = _secrets(ctx)
+        if secrets:
+            ctx.remote.put_text(secret_fp.fingerprint(secrets), paths.release_file(new_id, secret_fp.FP_FILE), 0o600)
         ensure_on_host(ctx.remote, wheel)
         ctx.check_cancel()
         ctx.run(release.pip_install_cmd(ctx.inv_host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)

@@ -14,7 +14,7 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from opsctl import layout
 from opsctl.commands import Cmd, sh
@@ -46,6 +46,16 @@ def new_release_id(now: datetime, chash: str) -> str:
     if len(chash) != HASH_LEN:
         raise ValueError(f"config hash must be {HASH_LEN} hex chars: {chash!r}")
     return f"{now.astimezone(UTC).strftime('%Y%m%dT%H%M%SZ')}-{chash}"
+
+
+def unused_release_id(now: datetime, chash: str, existing: set[str]) -> str:
+    """A new id that names no existing release: a forced or key-rotating redeploy within the same second as the
+    release it replaces would otherwise reuse (and overwrite) that release's directory."""
+    candidate = new_release_id(now, chash)
+    while candidate in existing:
+        now += timedelta(seconds=1)
+        candidate = new_release_id(now, chash)
+    return candidate
 
 
 @dataclass(frozen=True, order=True)

@@ -123,7 +123,12 @@ def test_first_deploy_in_order(ctx_for):
     rid = result.release
     assert rid.startswith("20261129T223000Z-") and box.current == rid
     files = {p.rsplit("/", 1)[-1]: mode for p, (_, mode) in fake.files.items() if rid in p}
-    assert files == {"opsctl-ref-shadow.service": 0o644, "env": 0o600, "server.yaml": 0o600, "manifest.json": 0o644}
+    assert files == {
+        "opsctl-ref-shadow.service": 0o644, "env": 0o600, "server.yaml": 0o600, "manifest.json": 0o644,
+        "secrets.fp": 0o600,
+    }  # fmt: skip
+    fp = next(t for p, (t, _) in fake.files.items() if p.endswith("secrets.fp"))
+    assert fp.startswith("v1:") and "k3y-value-never-shown" not in fp
     assert not any("k3y-value-never-shown" in c for c in fake.ran)  # secrets only inside 0600 files
     manifest = next(t for p, (t, _) in fake.files.items() if p.endswith("manifest.json"))
     assert '"mode": "shadow"' in manifest and "k3y-value-never-shown" not in manifest
@@ -139,6 +144,52 @@ def test_unchanged_restarts_nothing(ctx_for):
     again = flow.deploy_service(ctx, wheel, SETTINGS)
     assert again.outcome is Outcome.UNCHANGED and again.release == first.release
     assert _live_steps(fake) == [] and box.restarts == 0
+
+
+def test_rotated_api_key_deploys_a_new_release(ctx_for, monkeypatch):
+    make, wheel, said = ctx_for
+    ctx, fake = make(Box(None))
+    first = flow.deploy_service(ctx, wheel, SETTINGS)
+    monkeypatch.setenv("OPSCTL_GOLDEN_KEY", "rotated-k3y-value")
+    box = Box(first.release)
+    ctx, fake2 = make(box)
+    fake2.files.update(fake.files)  # the host keeps the first release's files
+    plan = flow.deploy_service(ctx, wheel, replace(SETTINGS, plan=True))
+    assert plan.outcome is Outcome.PLANNED and "API key changed" in plan.message
+    rotated = flow.deploy_service(ctx, wheel, replace(SETTINGS, plan=False))
+    assert rotated.outcome is Outcome.DEPLOYED, rotated.message
+    # Same configuration hash (secrets are masked in it), a new release, restarted.
+    assert rotated.release != first.release and rotated.release[-12:] == first.release[-12:]
+    assert box.current == rotated.release and "systemctl restart" in " ".join(fake2.ran)
+    assert any("API key changed" in line for line in said)
+    assert not any("rotated-k3y-value" in c for c in fake2.ran)
+    box3 = Box(rotated.release)
+    ctx, fake3 = make(box3)
+    fake3.files.update(fake2.files)
+    again = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert again.outcome is Outcome.UNCHANGED and box3.restarts == 0
+
+
+def test_missing_model_refused_before_anything_changes(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+
+    def handler(cmd: Cmd):
+        text = cmd.display()
+        if "test -f" in text and "config.json" in text:
+            return (0, "/dev/shm/tiny-qwen3\n", "")
+        return box.handler(cmd)
+
+    ctx, fake = make(box)
+    fake.handler = handler
+    plan = flow.deploy_service(ctx, wheel, replace(SETTINGS, plan=True))
+    assert any(line.startswith("WARNING model /dev/shm/tiny-qwen3 is not on the host") for line in plan.plan)
+    from opsctl.errors import DeployError
+
+    with pytest.raises(DeployError, match=r"not on the host.*reboot") as err:
+        flow.deploy_service(ctx, wheel, SETTINGS)
+    assert "opsctl provision" in err.value.one_line()
+    assert fake.files == {} and _live_steps(fake) == [] and box.current == OLD
 
 
 def test_unknown_flag_refused_before_switch(ctx_for):
