@@ -7,9 +7,15 @@ state and takes its conv window from its ancestors:
 - the per-token projections (qkv, z, a, b) run for all N nodes at once;
 - the causal conv (kernel K = 4) of node i reads its own input and its K-1 nearest ancestors', reaching into
   the committed conv state near the root (`GDNPlan.conv_index`, a gather, no loop);
-- the delta-rule recurrence runs depth by depth: the nodes of depth d start from their parents' states, which
-  are the previous depth's states gathered by parent slot. Only one depth's states are alive at a time
-  (width x H x d_k x d_v per layer), never one state per node per layer.
+- the delta-rule recurrence, two exact methods (`GDNMethod`):
+  `chunk` (default): the chunked (WY) form of the delta rule with the causal mask replaced by the ancestor
+  mask. Along one path the chunk form is the sequential recurrence rewritten; restricting every row to the
+  node's ancestors makes row i exactly its own path's computation, and node ids are parent-before-child, so
+  the system stays unit lower-triangular. A handful of batched matmuls and one triangular solve per layer,
+  O(N^2) per head, no per-node state is ever materialised.
+  `depth`: depth by depth, the nodes of depth d start from their parents' states (the previous depth's states
+  gathered by parent slot): one batched step per depth, width x H x d_k x d_v floats alive per step. Kept as
+  the direct transcription of the recurrence, for tests and for the benchmark.
 
 The tree forward does not touch the cache. It keeps, per layer, each node's pre-conv input and its recurrence
 inputs (k, v, g, beta: N x (C + H(d_k + d_v + 2)) floats). `commit_gdn` rebuilds the committed state by
@@ -28,6 +34,7 @@ import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,7 +46,9 @@ from ddtree.config import HybridMode
 if TYPE_CHECKING:
     from ddtree.verify import HFCompat
 
-__all__ = ["GDNPlan", "GDNStash", "HybridMode", "commit_gdn", "delta_step", "find_gdn_layers", "tree_gdn"]
+__all__ = [
+    "GDNMethod", "GDNPlan", "GDNStash", "HybridMode", "commit_gdn", "delta_step", "find_gdn_layers", "tree_gdn",
+]  # fmt: skip
 
 
 GDNLayer = Any  # transformers' Qwen3_5GatedDeltaNet, duck-typed (its attributes are the same in 5.17 and 5.24)
@@ -57,6 +66,11 @@ def find_gdn_layers(model: nn.Module) -> list[GDNLayer]:
     return sorted(layers, key=lambda m: int(m.layer_idx))
 
 
+class GDNMethod(StrEnum):
+    CHUNK = "chunk"  # ancestor-masked chunked form: one triangular solve per layer
+    DEPTH = "depth"  # one recurrent step per depth, from the parents' states
+
+
 @dataclass(frozen=True)
 class GDNPlan:
     """Index math for one tree, shared by every GDN layer (pure tensors, built once per verify).
@@ -71,9 +85,18 @@ class GDNPlan:
     sizes: tuple[int, ...]  # nodes per group
     parent_slot: tuple[Tensor, ...]  # per group after the first: [W] its nodes' parents' index in the previous group
     conv_index: Tensor  # [N, K] rows into [conv_state (K cols) | nodes (N)], oldest first, self last
+    ancestors: Tensor  # [N, N] bool, [i, j] = j is i or an ancestor of i (lower-triangular: parents first)
+    method: GDNMethod = GDNMethod.CHUNK
 
     @classmethod
-    def build(cls, parents: Tensor, depth_groups: Sequence[Tensor], conv_kernel: int, flat: bool) -> GDNPlan:
+    def build(
+        cls,
+        parents: Tensor,
+        depth_groups: Sequence[Tensor],
+        conv_kernel: int,
+        flat: bool,
+        method: GDNMethod = GDNMethod.CHUNK,
+    ) -> GDNPlan:
         n = parents.shape[0]
         dev = parents.device
         if flat:
@@ -94,6 +117,9 @@ class GDNPlan:
         for _ in range(k - 1):
             cols.append(up[cols[-1]])
         conv_index = torch.stack(cols[::-1], dim=1)  # [N, K] oldest first
+        ancestors = torch.eye(n, dtype=torch.bool, device=dev)
+        for g in groups[1:]:  # a node's ancestors are its parent's, plus itself; groups are parent-first
+            ancestors[g] |= ancestors[parents[g]]
         return cls(
             parents=parents,
             order=order,
@@ -101,6 +127,8 @@ class GDNPlan:
             sizes=tuple(int(g.shape[0]) for g in groups),
             parent_slot=tuple(slot[parents[g]] for g in groups[1:]),
             conv_index=conv_index,
+            ancestors=ancestors,
+            method=method,
         )
 
 
@@ -179,28 +207,62 @@ def _gdn_tree_forward(
     k = _l2norm(k.float())
     v = v.float()
 
-    # recurrence group by group (depth by depth); `state` holds the previous group's states only
-    qo, ko, vo = q[plan.order], k[plan.order], v[plan.order]  # group slices become contiguous
-    decay, bo = g[plan.order].exp()[..., None, None], beta[plan.order][..., None]
-    outs = []
-    state = rec_state.float()  # [1, H_v, d_k, d_v], the root's parent state
-    lo = 0
-    for i, w in enumerate(plan.sizes):
-        hi = lo + w
-        if i:
-            state = state[plan.parent_slot[i - 1]]  # [W, H_v, d_k, d_v], each node's parent state
-        # one delta-rule step, the op order of transformers' recurrent kernel (see delta_step)
-        state = state * decay[lo:hi]
-        delta = (vo[lo:hi] - (state * ko[lo:hi, ..., None]).sum(dim=-2)) * bo[lo:hi]
-        state = state + ko[lo:hi, ..., None] * delta[..., None, :]
-        outs.append((state * qo[lo:hi, ..., None]).sum(dim=-2))  # [W, H_v, d_v]
-        lo = hi
-    core = torch.cat(outs)[plan.inverse]  # [N, H_v, d_v] back in node order
+    recurrence = _tree_recurrence_chunk if plan.method is GDNMethod.CHUNK else _tree_recurrence_depth
+    core = recurrence(plan, q, k, v, g, beta, rec_state[0].float())  # [N, H_v, d_v]
     stashes[int(mod.layer_idx)] = GDNStash(mixed=mixed, key=k, value=v, g=g, beta=beta)
 
     out = mod.norm(core.to(dtype).reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
     result: Tensor = mod.out_proj(out.reshape(1, n, -1))  # [1, N, hidden]
     return result
+
+
+def _tree_recurrence_depth(
+    plan: GDNPlan, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state0: Tensor
+) -> Tensor:
+    """Outputs of every node, depth by depth from the parents' states.
+
+    q, k: [N, H, d_k]; v: [N, H, d_v]; g, beta: [N, H]; state0: [H, d_k, d_v] -> [N, H, d_v]."""
+    qo, ko, vo = q[plan.order], k[plan.order], v[plan.order]  # group slices become contiguous
+    decay, bo = g[plan.order].exp()[..., None, None], beta[plan.order][..., None]
+    outs = []
+    state = state0[None]  # [1, H, d_k, d_v], the root's parent state
+    lo = 0
+    for i, w in enumerate(plan.sizes):
+        hi = lo + w
+        if i:
+            state = state[plan.parent_slot[i - 1]]  # [W, H, d_k, d_v], each node's parent state
+        # one delta-rule step, the op order of transformers' recurrent kernel (see delta_step)
+        state = state * decay[lo:hi]
+        delta = (vo[lo:hi] - (state * ko[lo:hi, ..., None]).sum(dim=-2)) * bo[lo:hi]
+        state = state + ko[lo:hi, ..., None] * delta[..., None, :]
+        outs.append((state * qo[lo:hi, ..., None]).sum(dim=-2))  # [W, H, d_v]
+        lo = hi
+    return torch.cat(outs)[plan.inverse]  # back in node order
+
+
+def _tree_recurrence_chunk(
+    plan: GDNPlan, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state0: Tensor
+) -> Tensor:
+    """Outputs of every node from the ancestor-masked chunked form of the gated delta rule.
+
+    Along node t's path (ancestors j, then t), with G_t the path's summed log-decay and S0 the committed state,
+    the step `S = g S; u = beta (v - S^T k); S += k u^T` unrolls to
+        u_t = beta_t (v_t - e^{G_t} S0^T k_t - sum_{j < t on the path} e^{G_t - G_j} (k_t . k_j) u_j)
+        o_t = e^{G_t} S0^T q_t + sum_{j <= t on the path} e^{G_t - G_j} (q_t . k_j) u_j
+    i.e. a unit lower-triangular system over the strict-ancestor mask. Shapes as `_tree_recurrence_depth`."""
+    anc = plan.ancestors  # [N, N]
+    strict = anc & ~torch.eye(anc.shape[0], dtype=torch.bool, device=anc.device)
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, N, d]
+    gh, bh = g.transpose(0, 1), beta.transpose(0, 1)  # [H, N]
+    cum = gh @ anc.to(gh.dtype).T  # [H, N] log-decay summed over each node's path (itself included)
+    gap = cum[:, :, None] - cum[:, None, :]  # [H, N, N] G_t - G_j
+    decay = torch.where(anc, gap, torch.full_like(gap, float("-inf"))).exp()  # 0 off the path, no overflow
+    scale = cum.exp()[..., None]  # [H, N, 1]
+    a = (kh @ kh.transpose(1, 2)) * decay * strict * bh[..., None]  # [H, N, N], zero diagonal
+    rhs = bh[..., None] * (vh - scale * (kh @ state0))  # [H, N, d_v]
+    u = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)  # (I + a) u = rhs
+    out = scale * (qh @ state0) + ((qh @ kh.transpose(1, 2)) * decay) @ u  # [H, N, d_v]
+    return out.transpose(0, 1)
 
 
 def _act(name: str) -> Any:

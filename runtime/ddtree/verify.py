@@ -132,8 +132,10 @@ class TargetRunner:
         model: Any,  # a transformers causal LM (PreTrainedModel)
         feature_layers: Sequence[int] = (),
         hybrid_mode: HybridMode | None = None,
+        gdn_method: hybrid.GDNMethod = hybrid.GDNMethod.CHUNK,
     ) -> None:
         self.model = model
+        self.gdn_method = gdn_method
         self.compat = HFCompat.for_model(model)
         self.feature_layers = tuple(feature_layers)
         self.gdn_layers = hybrid.find_gdn_layers(model)
@@ -212,6 +214,7 @@ class TargetRunner:
                 inputs.depth_groups,
                 conv_kernel=self.gdn_layers[0].conv_kernel_size,
                 flat=self.hybrid_mode is HybridMode.UNSAFE,
+                method=self.gdn_method,
             )
             with hybrid.tree_gdn(self.gdn_layers, plan, self.compat) as stashes:
                 step = self._run(ids, positions, masks)

@@ -172,3 +172,72 @@ def test_logs_follow_stops_cleanly_on_ctrl_c(base_inventory: Path) -> None:
     assert bg.finish(timeout=30) == 0
     assert "lab1/ref | " in bg.stdout and "GET /health" in bg.stdout
     assert remote_run(base_inventory, "lab1", sh("pgrep -c journalctl || true")).strip() in ("", "0")
+
+
+def _get_status(url: str, key: str | None) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        err.close()
+        return int(err.code)
+
+
+def test_api_key_rotation_is_deployed_and_never_leaks(base_inventory: Path, tmp_path: Path) -> None:
+    import secrets
+
+    from opsctl.commands import sh
+    from tests.lab.test_deploy_support import remote_run
+
+    keyed = variant(base_inventory, tmp_path, lambda d: service(d, "lab1").update(api_key="env:OPSCTL_LAB_KEY"))
+    models_url = _health_url(base_inventory, "lab1").replace("/health", "/v1/models")
+    old_key, new_key = f"lab-old-{secrets.token_hex(8)}", f"lab-new-{secrets.token_hex(8)}"
+    outputs: list[str] = []
+
+    def deploy(key: str) -> str:
+        result = opsctl("deploy", "-i", str(keyed), "--host", "lab1", "--mode", MODE, env={"OPSCTL_LAB_KEY": key})
+        outputs.extend([result.stdout, result.stderr])
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stderr
+
+    deploy(old_key)
+    first = current_release(base_inventory, "lab1", "ref")
+    assert (_get_status(models_url, None), _get_status(models_url, old_key)) == (401, 200)
+
+    rotated = deploy(new_key)  # same inventory, new value behind env:OPSCTL_LAB_KEY, no --force
+    second = current_release(base_inventory, "lab1", "ref")
+    assert "API key changed" in rotated and second != first and second[-12:] == first[-12:]
+    assert (_get_status(models_url, old_key), _get_status(models_url, new_key)) == (401, 200)
+    assert "lab1/ref: unchanged" in deploy(new_key)
+
+    journal = remote_run(base_inventory, "lab1", sh("journalctl --no-pager -o cat -n 20000", sudo=True))
+    argv = remote_run(base_inventory, "lab1", sh("ps -eo args; systemctl show -p ExecStart opsctl-ref.service"))
+    for key in (old_key, new_key):
+        assert not any(key in text for text in (*outputs, journal, argv))
+
+    restore = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE)
+    assert restore.returncode == 0, restore.stderr[-3000:]
+
+
+def test_models_missing_after_reboot_stop_the_deploy(base_inventory: Path) -> None:
+    import yaml
+
+    from opsctl.commands import Cmd
+    from tests.lab.test_deploy_support import remote_run
+
+    model = yaml.safe_load(base_inventory.read_text())["hosts"]["lab1"]["services"]["ref"]["model"]["path"]
+    before = current_release(base_inventory, "lab1", "ref")
+    remote_run(base_inventory, "lab1", Cmd.of("mv", "--", model, model + ".away", sudo=True))
+    try:
+        result = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
+    finally:
+        remote_run(base_inventory, "lab1", Cmd.of("mv", "--", model + ".away", model, sudo=True))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"model {model} not on the host" in result.stderr and "opsctl provision" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert current_release(base_inventory, "lab1", "ref") == before
+    assert unit_props(base_inventory, "lab1", "opsctl-ref.service")["ActiveState"] == "active"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ddtree.config import HybridMode
-from ddtree.hybrid import GDNPlan, find_gdn_layers
+from ddtree.hybrid import GDNMethod, GDNPlan, find_gdn_layers
 from ddtree.tree import compile_tree
 from ddtree.verify import TargetRunner
 from hypothesis import HealthCheck, given, settings
@@ -37,8 +37,10 @@ def _random_tree(seed: int, depth: int, budget: int, topk: int):
     return random_tree(VOCAB, seed, depth, budget, topk)
 
 
-def _verify(model, prompt, tree, mode: HybridMode) -> tuple[TargetRunner, torch.Tensor]:
-    runner = TargetRunner(model, hybrid_mode=mode)
+def _verify(
+    model, prompt, tree, mode: HybridMode, method: GDNMethod = GDNMethod.CHUNK
+) -> tuple[TargetRunner, torch.Tensor]:
+    runner = TargetRunner(model, hybrid_mode=mode, gdn_method=method)
     runner.prefill(prompt)
     return runner, runner.verify(compile_tree(tree, len(prompt))).logits
 
@@ -81,9 +83,11 @@ def test_conv_index_walks_ancestors_into_the_committed_state() -> None:
 )
 def test_exact_tree_verify_matches_each_path(model, seed: int, depth: int, budget: int, topk: int) -> None:
     prompt, tree = _random_tree(seed, depth, budget, topk)
-    _, got = _verify(model, prompt, tree, HybridMode.EXACT)
-    err = rel_err(got, reference_logits(model, prompt, tree))
-    assert err.max().item() < TOL, f"max rel err {err.max().item():.2e} at node {int(err.argmax())}"
+    want = reference_logits(model, prompt, tree)
+    for method in GDNMethod:
+        _, got = _verify(model, prompt, tree, HybridMode.EXACT, method)
+        err = rel_err(got, want)
+        assert err.max().item() < TOL, f"{method.value}: max rel err {err.max().item():.2e} at {int(err.argmax())}"
 
 
 def test_unsafe_diverges_at_non_first_siblings_while_exact_does_not(model) -> None:
@@ -93,18 +97,22 @@ def test_unsafe_diverges_at_non_first_siblings_while_exact_does_not(model) -> No
     assert len(siblings) >= 5
     want = reference_logits(model, prompt, tree)
     exact = rel_err(_verify(model, prompt, tree, HybridMode.EXACT)[1], want)
+    depth = rel_err(_verify(model, prompt, tree, HybridMode.EXACT, GDNMethod.DEPTH)[1], want)
     unsafe = rel_err(_verify(model, prompt, tree, HybridMode.UNSAFE)[1], want)
+    unsafe_depth = rel_err(_verify(model, prompt, tree, HybridMode.UNSAFE, GDNMethod.DEPTH)[1], want)
     # the chunked (whole-sequence) transformers computation is an independent check of the reference
     chunked = rel_err(sequence_logits(model, prompt, tree), want)
     print(
         f"\nnodes={len(parents)} non-first siblings={len(siblings)}"
         f"\nexact  max rel err (all nodes)            = {exact.max().item():.3e}"
+        f"\nexact  max rel err (depth method)         = {depth.max().item():.3e}"
         f"\nunsafe max rel err (all nodes)            = {unsafe.max().item():.3e}"
         f"\nunsafe min rel err (non-first siblings)   = {unsafe[siblings].min().item():.3e}"
         f"\nreference: decode path vs chunked forward = {chunked.max().item():.3e}"
     )
-    assert exact.max().item() < TOL
+    assert exact.max().item() < TOL and depth.max().item() < TOL
     assert unsafe[siblings].min().item() > UNSAFE_MIN
+    assert rel_err(unsafe, unsafe_depth).max().item() < TOL  # both methods compute the same flat chain
     # where the flat order happens to be the node's own path (ids 0, 1, ..., i), unsafe is right too
     paths = root_paths(parents)
     chain = [i for i in range(len(parents)) if paths[i] == list(range(i + 1))]
