@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from ddtree.verify import HFCompat
 
 __all__ = [
-    "GDNMethod", "GDNPlan", "GDNStash", "HybridMode", "commit_gdn", "delta_step", "find_gdn_layers", "tree_gdn",
+    "GDNMethod", "GDNPlan", "GDNStash", "HybridMode", "commit_gdn", "delta_step", "find_gdn_layers",
+    "gdn_recurrence", "tree_gdn",
 ]  # fmt: skip
 
 
@@ -207,13 +208,21 @@ def _gdn_tree_forward(
     k = _l2norm(k.float())
     v = v.float()
 
-    recurrence = _tree_recurrence_chunk if plan.method is GDNMethod.CHUNK else _tree_recurrence_depth
-    core = recurrence(plan, q, k, v, g, beta, rec_state[0].float())  # [N, H_v, d_v]
+    core = gdn_recurrence(plan, q, k, v, g, beta, rec_state[0].float())  # [N, H_v, d_v]
     stashes[int(mod.layer_idx)] = GDNStash(mixed=mixed, key=k, value=v, g=g, beta=beta)
 
     out = mod.norm(core.to(dtype).reshape(-1, mod.head_v_dim), z.reshape(-1, mod.head_v_dim))
     result: Tensor = mod.out_proj(out.reshape(1, n, -1))  # [1, N, hidden]
     return result
+
+
+def gdn_recurrence(plan: GDNPlan, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state0: Tensor) -> Tensor:
+    """Every node's delta-rule output, each from its own root-to-node path, by the plan's method.
+
+    q (scaled), k (l2-normalised): [N, H, d_k]; v: [N, H, d_v]; g (log-decay), beta: [N, H]; state0: the
+    committed state [H, d_k, d_v]; all fp32 -> [N, H, d_v]."""
+    method = _tree_recurrence_chunk if plan.method is GDNMethod.CHUNK else _tree_recurrence_depth
+    return method(plan, q, k, v, g, beta, state0)
 
 
 def _tree_recurrence_depth(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ddtree.config import HybridMode
-from ddtree.hybrid import GDNMethod, GDNPlan, find_gdn_layers
+from ddtree.hybrid import GDNMethod, GDNPlan, find_gdn_layers, gdn_recurrence
 from ddtree.tree import compile_tree
 from ddtree.verify import TargetRunner
 from hypothesis import HealthCheck, given, settings
@@ -144,3 +144,24 @@ def test_tree_forward_is_restored_after_verify(model) -> None:
     layers = find_gdn_layers(model)
     assert len(layers) == 3
     assert all("forward" not in m.__dict__ for m in layers)
+
+
+@pytest.mark.parametrize("n", [1, 7, 40, 130])
+def test_chunk_method_on_a_chain_equals_transformers_chunked_kernel(n: int) -> None:
+    """An independent check of the chunked algebra: on the flat chain it must compute what transformers' own
+    chunked gated-delta-rule kernel computes (chunk 64, so n = 130 spans three chunks)."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    gen = torch.Generator().manual_seed(n)
+    heads, dk, dv = 3, 8, 5
+    q = torch.nn.functional.normalize(torch.randn(n, heads, dk, generator=gen), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(n, heads, dk, generator=gen), dim=-1)
+    v = torch.randn(n, heads, dv, generator=gen)
+    g = -torch.rand(n, heads, generator=gen)
+    beta = torch.rand(n, heads, generator=gen)
+    state0 = torch.randn(heads, dk, dv, generator=gen)
+    parents = torch.arange(n) - 1
+    plan = GDNPlan.build(parents, [torch.tensor([i]) for i in range(n)], conv_kernel=4, flat=True)
+    ours = gdn_recurrence(plan, q * dk**-0.5, k, v, g, beta, state0)
+    theirs, _ = torch_chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None], initial_state=state0[None])
+    assert rel_err(ours, theirs[0]).max().item() < TOL
