@@ -18,6 +18,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
+class Mode(StrEnum):
+    """A service's decoding mode (the same four names as opsctl's inventory)."""
+
+    BASELINE = "baseline"  # target only, one token per forward
+    LINEAR = "linear"  # DFlash: verify the drafted chain
+    SHADOW = "shadow"  # linear's tokens, plus the DDTree tree built and logged on the side
+    TREE = "tree"  # DDTree: verify the whole tree in one forward
+
+
 class VerifyMode(StrEnum):
     SHADOW = "shadow"  # build the tree and log its statistics, verify the spine (output == linear)
     TREE = "tree"  # verify the whole tree in one target forward with an ancestor-only mask

@@ -15,7 +15,6 @@ The drafter is pluggable (`Drafter`): the DFlash drafter (`DFlashDrafter`) or, f
 from __future__ import annotations
 
 import dataclasses
-import enum
 import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,17 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from ddtree import tree as dtree
-from ddtree.config import DDTreeConfig, HybridMode, VerifyMode
+from ddtree.config import DDTreeConfig, HybridMode, Mode, VerifyMode
 from ddtree.metrics import MetricsLog, RoundStats
 from ddtree.verify import TargetRunner
-
-
-class Mode(enum.StrEnum):
-    BASELINE = "baseline"
-    LINEAR = "linear"
-    SHADOW = "shadow"
-    TREE = "tree"
-
 
 # --------------------------------------------------------------------------------------------------------
 # Drafters

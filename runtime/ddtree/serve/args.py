@@ -15,16 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddtree.config import Mode
 from ddtree.serve.configfile import merge_config
 
 API_KEY_ENV = "SGLANG_API_KEY"
-
-
-class Mode(enum.StrEnum):
-    BASELINE = "baseline"
-    LINEAR = "linear"
-    SHADOW = "shadow"
-    TREE = "tree"
 
 
 class SpecAlgorithm(enum.StrEnum):
