@@ -30,18 +30,14 @@ from collections.abc import Callable
 import torch
 from ddtree.hybrid import GDNMethod, GDNPlan, gdn_recurrence
 from ddtree.tree import build_tree, compile_tree, tree_shape
+from verify_bench import BOOSTS, TOPK, synthetic_logprobs  # this script's folder is on sys.path
 
 HEADS, DK, DV = 48, 128, 128  # Qwen3.6-27B: 48 value heads (16 key heads repeated 3x), head dims 128
-BLOCK, TOPK = 16, 8
-BOOSTS = {"flat": [9.0, 7.0, 6.0, 5.0], "sharp": [16.0, 11.0, 10.0, 9.0]}
 VOCAB = 32000  # only shapes the synthetic draft; the tree's shape depends on the boosts
 
 
 def make_plan(n: int, draft: str, device: str, gen: torch.Generator) -> tuple[GDNPlan, GDNPlan, GDNPlan, dict]:
-    logits = torch.randn(BLOCK - 1, VOCAB, generator=gen)
-    boost = torch.randint(0, VOCAB, (BLOCK - 1, 4), generator=gen)
-    logits.scatter_add_(1, boost, torch.tensor(BOOSTS[draft]).expand(BLOCK - 1, 4))
-    tree = build_tree(torch.log_softmax(logits, -1), root_token=0, budget=n - 1, topk=TOPK)
+    tree = build_tree(synthetic_logprobs(VOCAB, "cpu", gen, draft), root_token=0, budget=n - 1, topk=TOPK)
     inputs = compile_tree(tree, 0)
     parents = inputs.parents.to(device)
     groups = [g.to(device) for g in inputs.depth_groups]
