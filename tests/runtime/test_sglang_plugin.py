@@ -383,6 +383,24 @@ with torch.no_grad():
     tokens = w._greedy_sample_from_vocab_parallel_head(hidden_states=hs, lm_head=head)
     expected = (hs @ head.weight.T).argmax(-1)
 obs = w._ddtree_obs
+# SGLang's own ParallelLMHead at TP=1: padded weight and `shard_indices` always set (a real instance needs
+# SGLang's parallel state; the attributes are what the worker reads, from the same class).
+from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbeddingShardIndices as Shard
+padded = torch.nn.Linear(16, 48, bias=False)
+with torch.no_grad():
+    padded.weight[40:] = 0.0
+    padded.weight[:40] = head.weight
+padded.tp_size = 1
+padded.shard_indices = Shard(
+    padded_org_vocab_start_index=0, padded_org_vocab_end_index=48, padded_added_vocab_start_index=48,
+    padded_added_vocab_end_index=48, org_vocab_start_index=0, org_vocab_end_index=40,
+    added_vocab_start_index=48, added_vocab_end_index=48,
+)
+from ddtree.sglang.worker import dense_head_rows
+rows = dense_head_rows(padded)
+padded.tp_size = 2
+out["padded_head"] = {"rows": list(rows.shape) if not isinstance(rows, str) else rows,
+                      "tp2": dense_head_rows(padded), "quantized": dense_head_rows(torch.nn.Identity())}
 out["shadow_head"] = {"same_tokens": bool(torch.equal(tokens, expected)), "enabled": w._ddtree_enabled,
                       "nodes": obs.nodes if obs else None, "spine_matches": obs.spine_matches if obs else None}
 json.dump(out, sys.stdout)
@@ -530,3 +548,9 @@ def test_sglang_creates_the_shadow_worker_on_dflash(probe: dict[str, Any]) -> No
 
 def test_shadow_head_returns_dflash_tokens_and_builds_the_trees(probe: dict[str, Any]) -> None:
     assert probe["shadow_head"] == {"same_tokens": True, "enabled": True, "nodes": [9, 9], "spine_matches": True}
+    # SGLang's head at TP=1 keeps statistics on, over the real vocabulary only (padding rows cut)
+    assert probe["padded_head"] == {
+        "rows": [40, 16],
+        "tp2": "the LM head is sharded over tensor-parallel ranks (TP=1 only)",
+        "quantized": "the LM head is quantized (dense heads only)",
+    }

@@ -83,6 +83,24 @@ def round_stats(obs: DraftObservation, accept_lens: list[int], round_ms: float) 
     ]
 
 
+def dense_head_rows(lm_head: Any) -> Tensor | str:
+    """The LM head's weight rows of the real vocabulary ([V, H], row i = token i), or why there are none.
+
+    SGLang's ParallelLMHead always carries `shard_indices`, also at TP=1; its weight is padded
+    ([V_padded, H]), and padding rows must not become tree candidates. A plain nn.Linear head has no padding."""
+    weight = getattr(lm_head, "weight", None)
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or not weight.is_floating_point():
+        return "the LM head is quantized (dense heads only)"
+    if int(getattr(lm_head, "tp_size", 1)) != 1:
+        return "the LM head is sharded over tensor-parallel ranks (TP=1 only)"
+    shard = getattr(lm_head, "shard_indices", None)
+    if shard is None:
+        return weight
+    if int(shard.num_added_elements) != 0 or int(shard.org_vocab_start_index) != 0:
+        return "the LM head has an added vocabulary"
+    return weight[: int(shard.num_org_elements)]
+
+
 def shadow_worker_class() -> type:
     """DFlashWorkerV2 plus DDTree statistics; built lazily because the base class lives in sglang."""
     from sglang.srt.configs.hybrid_arch import mambaish_config
@@ -118,9 +136,9 @@ def shadow_worker_class() -> type:
                 hidden_states=hidden_states, lm_head=lm_head, chunk_size=chunk_size
             )
             if self._ddtree_enabled:
-                weight = getattr(lm_head, "weight", None)
-                if hasattr(lm_head, "shard_indices") or not isinstance(weight, Tensor) or weight.dim() != 2:
-                    self._ddtree_disable("the LM head is sharded or quantized (TP=1, dense head only)")
+                weight = dense_head_rows(lm_head)
+                if isinstance(weight, str):
+                    self._ddtree_disable(weight)
                 else:
                     try:
                         self._ddtree_obs = observe_draft(
