@@ -1,6 +1,6 @@
 """Benchmark (not a test): the Gated DeltaNet recurrence of one tree verify, alone, at Qwen3.6-27B's GDN shape.
 
-    python runtime/bench/gdn_bench.py --device cpu --threads 2 --repeat 7
+    python runtime/bench/gdn_bench.py --device cpu --threads 1 --clock cpu --repeat 7
     python runtime/bench/gdn_bench.py --device cuda --repeat 20
 
 One GDN layer's delta-rule part for a DDTree tree of N nodes (48 value heads, d_k = d_v = 128, fp32 like the
@@ -49,14 +49,17 @@ def make_plan(n: int, draft: str, device: str, gen: torch.Generator) -> tuple[GD
     return (*plans, {"nodes": tree.num_nodes, "depth": shape.depth, "width": shape.width})  # type: ignore[return-value]
 
 
-def timed(fn: Callable[[], object], device: str) -> float:
+def timed(fn: Callable[[], object], device: str, clock: str) -> float:
+    """Milliseconds of one call. `cpu` clock = this process's CPU time (steady on a shared machine with one
+    torch thread; meaningless on a GPU, where the wall clock around a synchronize is what counts)."""
+    now = time.process_time if clock == "cpu" else time.perf_counter
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start = now()
     fn()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1000
+    return (now() - start) * 1000
 
 
 def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -106,7 +109,7 @@ def row_for(n: int, args: argparse.Namespace, gen: torch.Generator) -> dict[str,
         times: dict[str, list[float]] = {name: [] for name in arms}
         for _ in range(args.repeat):  # interleaved: drift on a shared machine hits every arm alike
             for name, fn in arms.items():
-                times[name].append(timed(fn, dev))
+                times[name].append(timed(fn, dev, args.clock))
     for name, values in times.items():
         row[f"{name}_ms"] = statistics.median(values)
     row["chunk_over_depth"] = row["chunk_ms"] / row["depth_ms"]  # type: ignore[operator]
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.threads:
@@ -149,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"device": args.device, "threads": torch.get_num_threads(), "rows": rows}, fh, indent=2)
+            json.dump(
+                {"device": args.device, "threads": torch.get_num_threads(), "clock": args.clock, "rows": rows},
+                fh,
+                indent=2,
+            )
     return 0
 
 
