@@ -16,7 +16,6 @@ class ExitCode(IntEnum):
     ERROR = 1
     CHANGES_PENDING = 2  # --plan: changes would be made
     REBOOT_REQUIRED = 3  # provision: a driver install needs a reboot and --reboot was not given
-    NOT_IMPLEMENTED = 4
     INTERRUPTED = 130  # Ctrl-C
 
 
@@ -41,13 +40,6 @@ class InventoryError(OpsctlError):
     def __init__(self, path: str, message: str, hint: str | None = None) -> None:
         self.path = path
         super().__init__(f"{path}: {message}" if path else message, hint)
-
-
-class NotImplementedYet(OpsctlError):
-    exit_code = ExitCode.NOT_IMPLEMENTED
-
-    def __init__(self, command: str) -> None:
-        super().__init__(f"`opsctl {command}` is not implemented yet", "see the open issues")
 
 
 class SelectorError(OpsctlError):
