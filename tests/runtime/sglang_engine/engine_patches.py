@@ -1,0 +1,134 @@
+"""The three monkeypatches SGLang 0.5.23's engine needs to run DFLASH (and the DDTREE plugin, which is DFLASH
+underneath) on a CPU with the Triton attention backend under `TRITON_INTERPRET=1`. Installed SGLang files are
+never edited: `install()` (called from this directory's sitecustomize.py, so in every SGLang process, the
+spawned scheduler and detokenizer too) applies each patch right after its module is first imported. None of them
+is needed on a CUDA host; each only widens a CPU-specific refusal or CUDA-only assumption:
+
+- P1 `sglang/srt/arg_groups/speculative_hook.py:290-301` (`_handle_dflash`): an in-tree platform other than
+  cuda/npu/xpu is refused ("DFLASH speculative decoding is not supported by CpuSRTPlatform on device 'cpu'").
+- P3 `sglang/srt/speculative/dflash_worker_v2.py:2481`: `batch.seq_lens.record_stream(...current_stream())`
+  raises "unknown parameter type" for a CPU tensor and CPU stream.
+- P4 `sglang/srt/model_executor/model_runner.py:1772` (`_extend_forward_kwargs`): `input_embeds.bfloat16()` is
+  hard-coded; DFLASH feeds its drafter input_embeds, so a float32 model fails in F.linear (BFloat16 != float).
+
+(P2, P5 and P6 of the exploration were only for the torch_native attention backend; CI runs triton, what opsctl
+renders in production.)
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+APPLIED: list[str] = []
+
+
+def _patch_speculative_hook(module: ModuleType) -> None:
+    """P1: inside speculative_hook only, `current_platform` answers as an out-of-tree platform that supports
+    DFLASH, with the draft attention backends the in-tree path allows (DRAFT_ATTENTION_BACKEND_CHOICES)."""
+    from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
+
+    real = module.current_platform
+
+    class CpuDFlashPlatform:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def is_out_of_tree(self) -> bool:
+            return True
+
+        def supports_speculative_algorithm(self, algorithm: str) -> bool:
+            return algorithm == "DFLASH" or bool(real.supports_speculative_algorithm(algorithm))
+
+        def supports_speculative_draft_attention_backend(self, algorithm: str, backend: str) -> bool:
+            return backend in DRAFT_ATTENTION_BACKEND_CHOICES
+
+    module.current_platform = CpuDFlashPlatform()
+    APPLIED.append("P1")
+
+
+def _patch_record_stream(_module: ModuleType) -> None:
+    """P3: `Tensor.record_stream` is a no-op for CPU tensors (there is no other stream to synchronise with)."""
+    import torch
+
+    original = torch.Tensor.record_stream
+    if getattr(original, "_ddtree_ci", False):
+        return
+
+    def record_stream(self: torch.Tensor, stream: Any) -> None:
+        if self.device.type == "cpu":
+            return None
+        return original(self, stream)  # type: ignore[no-any-return]
+
+    record_stream._ddtree_ci = True  # type: ignore[attr-defined]
+    torch.Tensor.record_stream = record_stream  # type: ignore[method-assign]
+    APPLIED.append("P3")
+
+
+def _patch_model_runner(module: ModuleType) -> None:
+    """P4: input_embeds reach the model in the runner's dtype (float32 here) instead of always bfloat16 (left as
+    is when token-embedding replacements were scattered into them, which this path never has)."""
+    runner = module.ModelRunner
+    original = runner._extend_forward_kwargs
+
+    def _extend_forward_kwargs(self: Any, forward_batch: Any, pp_proxy_tensors: Any) -> dict[str, Any]:
+        kwargs: dict[str, Any] = original(self, forward_batch, pp_proxy_tensors)
+        if forward_batch.input_embeds is not None and forward_batch.replace_embeds is None:
+            kwargs["input_embeds"] = forward_batch.input_embeds.to(self.dtype)
+        return kwargs
+
+    runner._extend_forward_kwargs = _extend_forward_kwargs
+    APPLIED.append("P4")
+
+
+PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "sglang.srt.arg_groups.speculative_hook": _patch_speculative_hook,
+    "sglang.srt.speculative.dflash_worker_v2": _patch_record_stream,
+    "sglang.srt.model_executor.model_runner": _patch_model_runner,
+}
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Wraps a module's own loader; patches the module right after it has executed."""
+
+    def __init__(self, inner: importlib.abc.Loader, patch: Callable[[ModuleType], None]) -> None:
+        self.inner = inner
+        self.patch = patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.inner.exec_module(module)
+        self.patch(module)
+
+
+class _PatchFinder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        patch = PATCHES.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Patch each module when it is first imported (or now, if it already is). Idempotent."""
+    if any(isinstance(finder, _PatchFinder) for finder in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _PatchFinder())
+    for name, patch in PATCHES.items():
+        if name in sys.modules:
+            patch(sys.modules[name])

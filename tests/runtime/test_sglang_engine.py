@@ -1,0 +1,224 @@
+"""SGLang 0.5.23's real Engine on CPU, end to end: the tiny dense Qwen3 target and its DFlash drafter (the
+`tiny_dense` fixture), served by SGLang baseline, DFLASH, and DDTREE in shadow mode (the plugin found through
+its entry point with runtime/ on PYTHONPATH, as opsctl deploys it), with the Triton attention backend opsctl
+renders (run by Triton's CPU interpreter). Greedy tokens must equal transformers' greedy generate token for
+token; the speculative runs must accept more than one token per round; shadow must log its tree statistics.
+
+Each mode is one Engine launch in its own subprocess (tests/runtime/sglang_engine/driver.py); SGLang is never
+imported into the pytest process. docs/sglang.md, "SGLang's engine on CPU, in CI", lists the stub and patches
+(tests/runtime/sglang_engine/) this needs on a CPU and what it does and does not prove.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.runtime
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+ENGINE_DIR = HERE / "sglang_engine"
+sys.path.insert(0, str(HERE))
+from sglang_cpu import sglang_skip_reason  # noqa: E402
+
+sys.path.remove(str(HERE))
+
+PROMPTS = ["count from 43 to 50", "json for dave, age 47, from delhi", "write mul for 4 and 9"]
+NEW_TOKENS = 32
+BASELINE_TOKENS = 16  # plain decode is one interpreted step per token (~1 s each here); the spec runs take 32
+RUN_TIMEOUT_S = 420
+DDTREE_BUDGET, DDTREE_TOPK, DRAFT_BLOCK = 16, 4, 8  # DRAFT_BLOCK: the tiny drafter's block size
+SHADOW_ENV = {
+    "DDTREE_VERIFY": "shadow",
+    "DDTREE_BUDGET": str(DDTREE_BUDGET),
+    "DDTREE_TOPK": str(DDTREE_TOPK),
+    "DDTREE_LOG_INTERVAL": "4",
+    "DDTREE_ALLOW_HYBRID_UNSAFE": "0",
+    "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER": "1",
+}
+METRICS = re.compile(r"DDTREE metrics ((?:\w+=\S+ ?)+)")
+
+skip_reason = sglang_skip_reason()
+needs_sglang = pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
+
+
+def engine_kwargs(target: Path) -> dict[str, Any]:
+    """What opsctl renders for an sglang service (page size 1, no overlap, triton attention), on a CPU."""
+    return {
+        "model_path": str(target),
+        "device": "cpu",
+        "dtype": "float32",
+        "attention_backend": "triton",
+        "triton_attention_num_kv_splits": 1,  # decode attention: 1/8 of the interpreted Triton programs per step
+        "page_size": 1,
+        "disable_overlap_schedule": True,
+        "disable_cuda_graph": True,
+        "disable_radix_cache": True,
+        "chunked_prefill_size": -1,
+        "mem_fraction_static": 0.05,
+        "max_total_tokens": 4096,
+        "max_running_requests": 4,
+        "skip_server_warmup": True,
+        "random_seed": 0,
+        "log_level": "info",
+    }
+
+
+def run_engine(
+    tmp: Path, engine: dict[str, Any], batches: list[list[list[int]]], new_tokens: int, env: dict[str, str]
+) -> tuple[dict[str, Any], str]:
+    """One Engine launch in a subprocess (driver.py); returns its result and its combined log."""
+    job, result = tmp / "job.json", tmp / "result.json"
+    job.write_text(json.dumps({"engine": engine, "batches": batches, "max_new_tokens": new_tokens}))
+    pythonpath = [str(ENGINE_DIR), str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")]
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
+        "SGLANG_USE_CPU_ENGINE": "1",  # SGLang's CPU engine path (no CUDA device)
+        "TRITON_INTERPRET": "1",  # SGLang's Triton kernels (attention, spec helpers) run by the CPU interpreter
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+        **env,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(ENGINE_DIR / "driver.py"), str(job), str(result)],
+        cwd=tmp,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: a timeout ends SGLang's children too
+    )
+    try:
+        log, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        (tmp / "engine.log").write_text(log)
+        pytest.fail(f"SGLang engine run timed out after {RUN_TIMEOUT_S}s ({tmp / 'engine.log'}):\n{log[-6000:]}")
+    (tmp / "engine.log").write_text(log)
+    if proc.returncode != 0 or not result.is_file():
+        pytest.fail(f"SGLang engine run failed ({proc.returncode}; {tmp / 'engine.log'}):\n{log[-6000:]}")
+    return json.loads(result.read_text()), log
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dense: Path) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, transformers' greedy continuation of NEW_TOKENS tokens) per prompt, float32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = tiny_dense / "target"
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    prompts, outputs = [], []
+    for text in PROMPTS:
+        messages = [{"role": "user", "content": text}]
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+        ids = list(encoded["input_ids"])
+        with torch.no_grad():
+            # eos_token_id=None: no stop token. Like SGLang's ignore_eos, EOS may be generated, it ends nothing
+            out = model.generate(
+                torch.tensor([ids]), do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0
+            )
+        prompts.append(ids)
+        outputs.append(out[0, len(ids) :].tolist())
+    assert all(len(o) == NEW_TOKENS for o in outputs)
+    return prompts, outputs
+
+
+@pytest.fixture(scope="module")
+def engine_runs(
+    tiny_dense: Path, reference: tuple[list[list[int]], list[list[int]]], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], tuple[dict[str, Any], str]]:
+    """mode -> (result, log) of that mode's Engine run, launched once per module on first use."""
+    prompts, _ = reference
+    done: dict[str, tuple[dict[str, Any], str]] = {}
+    draft = {"speculative_draft_model_path": str(tiny_dense / "draft")}
+    modes: dict[str, tuple[dict[str, Any], list[list[list[int]]], int, dict[str, str]]] = {
+        # each: all prompts in one generate call (batched in the scheduler); DFLASH then the first alone
+        "baseline": ({}, [prompts], BASELINE_TOKENS, {}),
+        "dflash": ({"speculative_algorithm": "DFLASH", **draft}, [prompts, prompts[:1]], NEW_TOKENS, {}),
+        "ddtree": ({"speculative_algorithm": "DDTREE", **draft}, [prompts], NEW_TOKENS, SHADOW_ENV),
+    }
+
+    def get(mode: str) -> tuple[dict[str, Any], str]:
+        if mode not in done:
+            extra, batches, new_tokens, env = modes[mode]
+            tmp = tmp_path_factory.mktemp(f"sglang-{mode}")
+            engine = {**engine_kwargs(tiny_dense / "target"), **extra}
+            done[mode] = run_engine(tmp, engine, batches, new_tokens, env)
+            timing = done[mode][0]
+            print(f"SGLang {mode}: engine start {timing['startup_s']:.1f}s, generate {timing['generate_s']:.1f}s")
+        return done[mode]
+
+    return get
+
+
+def assert_greedy_equal(batch: list[dict[str, Any]], expected: list[list[int]]) -> None:
+    """Every request's token list equals transformers' (token for token, same length)."""
+    got = [out["output_ids"] for out in batch]
+    assert len(got) == len(expected)
+    for i, (tokens, want) in enumerate(zip(got, expected, strict=True)):
+        assert tokens == want, f"request {i} ({PROMPTS[i]!r}): SGLang {tokens} != transformers {want}"
+
+
+def accept_lengths(batch: list[dict[str, Any]]) -> list[float]:
+    return [float(out["meta_info"]["spec_accept_length"]) for out in batch]
+
+
+@needs_sglang
+def test_baseline_engine_matches_transformers(
+    engine_runs: Callable[[str], tuple[dict[str, Any], str]], reference: tuple[list[list[int]], list[list[int]]]
+) -> None:
+    result, _ = engine_runs("baseline")
+    (batched,) = result["batches"]
+    assert_greedy_equal(batched, [tokens[:BASELINE_TOKENS] for tokens in reference[1]])
+
+
+@needs_sglang
+def test_dflash_engine_matches_transformers_and_accepts_blocks(
+    engine_runs: Callable[[str], tuple[dict[str, Any], str]], reference: tuple[list[list[int]], list[list[int]]]
+) -> None:
+    result, _ = engine_runs("dflash")
+    batched, single = result["batches"]
+    assert_greedy_equal(batched, reference[1])
+    assert_greedy_equal(single, reference[1][:1])
+    assert all(length > 1 for length in accept_lengths(batched + single)), accept_lengths(batched + single)
+
+
+@needs_sglang
+def test_ddtree_shadow_engine_matches_transformers_and_logs_tree_stats(
+    engine_runs: Callable[[str], tuple[dict[str, Any], str]], reference: tuple[list[list[int]], list[list[int]]]
+) -> None:
+    result, log = engine_runs("ddtree")
+    (batched,) = result["batches"]
+    assert_greedy_equal(batched, reference[1])
+    assert all(length > 1 for length in accept_lengths(batched)), accept_lengths(batched)
+
+    assert "DDTREE init mode=shadow" in log and "DDTREE verify completed" in log, log[-4000:]
+    assert f"DDTREE init mode=shadow budget={DDTREE_BUDGET} topk={DDTREE_TOPK} block={DRAFT_BLOCK} hybrid=none" in log
+    assert "statistics disabled" not in log, log[-4000:]
+    assert "spine differs" not in log
+    lines = [dict(kv.split("=", 1) for kv in m.group(1).split()) for m in METRICS.finditer(log)]
+    assert lines, f"no 'DDTREE metrics' line in the log:\n{log[-4000:]}"
+    for fields in lines:
+        stats = {key: float(value) for key, value in fields.items() if key != "hybrid"}
+        assert stats["rounds"] >= 1 and stats["tokens"] >= stats["rounds"]
+        assert 1 < stats["nodes"] <= DDTREE_BUDGET  # a tree, not a chain of one
+        assert 1 <= stats["depth"] <= DRAFT_BLOCK - 1  # no deeper than the draft block's rows
+        assert stats["width"] >= 1
+        assert 1 <= stats["tau"] <= DRAFT_BLOCK
+    assert any(float(fields["width"]) > 1 for fields in lines)  # the trees branch somewhere
+    print("\n".join(m.group(0) for m in METRICS.finditer(log)))
