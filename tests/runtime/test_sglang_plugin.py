@@ -76,9 +76,8 @@ def test_each_gate_refuses_with_one_clear_line(change: dict[str, Any], message: 
     assert text.startswith("DDTREE: ") and message in text and "\n" not in text
 
 
-def test_tree_mode_is_refused_on_sglang_and_shadow_needs_the_eager_head() -> None:
-    with pytest.raises(GateError, match="DDTREE_VERIFY=tree is not available in the SGLang plugin"):
-        check_server(GOOD, TREE, SHADOW_ENV)
+def test_tree_mode_passes_the_start_gates_and_shadow_needs_the_eager_head() -> None:
+    check_server(GOOD, TREE, {"DDTREE_VERIFY": "tree"})  # the tree worker reads its own eager head
     with pytest.raises(GateError, match="set SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1"):
         check_server(GOOD, SHADOW, {"DDTREE_VERIFY": "shadow"})
 
@@ -130,7 +129,8 @@ def test_round_stats_feed_the_metrics_contract() -> None:
 def test_importing_the_plugin_package_never_imports_sglang() -> None:
     code = (
         "import sys, ddtree.sglang, ddtree.sglang.plugin, ddtree.sglang.gates, ddtree.sglang.layout, "
-        "ddtree.sglang.worker; print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))"
+        "ddtree.sglang.worker, ddtree.sglang.tree_worker; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
@@ -359,6 +359,10 @@ except ValueError as e:
 
 worker = algo.create_worker(sa)  # SGLang's create_worker -> our factory -> the worker class
 out["worker_mro"] = [f"{c.__module__}:{c.__qualname__}" for c in worker.__mro__[:3]]
+os.environ["DDTREE_VERIFY"] = "tree"
+tree_worker = algo.create_worker(sa)
+out["tree_worker_mro"] = [f"{c.__module__}:{c.__qualname__}" for c in tree_worker.__mro__[:3]]
+os.environ.clear(); os.environ.update(req["base_env"])
 try:
     algo.create_worker(ServerArgs(**{**req["good_args"], "disable_overlap_schedule": False}))
     out["overlap_create_worker"] = "ok"
@@ -505,13 +509,13 @@ def test_every_sglang_symbol_we_use_has_the_expected_signature(probe: dict[str, 
 def test_gates_fire_on_real_server_args(probe: dict[str, Any]) -> None:
     gates = probe["gates"]
     assert gates["good"] == "ok"
+    assert gates["tree"] == "ok"  # tree verify passes the start gates (its worker checks the model)
     expected = {
         "page_size": "DDTREE: --page-size must be 1 (got 16)",
         "overlap": "DDTREE: pass --disable-overlap-schedule",
         "no_backend": "DDTREE: pass --attention-backend triton",
         "fa3": "DDTREE: --attention-backend fa3 cannot take the tree mask",
         "rejection": "DDTREE: --speculative-use-rejection-sampling is not supported",
-        "tree": "DDTREE: DDTREE_VERIFY=tree is not available in the SGLang plugin",
         "bad_budget": "DDTREE_BUDGET='0': expected an integer >= 1",
         "no_eager_head": "DDTREE: set SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1",
     }
@@ -537,13 +541,18 @@ def test_sglang_pipeline_resolves_ddtree_like_dflash_and_parses_the_flags(probe:
     assert probe["cli_gate"] == "ok"
 
 
-def test_sglang_creates_the_shadow_worker_on_dflash(probe: dict[str, Any]) -> None:
+def test_sglang_creates_the_shadow_and_tree_workers_on_dflash(probe: dict[str, Any]) -> None:
     assert probe["worker_mro"] == [
         "ddtree.sglang.worker:shadow_worker_class.<locals>.DDTreeShadowWorker",
         "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2",
         "sglang.srt.speculative.base_spec_worker:BaseSpecWorker",
     ]
     assert "does not support overlap scheduling" in probe["overlap_create_worker"]
+    assert probe["tree_worker_mro"] == [
+        "ddtree.sglang.tree_worker:tree_worker_class.<locals>.DDTreeTreeWorker",
+        "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2",
+        "sglang.srt.speculative.base_spec_worker:BaseSpecWorker",
+    ]
 
 
 def test_shadow_head_returns_dflash_tokens_and_builds_the_trees(probe: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ddtree.config import DDTreeConfig
+from ddtree.config import DDTreeConfig, VerifyMode
 from ddtree.sglang.gates import ServerFacts, check_server
 
 ALGORITHM = "DDTREE"
@@ -113,6 +113,10 @@ def spec_class() -> type:
 def worker_factory(server_args: Any) -> type:
     """The worker class SGLang instantiates as `Cls(server_args, gpu_id, nccl_port, target_worker)`."""
     validate_server_args(server_args)  # again, in the scheduler process, on the published arguments
+    if DDTreeConfig.from_env(os.environ).verify is VerifyMode.TREE:
+        from ddtree.sglang.tree_worker import tree_worker_class
+
+        return tree_worker_class()
     from ddtree.sglang.worker import shadow_worker_class
 
     return shadow_worker_class()

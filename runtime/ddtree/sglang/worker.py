@@ -1,4 +1,4 @@
-"""DDTREE workers for SGLang. Only `shadow` exists here (see docs/sglang.md for why `tree` does not).
+"""The DDTREE `shadow` worker for SGLang (the `tree` worker is in tree_worker.py).
 
 The shadow worker IS SGLang's DFlashWorkerV2: every round (draft block, chain verify, accept, KV commit,
 hidden states back to the drafter) runs unchanged, so its tokens are DFLASH's by construction. On the side,

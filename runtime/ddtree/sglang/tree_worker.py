@@ -1,0 +1,412 @@
+"""The DDTREE `tree` worker for SGLang: DFLASH's drafting, a DDTree tree per request, ONE target forward over
+the whole tree (TARGET_VERIFY, ancestor-only custom mask), SGLang's `verify_tree_greedy` for acceptance, the
+accepted nodes' KV kept, their hidden states fed back to the drafter. Greedy only; dense targets only.
+
+One round, per decode batch (prefill and idle batches run DFLASH's own code, unchanged):
+
+1. draft: DFLASH's draft block (bonus token + mask tokens at prefix_len .. prefix_len + B - 1, B = block
+   size) through the drafter; the target's LM head on the drafter's hidden states gives B - 1 rows of
+   log-probs; `build_tree_heap` builds each request's tree (DDTREE_BUDGET nodes, DDTREE_TOPK per row);
+2. layout: `ddtree.sglang.layout` puts it in SGLang's EAGLE tree layout, padded to B slots, so the verify
+   has DFLASH's shape (B tokens per request) and writes DFLASH's KV window req_to_token[prefix_len :
+   prefix_len + B], which SGLang's spec-v2 scheduler has already reserved (2 * B per request);
+3. verify: one target forward (TARGET_VERIFY) with the FULL_MASK custom mask and positions prefix_len +
+   depth; `verify_tree_greedy` walks the target's argmax over the tree links;
+4. commit (page_size 1): the window's req_to_token entries are permuted so the accepted path's slots come
+   first (path order) and the others after: req_to_token[prefix_len : prefix_len + tau] = the accepted
+   nodes' KV locations; the unaccepted locations stay in the request's reservation (as DFLASH's rejected
+   slots do) and are rewritten next round. The verify's target hidden states of the accepted rows, in path
+   order, go to the drafter's KV at positions prefix_len .. prefix_len + tau - 1 (DFLASH's own writer).
+
+Constraints (checked at start): DDTREE_BUDGET <= B - 1 (the tree fits DFLASH's window), a dense target (no
+recurrent layers: a flat tree forward is wrong for them and no exact path is wired here), no compact
+(sliding-window) draft cache, no selector / LiLiCorr / Domino drafts, a dense unsharded LM head. Requests
+that ask for log-probs or grammar are refused; sampling requests are verified greedily (WARNING once).
+
+sglang is imported only inside `tree_worker_class()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ddtree.config import DDTreeConfig
+from ddtree.metrics import MetricsLog, RoundStats
+from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
+from ddtree.tree import DraftTree, build_tree_heap, is_off_spine, tree_shape
+
+logger = logging.getLogger("ddtree")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure parts (CPU tensors; unit-tested without SGLang)
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeRound:
+    """One decode round's trees in SGLang's verify shapes. bs requests, S = block size slots each."""
+
+    trees: list[DraftTree]
+    layouts: list[SGLangTreeLayout]
+    tokens: Tensor  # [bs, S] int64: verify input ids, slot order
+    positions: Tensor  # [bs * S] int64: prefix_len + depth
+    custom_mask: Tensor  # [sum_b S * (prefix_len_b + S)] bool: SGLang's FULL_MASK
+    retrieve_index: Tensor  # [bs, S] int64
+    retrieve_next_token: Tensor  # [bs, S] int64
+    retrieve_next_sibling: Tensor  # [bs, S] int64
+
+
+def plan_round(
+    draft_logprobs: Tensor,
+    root_tokens: Sequence[int],
+    prefix_lens: Sequence[int],
+    num_slots: int,
+    budget: int,
+    topk: int,
+) -> TreeRound:
+    """Build every request's tree and its verify inputs. draft_logprobs: [bs, R, V] (row d - 1 = depth d)."""
+    if draft_logprobs.dim() != 3 or not draft_logprobs.shape[0] == len(root_tokens) == len(prefix_lens):
+        raise ValueError("draft_logprobs must be [bs, R, V] with one root token and prefix length per request")
+    if budget + 1 > num_slots:
+        raise ValueError(f"budget {budget} does not fit {num_slots} slots (budget + 1 <= slots)")
+    trees = [
+        build_tree_heap(lp, root_token=int(root), budget=budget, topk=topk)
+        for lp, root in zip(draft_logprobs.float().cpu(), root_tokens, strict=True)
+    ]
+    layouts = [to_sglang_layout(t, int(p), num_slots) for t, p in zip(trees, prefix_lens, strict=True)]
+    index, next_token, next_sibling = stack_links(layouts)
+    return TreeRound(
+        trees=trees,
+        layouts=layouts,
+        tokens=torch.stack([lay.draft_tokens for lay in layouts]),
+        positions=torch.cat([lay.positions for lay in layouts]),
+        custom_mask=full_mask(layouts, [int(p) for p in prefix_lens]),
+        retrieve_index=index,
+        retrieve_next_token=next_token,
+        retrieve_next_sibling=next_sibling,
+    )
+
+
+@dataclass(frozen=True)
+class TreeCommit:
+    """What the round commits, from verify_tree_greedy's outputs. bs requests, S slots each."""
+
+    paths: list[list[int]]  # accepted slots per request, path order, starting with 0 (the root)
+    out_tokens: Tensor  # [bs, S] int64: committed tokens (accepted drafts then the bonus), rest 0
+    commit_lens: Tensor  # [bs] int32: tau = accepted drafts + 1
+    bonus: Tensor  # [bs] int64: the target's token after the last accepted node
+    perm: Tensor  # [bs, S] int64: accepted slots first (path order), the others after (ascending)
+    off_spine: list[bool]
+
+
+def commit_round(plan: TreeRound, accept_index: Tensor, accept_num: Tensor, target_predict: Tensor) -> TreeCommit:
+    """accept_index: [bs, W] flat rows b * S + slot (-1 padded); accept_num: [bs] accepted drafts;
+    target_predict: [bs, S] the target's argmax after each slot."""
+    bs, s = plan.tokens.shape
+    index, num, predict = accept_index.cpu().tolist(), accept_num.cpu().tolist(), target_predict.cpu()
+    out_tokens = torch.zeros((bs, s), dtype=torch.int64)
+    perm = torch.empty((bs, s), dtype=torch.int64)
+    paths, off_spine = [], []
+    for b in range(bs):
+        path = [int(row) - b * s for row in index[b][: int(num[b]) + 1]]
+        if path[0] != 0 or any(not 0 <= slot < plan.layouts[b].num_nodes for slot in path):
+            raise RuntimeError(f"verify_tree_greedy returned a bad path for request {b}: {path}")
+        paths.append(path)
+        out_tokens[b, : len(path)] = predict[b, path]
+        rest = [slot for slot in range(s) if slot not in set(path)]
+        perm[b] = torch.tensor(path + rest, dtype=torch.int64)
+        nodes = tuple(plan.layouts[b].order[path].tolist())
+        off_spine.append(is_off_spine(plan.trees[b], nodes))
+    commit_lens = torch.tensor([len(p) for p in paths], dtype=torch.int32)
+    bonus = torch.stack([predict[b, paths[b][-1]] for b in range(bs)]).to(torch.int64)
+    return TreeCommit(
+        paths=paths, out_tokens=out_tokens, commit_lens=commit_lens, bonus=bonus, perm=perm, off_spine=off_spine
+    )
+
+
+def round_stats(plan: TreeRound, commit: TreeCommit, times_ms: dict[str, float]) -> list[RoundStats]:
+    """One RoundStats per request; the round's times are split evenly over its requests."""
+    bs = len(plan.trees)
+    out = []
+    for b, tree in enumerate(plan.trees):
+        shape = tree_shape(tree)
+        out.append(
+            RoundStats(
+                accepted_len=len(commit.paths[b]),
+                nodes=shape.nodes,
+                depth=shape.depth,
+                off_spine=commit.off_spine[b],
+                draft_ms=times_ms.get("draft", 0.0) / bs,
+                build_ms=times_ms.get("build", 0.0) / bs,
+                verify_ms=times_ms.get("verify", 0.0) / bs,
+                commit_ms=times_ms.get("commit", 0.0) / bs,
+                width=shape.width,
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The worker
+# ---------------------------------------------------------------------------------------------------
+
+
+def tree_worker_class() -> type:
+    """DFlashWorkerV2 with the DDTree tree-verify decode round; built lazily (the base class lives in sglang)."""
+    import sglang.srt.speculative.dflash_worker_v2 as dw
+    from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_func
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+    from sglang.srt.managers.scheduler import GenerationBatchResult
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from ddtree.config import HybridMode
+    from ddtree.sglang.worker import dense_head_rows
+
+    class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
+        def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
+            super().__init__(server_args, gpu_id, nccl_port, target_worker)
+            config = DDTreeConfig.from_env(os.environ)
+            block = int(self.block_size)
+            if mambaish_config(target_worker.model_runner.model_config) is not None:
+                raise ValueError(
+                    "DDTREE: DDTREE_VERIFY=tree on a hybrid (recurrent-layer) target is not supported by the SGLang "
+                    "plugin (no exact tree path is wired); use DDTREE_VERIFY=shadow"
+                )
+            if config.budget + 1 > block:
+                raise ValueError(
+                    f"DDTREE: DDTREE_BUDGET={config.budget} is too large for tree verify on SGLang: the tree must fit "
+                    f"DFLASH's verify window of block_size={block} slots (DDTREE_BUDGET <= {block - 1})"
+                )
+            for name in ("selector", "lilicorr"):
+                if getattr(self, name, None) is not None:
+                    raise ValueError(f"DDTREE: DFLASH drafts with a {name} head are not supported")
+            if getattr(self, "_is_domino", False):
+                raise ValueError("DDTREE: Domino DFLASH drafts are not supported")
+            if self.use_compact_draft_cache:
+                raise ValueError("DDTREE: tree verify does not support a windowed (compact) DFLASH draft cache")
+            self._ddtree_config = config
+            self._ddtree_log = MetricsLog(config, block, HybridMode.NONE)
+            self._ddtree_log.start()
+            self._ddtree_warned_sampling = False
+
+        def forward_batch_generation(
+            self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None, pp_proxy_tensors: Any = None
+        ) -> Any:
+            if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+                return super().forward_batch_generation(
+                    batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
+                )
+            return self._ddtree_round(batch, on_publish)
+
+        # -- one decode round -------------------------------------------------------------------------
+
+        def _ddtree_round(self, batch: Any, on_publish: Any) -> Any:
+            if batch.has_grammar:
+                raise RuntimeError("DDTREE tree verify does not support grammar-constrained requests")
+            if batch.return_logprob:
+                raise RuntimeError("DDTREE tree verify does not return log-probs")
+            info = batch.sampling_info
+            if info is not None and not info.is_all_greedy and not self._ddtree_warned_sampling:
+                logger.warning("DDTREE tree verify is greedy: sampling requests are verified with argmax")
+                self._ddtree_warned_sampling = True
+            draft_input = batch.spec_info
+            if not isinstance(draft_input, DFlashDraftInputV2):
+                raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch")
+
+            t0 = time.perf_counter()
+            bs = len(batch.seq_lens)
+            block = int(self.block_size)
+            device = self.device
+            runner = self.model_runner
+            target_model = self.target_worker.model_runner.model
+            lm_head = dw.unwrap_lora_layer(getattr(target_model, "lm_head", None))
+            head = dense_head_rows(lm_head)
+            if isinstance(head, str):
+                raise RuntimeError(f"DDTREE tree verify needs a dense LM head: {head}")
+
+            # --- 1) draft: DFLASH's block through the drafter (its eager path, unchanged in substance)
+            prefix_lens = batch.seq_lens
+            req_to_token = runner.req_to_token_pool.req_to_token
+            offsets = torch.arange(block, device=device, dtype=torch.int64)
+            positions_2d = prefix_lens.to(torch.int64).unsqueeze(1) + offsets  # [bs, B]
+            window_2d = req_to_token[batch.req_pool_indices.to(torch.int64).unsqueeze(1), positions_2d].to(
+                torch.int64
+            )  # [bs, B] the reserved KV window
+            block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.int64, device=device)
+            block_ids[:, 0].copy_(draft_input.bonus_tokens)
+            embed_module = dw.unwrap_lora_layer(dw._resolve_dflash_embedding_module(self.draft_model, target_model))
+            if self._full_embed_gpu is not None:
+                noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+            else:
+                noise = embed_module(block_ids)
+            if self._noise_embed_scale != 1.0:
+                noise = noise * self._noise_embed_scale
+            block_positions = positions_2d.reshape(-1)
+            window = window_2d.reshape(-1)
+            kv_loc_plan = self.target_worker.model_runner.kv_index_translator.plan(
+                req_pool_indices=batch.req_pool_indices,
+                seq_lens=prefix_lens,
+                seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+                write_virtual=window,
+                read_extent=block,
+            )
+            if batch.seq_lens_cpu is not None:
+                seq_lens_cpu = batch.seq_lens_cpu.clone() + block
+            elif draft_input.nxt_kv_lens_cpu is not None:
+                seq_lens_cpu = draft_input.nxt_kv_lens_cpu.clone()
+            else:
+                seq_lens_cpu = torch.tensor([req.kv.kv_allocated_len for req in batch.reqs], dtype=torch.int64)
+            draft_batch = ForwardBatch(
+                forward_mode=ForwardMode.TARGET_VERIFY,
+                batch_size=bs,
+                input_ids=block_ids.flatten(),
+                req_pool_indices=batch.req_pool_indices,
+                seq_lens=prefix_lens,
+                out_cache_loc=window,
+                seq_lens_sum=int(seq_lens_cpu.sum()),
+                seq_lens_cpu=seq_lens_cpu,
+                positions=block_positions,
+                input_embeds=noise.view(-1, noise.shape[-1]),
+                spec_algorithm=SpeculativeAlgorithm.DFLASH,
+                spec_info=self._draft_block_spec_info,
+                capture_hidden_mode=CaptureHiddenMode.NULL,
+                num_token_non_padded=(
+                    torch.full((), bs * block, dtype=torch.int32, device=device)
+                    if dw.enable_num_token_non_padded()
+                    else None
+                ),
+                global_num_token_non_padded_cpu=bs * block,
+                can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
+            )
+            kv_loc_plan.bind(draft_batch, self.draft_model_runner.kv_index_translator)
+            with torch.inference_mode(), dw.draft_tp_context(self.draft_parallel_layout):
+                draft_out = self.draft_model_runner.forward(draft_batch)
+            draft_hidden = draft_out.logits_output.hidden_states
+            if draft_hidden is None:
+                raise RuntimeError("DFLASH draft model returned no hidden states")
+            draft_hidden = draft_hidden.view(bs, block, -1)[:, 1:, :]  # [bs, B - 1, H]
+            t1 = time.perf_counter()
+
+            # --- 2) trees, in SGLang's layout
+            with torch.inference_mode():
+                logits = draft_hidden.to(head.dtype) @ head.T  # [bs, B - 1, V]
+                logprobs = torch.log_softmax(logits.float(), dim=-1)
+            plan = plan_round(
+                logprobs,
+                draft_input.bonus_tokens.tolist(),
+                prefix_lens.tolist(),
+                block,
+                self._ddtree_config.budget,
+                self._ddtree_config.topk,
+            )
+            t2 = time.perf_counter()
+
+            # --- 3) one target forward over every tree
+            tokens = plan.tokens.to(device)
+            verify_input = DFlashVerifyInput(
+                draft_token=tokens.reshape(-1),
+                positions=plan.positions.to(device),
+                draft_token_num=block,
+                custom_mask=plan.custom_mask.to(device),
+                capture_hidden_mode=CaptureHiddenMode.FULL,
+                kv_loc_plan=kv_loc_plan,
+            )
+            batch.out_cache_loc = window
+            cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
+            if cpu_backup is not None:
+                batch.seq_lens_cpu = cpu_backup + block
+                batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            elif draft_input.nxt_kv_lens_cpu is not None:
+                batch.seq_lens_cpu = draft_input.nxt_kv_lens_cpu
+                batch.seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
+            verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+            batch.seq_lens_cpu, batch.seq_lens_sum = cpu_backup, sum_backup
+            target_out = self.target_worker.forward_batch_generation(
+                batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
+            )
+            logits_output = target_out.logits_output
+            target_lp = self._target_logits_processor
+            if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
+                target_predict = target_lp.deferred_argmax(logits_output.next_token_logits)
+                logits_output.next_token_logits = None
+            else:
+                target_predict = torch.argmax(logits_output.next_token_logits, dim=-1)
+            target_predict = target_predict.view(bs, block)
+
+            # --- acceptance: SGLang's greedy tree walk
+            predicts = torch.full((bs * block,), -1, dtype=torch.int32, device=device)
+            accept_index = torch.full((bs, block), -1, dtype=torch.int32, device=device)
+            accept_num = torch.zeros((bs,), dtype=torch.int32, device=device)
+            predicts, accept_index, accept_num = verify_tree_greedy_func(
+                predicts=predicts,
+                accept_index=accept_index,
+                accept_token_num=accept_num,
+                candidates=tokens,
+                retrieve_index=plan.retrieve_index.to(device),
+                retrieve_next_token=plan.retrieve_next_token.to(device),
+                retrieve_next_sibling=plan.retrieve_next_sibling.to(device),
+                target_predict=target_predict,
+                topk=self._ddtree_config.topk,
+            )
+            t3 = time.perf_counter()
+
+            # --- 4) commit: accepted slots first in the window, hidden states back to the drafter
+            commit = commit_round(plan, accept_index, accept_num, target_predict)
+            perm = commit.perm.to(device)
+            commit_lens = commit.commit_lens.to(device)
+            new_window = window_2d.gather(1, perm)  # [bs, B]
+            rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand(bs, block)
+            req_to_token[rows, positions_2d] = new_window.to(req_to_token.dtype)
+            new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+            if on_publish is not None:
+                on_publish(new_seq_lens)
+            hidden = logits_output.hidden_states
+            if hidden is None:
+                raise RuntimeError("DDTREE verify requires the target's hidden states, got None")
+            hidden = hidden.view(bs, block, -1)
+            hidden = hidden.gather(1, perm.unsqueeze(-1).expand(bs, block, hidden.shape[-1]))
+            draft_loc = self._draft_write_ids(kv_loc_plan).view(bs, block).to(torch.int64).gather(1, perm)
+            self._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=hidden.reshape(-1, hidden.shape[-1]),
+                cache_loc=draft_loc.reshape(-1),
+                cache_loc_2d=draft_loc,
+                positions=block_positions,
+                commit_lens=commit_lens,
+            )
+            logits_output.hidden_states = None
+            t4 = time.perf_counter()
+
+            ms = {
+                "draft": (t1 - t0) * 1e3,
+                "build": (t2 - t1) * 1e3,
+                "verify": (t3 - t2) * 1e3,
+                "commit": (t4 - t3) * 1e3,
+            }
+            for stats in round_stats(plan, commit, ms):
+                self._ddtree_log.record(stats)
+            bonus = commit.bonus.to(device)
+            return GenerationBatchResult(
+                logits_output=logits_output,
+                next_token_ids=commit.out_tokens.to(device).reshape(-1),
+                accept_lens=commit_lens,
+                can_run_cuda_graph=target_out.can_run_cuda_graph,
+                next_draft_input=dw.make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
+                speculative_num_draft_tokens=block,
+                new_seq_lens=new_seq_lens,
+                routed_experts_output=target_out.routed_experts_output,
+                indexer_topk_output=target_out.indexer_topk_output,
+            )
+
+    return DDTreeTreeWorker

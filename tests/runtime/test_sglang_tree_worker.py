@@ -1,0 +1,87 @@
+"""ddtree.sglang.tree_worker's pure parts (no SGLang): the round's verify inputs from the drafter's log-probs,
+and the commit from verify_tree_greedy's outputs, checked against ddtree.tree's own build and walk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ddtree.sglang.devcheck import VOCAB, path_logits
+from ddtree.sglang.layout import accept_tensors, full_mask, greedy_accept
+from ddtree.sglang.tree_worker import commit_round, plan_round, round_stats
+from ddtree.tree import build_tree_heap, compile_tree, is_off_spine, walk_tree
+
+pytestmark = pytest.mark.runtime
+
+SLOTS = 8  # block size: the verify window per request
+
+
+def draft_logprobs(seed: int, bs: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(bs, SLOTS - 1, VOCAB, generator=g) * 2).log_softmax(-1)  # [bs, B - 1, V]
+
+
+@pytest.mark.parametrize(("budget", "topk"), [(1, 1), (7, 1), (7, 3), (5, 4)])
+def test_plan_round_builds_the_trees_in_sglang_shapes(budget: int, topk: int) -> None:
+    lp = draft_logprobs(seed=budget * 10 + topk, bs=3)
+    roots, prefixes = [5, 9, 1], [11, 4, 30]
+    plan = plan_round(lp, roots, prefixes, SLOTS, budget, topk)
+    assert plan.tokens.shape == (3, SLOTS)
+    assert plan.positions.shape == (3 * SLOTS,)
+    assert plan.custom_mask.shape == (sum(SLOTS * (p + SLOTS) for p in prefixes),)
+    assert torch.equal(plan.custom_mask, full_mask(plan.layouts, prefixes))
+    assert plan.retrieve_index.tolist() == [[b * SLOTS + i for i in range(SLOTS)] for b in range(3)]
+    for b in range(3):
+        ref = build_tree_heap(lp[b], root_token=roots[b], budget=budget, topk=topk)
+        tree, lay = plan.trees[b], plan.layouts[b]
+        assert torch.equal(tree.tokens, ref.tokens) and torch.equal(tree.parents, ref.parents)
+        assert plan.tokens[b, 0] == roots[b]
+        inputs = compile_tree(tree, prefixes[b])
+        n = tree.num_nodes
+        assert torch.equal(plan.tokens[b, :n], inputs.input_ids[lay.order])
+        assert torch.equal(plan.positions[b * SLOTS : b * SLOTS + n], inputs.position_ids[lay.order])
+
+
+def test_plan_round_refuses_a_budget_beyond_the_window() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        plan_round(draft_logprobs(0, 1), [0], [3], SLOTS, budget=SLOTS, topk=2)
+
+
+def test_commit_round_matches_walk_tree_including_off_spine() -> None:
+    off_spine = deeper = 0
+    for seed in range(12):
+        bs = 1 + seed % 3
+        lp = draft_logprobs(seed, bs)
+        plan = plan_round(lp, list(range(bs)), [7 + b for b in range(bs)], SLOTS, budget=7, topk=3)
+        logits = [path_logits(tree, seed=100 * seed + b) for b, tree in enumerate(plan.trees)]
+        predict = torch.zeros((bs, SLOTS), dtype=torch.int64)
+        for b, lay in enumerate(plan.layouts):
+            predict[b, : lay.num_nodes] = logits[b].argmax(-1)[lay.order]
+        accepts = [greedy_accept(lay, predict[b]) for b, lay in enumerate(plan.layouts)]
+        index, num, _ = accept_tensors(accepts, list(predict), SLOTS, SLOTS)
+        commit = commit_round(plan, index, num, predict)
+        for b, tree in enumerate(plan.trees):
+            ref = walk_tree(tree, logits[b])
+            lay = plan.layouts[b]
+            path = commit.paths[b]
+            assert tuple(lay.order[path].tolist()) == ref.accepted
+            tau = len(ref.accepted)
+            assert int(commit.commit_lens[b]) == tau
+            want = [*tree.tokens[list(ref.accepted[1:])].tolist(), ref.bonus_token]
+            assert commit.out_tokens[b, :tau].tolist() == want
+            assert int(commit.bonus[b]) == ref.bonus_token
+            assert commit.perm[b, :tau].tolist() == path
+            assert sorted(commit.perm[b].tolist()) == list(range(SLOTS))
+            assert commit.off_spine[b] == is_off_spine(tree, ref.accepted)
+            off_spine += commit.off_spine[b]
+            deeper += tau > 2
+        stats = round_stats(plan, commit, {"verify": 3.0})
+        assert [s.accepted_len for s in stats] == commit.commit_lens.tolist()
+        assert sum(s.verify_ms for s in stats) == pytest.approx(3.0)
+    assert off_spine >= 3 and deeper >= 3
+
+
+def test_commit_round_rejects_a_path_through_padding() -> None:
+    plan = plan_round(draft_logprobs(1, 1), [0], [5], SLOTS, budget=2, topk=1)  # 3 real nodes, 5 padding
+    index = torch.tensor([[0, 5, -1, -1, -1, -1, -1, -1]])
+    with pytest.raises(RuntimeError, match="bad path"):
+        commit_round(plan, index, torch.tensor([1]), torch.zeros((1, SLOTS), dtype=torch.int64))
