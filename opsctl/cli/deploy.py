@@ -26,7 +26,7 @@ from opsctl.deploy.release import DEFAULT_KEEP
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.runner import RolloutOptions, RunReport
 from opsctl.errors import DeployError
-from opsctl.inventory.model import EXACT_HYBRID_ENGINES, Host, Mode, Service
+from opsctl.inventory.model import Host, Mode, Service, tree_mode_refusal
 from opsctl.inventory.select import select
 
 ModeOpt = Annotated[
@@ -49,16 +49,9 @@ def with_mode(host: Host, service: Service, mode: Mode | None) -> Service:
     where = f"{host.name}/{service.name}"
     if mode.speculative and service.draft_model is None:
         raise DeployError(f"{where}: --mode {mode.value} needs a draft_model", "add draft_model to the service")
-    if (
-        mode is Mode.TREE
-        and service.model.hybrid
-        and service.engine not in EXACT_HYBRID_ENGINES
-        and not service.ddtree.allow_hybrid_unsafe
-    ):
-        raise DeployError(
-            f"{where}: tree mode on a hybrid target needs exact hybrid support ({service.engine.value} has none)",
-            "use shadow, or set ddtree.allow_hybrid_unsafe: true (inexact; loud)",
-        )
+    refusal = tree_mode_refusal(mode, service.engine, service.model.hybrid, service.model.name)
+    if refusal is not None:
+        raise DeployError(f"{where}: {refusal[0]}", refusal[1])
     return replace(service, mode=mode)
 
 

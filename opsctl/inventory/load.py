@@ -18,7 +18,6 @@ import yaml
 from opsctl.errors import InventoryError
 from opsctl.inventory import schema as s
 from opsctl.inventory.model import (
-    EXACT_HYBRID_ENGINES,
     CudaConfig,
     DDTreeKnobs,
     Engine,
@@ -30,6 +29,7 @@ from opsctl.inventory.model import (
     ModelSpec,
     Service,
     SshConfig,
+    tree_mode_refusal,
 )
 from opsctl.secrets import SecretRef
 
@@ -354,23 +354,13 @@ def _service(
         health_timeout=s.number(d.get("health_timeout", 600), f"{path}.health_timeout", 1, 7200),
         readiness_delay=s.number(d.get("readiness_delay", 10), f"{path}.readiness_delay", 0, 600),
     )
-    if mode is Mode.TREE and engine is Engine.SGLANG:
+    refusal = tree_mode_refusal(mode, engine, model.hybrid, model.name)
+    if refusal is not None:
+        raise InventoryError(f"{path}.mode", *refusal)
+    if service.hybrid_unsafe:
         warnings.append(
-            f"{path}: SGLANG TREE UNAVAILABLE: this ddtree-runtime's SGLang plugin runs shadow only and refuses "
-            "DDTREE_VERIFY=tree at start (docs/sglang.md), so a deploy will fail its gates and roll back; "
-            "use mode shadow, or engine reference"
-        )
-    if mode is Mode.TREE and model.hybrid and engine not in EXACT_HYBRID_ENGINES:
-        if not knobs.allow_hybrid_unsafe:
-            raise InventoryError(
-                f"{path}.mode",
-                f"tree mode on a hybrid target ({model.name}) needs exact recurrent-state tree verify, "
-                f"which engine {engine.value} does not have",
-                "use mode shadow, or set ddtree.allow_hybrid_unsafe: true to accept inexact verification",
-            )
-        warnings.append(
-            f"{path}: HYBRID UNSAFE: tree verify on hybrid target {model.name} without exact recurrent-state "
-            "handling; outputs may differ from baseline"
+            f"{path}: HYBRID UNSAFE: tree verify on hybrid target {model.name} in flat order "
+            "(ddtree.allow_hybrid_unsafe); outputs may differ from baseline"
         )
     return service
 

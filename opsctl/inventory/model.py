@@ -42,8 +42,20 @@ class ModelSourceKind(StrEnum):
 
 
 # Engines whose tree verify is exact on hybrid (recurrent + attention) targets. The reference engine is
-# proven exact by tests/runtime; the SGLang plugin's exact path is not yet verified on a GPU.
+# proven exact by tests/runtime. The SGLang plugin's tree worker refuses hybrid targets (docs/sglang.md).
 EXACT_HYBRID_ENGINES: frozenset[Engine] = frozenset({Engine.REFERENCE})
+
+
+def tree_mode_refusal(mode: Mode, engine: Engine, hybrid: bool, model_name: str) -> tuple[str, str] | None:
+    """Why this service cannot run `tree`, and what to do instead; None when it can. One rule for the
+    inventory and for `opsctl deploy --mode tree`."""
+    if mode is not Mode.TREE or not hybrid or engine in EXACT_HYBRID_ENGINES:
+        return None
+    return (
+        f"tree mode on a hybrid target ({model_name}) needs exact recurrent-state tree verify, which engine "
+        f"{engine.value} does not have (its DDTREE plugin refuses it at start; allow_hybrid_unsafe does not apply)",
+        "use mode shadow, or engine reference",
+    )
 
 
 @dataclass(frozen=True)
@@ -116,13 +128,9 @@ class Service:
 
     @property
     def hybrid_unsafe(self) -> bool:
-        """True when this service runs tree verify on a hybrid target without exact handling."""
-        return (
-            self.mode is Mode.TREE
-            and self.model.hybrid
-            and self.engine not in EXACT_HYBRID_ENGINES
-            and self.ddtree.allow_hybrid_unsafe
-        )
+        """True when this service runs tree verify on a hybrid target in flat order: the reference engine does
+        that when asked (`allow_hybrid_unsafe`), to measure the error of a naive tree verify."""
+        return self.mode is Mode.TREE and self.model.hybrid and self.ddtree.allow_hybrid_unsafe
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,18 @@ CASES: list[tuple[str, str | None, str]] = [
         host(svc(body=GOOD_SERVICE.replace("linear", "tree").replace("hybrid: false", "hybrid: true"))),
         "tree mode on a hybrid target (m) needs exact recurrent-state tree verify",
     ),
+    (
+        "tree-on-hybrid-sglang-even-when-unsafe-allowed",
+        host(
+            svc(
+                body=with_key(
+                    GOOD_SERVICE.replace("linear", "tree").replace("hybrid: false", "hybrid: true"),
+                    "ddtree: {allow_hybrid_unsafe: true}",
+                )
+            )
+        ),
+        "allow_hybrid_unsafe does not apply) (use mode shadow, or engine reference)",
+    ),
     ("sglang-on-cpu", host(svc(body=with_key(GOOD_SERVICE, "device: cpu"))), "the sglang engine needs a GPU"),
     (
         "bad-address",
@@ -204,3 +216,18 @@ def test_good_two_service_inventory_loads(tmp_path: Path) -> None:
     inv = load_inventory(file)
     assert [s.port for s in inv.hosts[0].services] == [30000, 30001]
     assert inv.hosts[0].services[1].gpus == (1,)
+
+
+def test_reference_engine_tree_on_hybrid_is_exact_and_flat_only_when_asked(tmp_path: Path) -> None:
+    body = GOOD_SERVICE.replace("linear", "tree").replace("hybrid: false", "hybrid: true")
+    body = with_key(body.replace("gpus: [0]", "gpus: []"), "engine: reference\ndevice: cpu")
+    exact = tmp_path / "exact.yaml"
+    exact.write_text(host(svc(body=body)))
+    result = run_cli("render", "-i", str(exact), "--out", str(tmp_path / "out1"))
+    assert result.exit_code == 0, result.stderr
+    assert "HYBRID UNSAFE" not in result.stderr
+    flat = tmp_path / "flat.yaml"
+    flat.write_text(host(svc(body=with_key(body, "ddtree: {allow_hybrid_unsafe: true}"))))
+    result = run_cli("render", "-i", str(flat), "--out", str(tmp_path / "out2"))
+    assert result.exit_code == 0, result.stderr
+    assert "HYBRID UNSAFE" in result.stderr
