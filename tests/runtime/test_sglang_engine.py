@@ -47,6 +47,17 @@ SHADOW_ENV = {
     "DDTREE_ALLOW_HYBRID_UNSAFE": "0",
     "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER": "1",
 }
+# Tree mode: the budget must fit the drafter's block (<= DRAFT_BLOCK - 1); top-k 8 lets siblings win. Prompts on
+# which this tiny model's drafter and target disagree often enough for off-spine acceptances to happen.
+TREE_BUDGET, TREE_TOPK = DRAFT_BLOCK - 1, 8
+TREE_ENV = {
+    "DDTREE_VERIFY": "tree",
+    "DDTREE_BUDGET": str(TREE_BUDGET),
+    "DDTREE_TOPK": str(TREE_TOPK),
+    "DDTREE_LOG_INTERVAL": "4",
+    "DDTREE_ALLOW_HYBRID_UNSAFE": "0",
+}
+TREE_PROMPTS = ["tell me a story about a dog", "json for bob, age 31, from paris, with a list of 5 pets"]
 METRICS = re.compile(r"DDTREE metrics ((?:\w+=\S+ ?)+)")
 
 skip_reason = sglang_skip_reason()
@@ -117,13 +128,22 @@ def run_engine(
 @pytest.fixture(scope="module")
 def reference(tiny_dense: Path) -> tuple[list[list[int]], list[list[int]]]:
     """(prompt ids, transformers' greedy continuation of NEW_TOKENS tokens) per prompt, float32."""
+    return greedy_reference(tiny_dense, PROMPTS)
+
+
+@pytest.fixture(scope="module")
+def tree_reference(tiny_dense: Path) -> tuple[list[list[int]], list[list[int]]]:
+    return greedy_reference(tiny_dense, TREE_PROMPTS)
+
+
+def greedy_reference(tiny_dense: Path, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = tiny_dense / "target"
     tokenizer = AutoTokenizer.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     prompts, outputs = [], []
-    for text in PROMPTS:
+    for text in texts:
         messages = [{"role": "user", "content": text}]
         encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
         ids = list(encoded["input_ids"])
@@ -140,10 +160,14 @@ def reference(tiny_dense: Path) -> tuple[list[list[int]], list[list[int]]]:
 
 @pytest.fixture(scope="module")
 def engine_runs(
-    tiny_dense: Path, reference: tuple[list[list[int]], list[list[int]]], tmp_path_factory: pytest.TempPathFactory
+    tiny_dense: Path,
+    reference: tuple[list[list[int]], list[list[int]]],
+    tree_reference: tuple[list[list[int]], list[list[int]]],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[[str], tuple[dict[str, Any], str]]:
     """mode -> (result, log) of that mode's Engine run, launched once per module on first use."""
     prompts, _ = reference
+    tree_prompts = tree_reference[0] + prompts[:1]
     done: dict[str, tuple[dict[str, Any], str]] = {}
     draft = {"speculative_draft_model_path": str(tiny_dense / "draft")}
     modes: dict[str, tuple[dict[str, Any], list[list[list[int]]], int, dict[str, str]]] = {
@@ -151,6 +175,8 @@ def engine_runs(
         "baseline": ({}, [prompts], BASELINE_TOKENS, {}),
         "dflash": ({"speculative_algorithm": "DFLASH", **draft}, [prompts, prompts[:1]], NEW_TOKENS, {}),
         "ddtree": ({"speculative_algorithm": "DDTREE", **draft}, [prompts], NEW_TOKENS, SHADOW_ENV),
+        # tree: three requests batched, then one alone
+        "tree": ({"speculative_algorithm": "DDTREE", **draft}, [tree_prompts, tree_prompts[:1]], NEW_TOKENS, TREE_ENV),
     }
 
     def get(mode: str) -> tuple[dict[str, Any], str]:
@@ -171,7 +197,11 @@ def assert_greedy_equal(batch: list[dict[str, Any]], expected: list[list[int]]) 
     got = [out["output_ids"] for out in batch]
     assert len(got) == len(expected)
     for i, (tokens, want) in enumerate(zip(got, expected, strict=True)):
-        assert tokens == want, f"request {i} ({PROMPTS[i]!r}): SGLang {tokens} != transformers {want}"
+        assert tokens == want, f"request {i}: SGLang {tokens} != transformers {want}"
+
+
+def metrics_lines(log: str) -> list[dict[str, str]]:
+    return [dict(kv.split("=", 1) for kv in m.group(1).split()) for m in METRICS.finditer(log)]
 
 
 def accept_lengths(batch: list[dict[str, Any]]) -> list[float]:
@@ -211,7 +241,7 @@ def test_ddtree_shadow_engine_matches_transformers_and_logs_tree_stats(
     assert f"DDTREE init mode=shadow budget={DDTREE_BUDGET} topk={DDTREE_TOPK} block={DRAFT_BLOCK} hybrid=none" in log
     assert "statistics disabled" not in log, log[-4000:]
     assert "spine differs" not in log
-    lines = [dict(kv.split("=", 1) for kv in m.group(1).split()) for m in METRICS.finditer(log)]
+    lines = metrics_lines(log)
     assert lines, f"no 'DDTREE metrics' line in the log:\n{log[-4000:]}"
     for fields in lines:
         stats = {key: float(value) for key, value in fields.items() if key != "hybrid"}
@@ -222,3 +252,28 @@ def test_ddtree_shadow_engine_matches_transformers_and_logs_tree_stats(
         assert 1 <= stats["tau"] <= DRAFT_BLOCK
     assert any(float(fields["width"]) > 1 for fields in lines)  # the trees branch somewhere
     print("\n".join(m.group(0) for m in METRICS.finditer(log)))
+
+
+@needs_sglang
+def test_ddtree_tree_engine_matches_transformers_and_accepts_off_the_spine(
+    engine_runs: Callable[[str], tuple[dict[str, Any], str]],
+    reference: tuple[list[list[int]], list[list[int]]],
+    tree_reference: tuple[list[list[int]], list[list[int]]],
+) -> None:
+    """DDTREE_VERIFY=tree: one verify forward over the whole tree (SGLang's tree mask, verify_tree_greedy, the
+    accepted KV slots committed): greedy tokens must still be transformers' exactly."""
+    result, log = engine_runs("tree")
+    batched, single = result["batches"]
+    expected = tree_reference[1] + reference[1][:1]
+    assert_greedy_equal(batched, expected)
+    assert_greedy_equal(single, expected[:1])
+    assert all(length > 1 for length in accept_lengths(batched + single)), accept_lengths(batched + single)
+    assert f"DDTREE init mode=tree budget={TREE_BUDGET} topk={TREE_TOPK} block={DRAFT_BLOCK} hybrid=none" in log
+    lines = metrics_lines(log)
+    assert lines, f"no 'DDTREE metrics' line in the log:\n{log[-4000:]}"
+    for fields in lines:
+        assert 1 <= float(fields["nodes"]) <= TREE_BUDGET and 1 <= float(fields["tau"]) <= DRAFT_BLOCK
+    off_spine = sum(float(fields.get("off_spine", 0)) for fields in lines)
+    print("\n".join(m.group(0) for m in METRICS.finditer(log)))
+    # A tree that only ever accepted its spine would be a chain verify with extra nodes: show it is not.
+    assert off_spine > 0, "no round accepted a non-spine node"

@@ -85,7 +85,34 @@ def _patch_model_runner(module: ModuleType) -> None:
     APPLIED.append("P4")
 
 
+def _patch_spec_tree(module: ModuleType) -> None:
+    """P7: on a CPU, `spec_tree.verify_tree_greedy_func` calls sgl_kernel's `verify_tree_greedy_cpu`, which only
+    SGLang's CPU kernel build has; route it to SGLang's own Triton kernel (run by TRITON_INTERPRET=1), the one a
+    GPU host runs. Used by the DDTREE tree worker's acceptance step."""
+    triton_kernel = module.verify_tree_greedy_triton
+
+    def verify_tree_greedy_cpu(
+        *,
+        predicts: Any,
+        accept_index: Any,
+        accept_token_num: Any,
+        candidates: Any,
+        retrive_index: Any,
+        retrive_next_token: Any,
+        retrive_next_sibling: Any,
+        target_predict: Any,
+    ) -> None:
+        triton_kernel(
+            predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+            retrive_next_sibling, target_predict,
+        )  # fmt: skip
+
+    module.sgl_verify_tree_greedy_cpu = verify_tree_greedy_cpu
+    APPLIED.append("P7")
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "sglang.kernels.ops.speculative.spec_tree": _patch_spec_tree,
     "sglang.srt.arg_groups.speculative_hook": _patch_speculative_hook,
     "sglang.srt.speculative.dflash_worker_v2": _patch_record_stream,
     "sglang.srt.model_executor.model_runner": _patch_model_runner,
