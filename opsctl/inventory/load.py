@@ -33,6 +33,8 @@ from opsctl.inventory.model import (
 )
 from opsctl.secrets import SecretRef
 
+SGLANG_TREE_MAX_BUDGET = 15  # DFlash drafters of the Qwen3/3.6 family draft blocks of 16 tokens
+
 
 class _Device(StrEnum):
     CUDA = "cuda"
@@ -354,6 +356,12 @@ def _service(
         health_timeout=s.number(d.get("health_timeout", 600), f"{path}.health_timeout", 1, 7200),
         readiness_delay=s.number(d.get("readiness_delay", 10), f"{path}.readiness_delay", 0, 600),
     )
+    if mode is Mode.TREE and engine is Engine.SGLANG and knobs.budget > SGLANG_TREE_MAX_BUDGET:
+        warnings.append(
+            f"{path}.ddtree.budget: {knobs.budget} does not fit SGLang's tree worker, which verifies within the "
+            f"drafter's block (budget <= block size - 1: {SGLANG_TREE_MAX_BUDGET} for 16-token DFlash drafters); "
+            "the plugin refuses it at start unless the drafter's block is larger"
+        )
     refusal = tree_mode_refusal(mode, engine, model.hybrid, model.name)
     if refusal is not None:
         raise InventoryError(f"{path}.mode", *refusal)

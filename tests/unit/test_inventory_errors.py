@@ -231,3 +231,15 @@ def test_reference_engine_tree_on_hybrid_is_exact_and_flat_only_when_asked(tmp_p
     result = run_cli("render", "-i", str(flat), "--out", str(tmp_path / "out2"))
     assert result.exit_code == 0, result.stderr
     assert "HYBRID UNSAFE" in result.stderr
+
+
+def test_sglang_tree_budget_beyond_the_draft_block_warns(tmp_path: Path) -> None:
+    body = with_key(GOOD_SERVICE.replace("linear", "tree"), "ddtree: {budget: 64}")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(host(svc(body=body)))
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.stderr
+    assert "ddtree.budget: 64 does not fit SGLang's tree worker" in result.stderr
+    inv.write_text(host(svc(body=with_key(GOOD_SERVICE.replace("linear", "tree"), "ddtree: {budget: 15}"))))
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out2"))
+    assert result.exit_code == 0 and "does not fit" not in result.stderr, result.stderr

@@ -48,7 +48,7 @@ def test_modes_render_the_right_flags(golden_inventory) -> None:
         assert f[f.index("--page-size") + 1] == "1"
         assert f[f.index("--attention-backend") + 1] == "triton"
     env = render_service(host, host.service("sgl-tree"), "r").env
-    assert "DDTREE_VERIFY=tree\n" in env and "DDTREE_BUDGET=64\n" in env and "DDTREE_LOG_INTERVAL=20\n" in env
+    assert "DDTREE_VERIFY=tree\n" in env and "DDTREE_BUDGET=15\n" in env and "DDTREE_LOG_INTERVAL=20\n" in env
     assert "DDTREE_VERIFY=shadow\n" in render_service(host, host.service("ref-shadow"), "r").env
     assert "DDTREE_" not in render_service(host, host.service("sgl-linear"), "r").env
     assert "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1" in render_service(host, host.service("sgl-shadow"), "r").env
