@@ -3,7 +3,7 @@ last DDTREE metrics. Reads only."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -32,6 +32,7 @@ class ServiceStatus:
     healthy: bool
     last_metrics: metrics.DDTreeMetrics | None
     init: metrics.DDTreeInit | None
+    missing_models: list[str] = field(default_factory=list)  # model dirs not on the host (reboot: /dev/shm empty)
     error: str | None = None
 
 
@@ -69,4 +70,5 @@ def collect(conn: Host, inv_host: InvHost, service: Service, http: httpx.Client)
         healthy=probe.ok,
         last_metrics=summary.last_metrics,
         init=summary.init,
+        missing_models=release.missing_models(conn, service),
     )

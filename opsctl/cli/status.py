@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
             _table(rows)
             for h, e in errors:
                 console.print(f"[bold red]{h}: {e}[/]", markup=True)
-        unhealthy = errors or any(not r.healthy for r in rows)
+        unhealthy = errors or any(not r.healthy or r.missing_models for r in rows)  # missing: next restart fails
         raise typer.Exit(int(ExitCode.ERROR if unhealthy else ExitCode.OK))
 
 
@@ -76,3 +76,9 @@ def _table(rows: list[ServiceStatus]) -> None:
             f"releases={r.releases} bad={r.bad_releases} health={r.health}; {metrics}",
             markup=True,
         )
+        if r.missing_models:
+            console.print(
+                f"[bold red]{r.host}/{r.service}: model {', '.join(r.missing_models)} not on the host[/] "
+                f"(a reboot empties /dev/shm): `opsctl provision --host {r.host}`, then `opsctl deploy --force`",
+                markup=True,
+            )

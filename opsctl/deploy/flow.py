@@ -9,7 +9,6 @@ is healthy, mark the failed release bad. The caller holds the host's deploy lock
 from __future__ import annotations
 
 import difflib
-import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from datetime import UTC, datetime
 import httpx
 
 from opsctl import __version__, health
-from opsctl.commands import Cmd, sh
+from opsctl.commands import Cmd
 from opsctl.deploy import audit, preflight, release, secret_fp
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate, parse_show, show_cmd
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
@@ -247,15 +246,8 @@ def _secrets_rotated(ctx: ServiceContext, current: str, plan: bool) -> bool:
     return secret_fp.matches(stored, secrets) is False
 
 
-def missing_models_cmd(paths: list[str]) -> Cmd:
-    """Print each model directory that has no config.json on the host."""
-    checks = "; ".join(f"test -f {shlex.quote(p.rstrip('/') + '/config.json')} || echo {shlex.quote(p)}" for p in paths)
-    return sh(checks + "; true", sudo=True)
-
-
 def _missing_models(ctx: ServiceContext) -> list[str]:
-    models = [m.path for m in (ctx.service.model, ctx.service.draft_model) if m is not None]
-    return ctx.run(missing_models_cmd(models)).split() if models else []
+    return release.missing_models(ctx.remote, ctx.service)
 
 
 def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySettings) -> ServiceResult:

@@ -19,6 +19,8 @@ from datetime import UTC, datetime, timedelta
 from opsctl import layout
 from opsctl.commands import Cmd, sh
 from opsctl.errors import DeployError
+from opsctl.inventory.model import Service
+from opsctl.remote.base import Host
 
 PLACEHOLDER_ID = "00000000T000000Z-000000000000"  # used to render for hashing (same length as real ids)
 HASH_LEN = 12
@@ -290,6 +292,18 @@ def model_manifests_cmd(model_paths: list[str]) -> Cmd:
     """sha256 of each model's manifest on the host (missing ones print nothing)."""
     files = " ".join(shlex.quote(f"{p.rstrip('/')}/{MODEL_MANIFEST}") for p in model_paths)
     return sh(f"sha256sum {files} 2>/dev/null || true", sudo=True)
+
+
+def missing_models_cmd(model_paths: list[str]) -> Cmd:
+    """Print each model directory that has no config.json on the host."""
+    checks = [f"test -f {shlex.quote(p.rstrip('/') + '/config.json')} || echo {shlex.quote(p)}" for p in model_paths]
+    return sh("; ".join(checks) + "; true", sudo=True)
+
+
+def missing_models(remote: Host, service: Service) -> list[str]:
+    """The service's model directories that are not on the host (after a reboot /dev/shm is empty)."""
+    paths = [m.path for m in (service.model, service.draft_model) if m is not None]
+    return remote.run(missing_models_cmd(paths)).stdout.split() if paths else []
 
 
 def parse_model_manifests(stdout: str, model_paths: list[str]) -> str:

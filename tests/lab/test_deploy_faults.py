@@ -3,6 +3,7 @@ going down mid-deploy, Ctrl-C, a concurrent deploy, and an unchanged re-deploy."
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -234,8 +235,15 @@ def test_models_missing_after_reboot_stop_the_deploy(base_inventory: Path) -> No
     remote_run(base_inventory, "lab1", Cmd.of("mv", "--", model, model + ".away", sudo=True))
     try:
         result = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
+        status = opsctl("status", "-i", str(base_inventory), "--host", "lab1", "--service", "ref", "--json")
+        human = opsctl("status", "-i", str(base_inventory), "--host", "lab1", "--service", "ref")
     finally:
         remote_run(base_inventory, "lab1", Cmd.of("mv", "--", model + ".away", model, sudo=True))
+    # still serving (the model is in memory), but the next restart would fail: status says so and exits 1
+    assert status.returncode == 1, status.stderr
+    (row,) = json.loads(status.stdout)["services"]
+    assert row["missing_models"] == [model] and row["healthy"] is True
+    assert f"model {model} not on the host" in human.stderr and "opsctl provision" in human.stderr
     assert result.returncode == 1, result.stderr[-3000:]
     assert f"model {model} not on the host" in result.stderr and "opsctl provision" in result.stderr
     assert "Traceback" not in result.stderr
