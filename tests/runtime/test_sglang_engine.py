@@ -87,11 +87,17 @@ def engine_kwargs(target: Path) -> dict[str, Any]:
 
 
 def run_engine(
-    tmp: Path, engine: dict[str, Any], batches: list[list[list[int]]], new_tokens: int, env: dict[str, str]
+    tmp: Path,
+    engine: dict[str, Any],
+    batches: list[list[list[int]]],
+    new_tokens: int,
+    env: dict[str, str],
+    overrides: dict[str, list[dict[str, Any]]] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """One Engine launch in a subprocess (driver.py); returns its result and its combined log."""
     job, result = tmp / "job.json", tmp / "result.json"
-    job.write_text(json.dumps({"engine": engine, "batches": batches, "max_new_tokens": new_tokens}))
+    spec = {"engine": engine, "batches": batches, "max_new_tokens": new_tokens, "overrides": overrides or {}}
+    job.write_text(json.dumps(spec))
     pythonpath = [str(ENGINE_DIR), str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")]
     full_env = {
         **os.environ,
@@ -170,13 +176,22 @@ def engine_runs(
     tree_prompts = tree_reference[0] + prompts[:1]
     done: dict[str, tuple[dict[str, Any], str]] = {}
     draft = {"speculative_draft_model_path": str(tiny_dense / "draft")}
+    # tree, third batch: a greedy request beside a sampled one that stops early, so the greedy request's rounds
+    # switch from DFLASH's (sampling in the batch) back to tree rounds mid-generation
+    mixed = [{}, {"temperature": 1.0, "top_k": 5, "max_new_tokens": 6, "sampling_seed": 7}]
+    overrides: dict[str, dict[str, list[dict[str, Any]]]] = {"tree": {"2": mixed}}
     modes: dict[str, tuple[dict[str, Any], list[list[list[int]]], int, dict[str, str]]] = {
         # each: all prompts in one generate call (batched in the scheduler); DFLASH then the first alone
         "baseline": ({}, [prompts], BASELINE_TOKENS, {}),
         "dflash": ({"speculative_algorithm": "DFLASH", **draft}, [prompts, prompts[:1]], NEW_TOKENS, {}),
         "ddtree": ({"speculative_algorithm": "DDTREE", **draft}, [prompts], NEW_TOKENS, SHADOW_ENV),
         # tree: three requests batched, then one alone
-        "tree": ({"speculative_algorithm": "DDTREE", **draft}, [tree_prompts, tree_prompts[:1]], NEW_TOKENS, TREE_ENV),
+        "tree": (
+            {"speculative_algorithm": "DDTREE", **draft},
+            [tree_prompts, tree_prompts[:1], [tree_prompts[1], tree_prompts[0]]],
+            NEW_TOKENS,
+            TREE_ENV,
+        ),
     }
 
     def get(mode: str) -> tuple[dict[str, Any], str]:
@@ -184,7 +199,7 @@ def engine_runs(
             extra, batches, new_tokens, env = modes[mode]
             tmp = tmp_path_factory.mktemp(f"sglang-{mode}")
             engine = {**engine_kwargs(tiny_dense / "target"), **extra}
-            done[mode] = run_engine(tmp, engine, batches, new_tokens, env)
+            done[mode] = run_engine(tmp, engine, batches, new_tokens, env, overrides.get(mode))
             timing = done[mode][0]
             print(f"SGLang {mode}: engine start {timing['startup_s']:.1f}s, generate {timing['generate_s']:.1f}s")
         return done[mode]
@@ -263,10 +278,14 @@ def test_ddtree_tree_engine_matches_transformers_and_accepts_off_the_spine(
     """DDTREE_VERIFY=tree: one verify forward over the whole tree (SGLang's tree mask, verify_tree_greedy, the
     accepted KV slots committed): greedy tokens must still be transformers' exactly."""
     result, log = engine_runs("tree")
-    batched, single = result["batches"]
+    batched, single, mixed = result["batches"]
     expected = tree_reference[1] + reference[1][:1]
     assert_greedy_equal(batched, expected)
     assert_greedy_equal(single, expected[:1])
+    # beside a sampled request (DFLASH's rounds while it runs, tree rounds after): still the greedy tokens
+    assert_greedy_equal(mixed[:1], expected[1:2])
+    assert len(mixed[1]["output_ids"]) == 6
+    assert "DDTREE tree verify: batches with sampling requests take DFLASH's chain verify" in log
     assert all(length > 1 for length in accept_lengths(batched + single)), accept_lengths(batched + single)
     assert f"DDTREE init mode=tree budget={TREE_BUDGET} topk={TREE_TOPK} block={DRAFT_BLOCK} hybrid=none" in log
     lines = metrics_lines(log)

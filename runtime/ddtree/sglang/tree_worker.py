@@ -20,8 +20,9 @@ One round, per decode batch (prefill and idle batches run DFLASH's own code, unc
 
 Constraints (checked at start): DDTREE_BUDGET <= B - 1 (the tree fits DFLASH's window), a dense target (no
 recurrent layers: a flat tree forward is wrong for them and no exact path is wired here), no compact
-(sliding-window) draft cache, no selector / LiLiCorr / Domino drafts, a dense unsharded LM head. Requests
-that ask for log-probs or grammar are refused; sampling requests are verified greedily (WARNING once).
+(sliding-window) draft cache, no selector / LiLiCorr / Domino drafts, a dense unsharded LM head. A decode
+batch with a sampling, log-prob or grammar-constrained request takes DFLASH's own round (chain verify, exact
+for sampling) instead of a tree round (WARNING once).
 
 sglang is imported only inside `tree_worker_class()`.
 """
@@ -204,23 +205,33 @@ def tree_worker_class() -> type:
         def forward_batch_generation(
             self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None, pp_proxy_tensors: Any = None
         ) -> Any:
-            if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            dflash_round = batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle()
+            why = self._needs_dflash_round(batch)
+            if why and not self._ddtree_warned_sampling:
+                # The tree walk is greedy, and a scheduler-side exception would take the whole server down.
+                logger.warning("DDTREE tree verify: batches with %s take DFLASH's chain verify", why)
+                self._ddtree_warned_sampling = True
+            if dflash_round or why:
                 return super().forward_batch_generation(
                     batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
                 )
             return self._ddtree_round(batch, on_publish)
 
+        @staticmethod
+        def _needs_dflash_round(batch: Any) -> str:
+            """Why this decode batch cannot take a (greedy, logprob-free, unconstrained) tree round; "" if it can."""
+            info = batch.sampling_info
+            if info is not None and not info.is_all_greedy:
+                return "sampling requests"
+            if batch.has_grammar:
+                return "grammar-constrained requests"
+            if batch.return_logprob:
+                return "log-prob requests"
+            return ""
+
         # -- one decode round -------------------------------------------------------------------------
 
         def _ddtree_round(self, batch: Any, on_publish: Any) -> Any:
-            if batch.has_grammar:
-                raise RuntimeError("DDTREE tree verify does not support grammar-constrained requests")
-            if batch.return_logprob:
-                raise RuntimeError("DDTREE tree verify does not return log-probs")
-            info = batch.sampling_info
-            if info is not None and not info.is_all_greedy and not self._ddtree_warned_sampling:
-                logger.warning("DDTREE tree verify is greedy: sampling requests are verified with argmax")
-                self._ddtree_warned_sampling = True
             draft_input = batch.spec_info
             if not isinstance(draft_input, DFlashDraftInputV2):
                 raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch")

@@ -3,9 +3,11 @@ in CI").
 
     python driver.py JOB.json RESULT.json
 
-JOB: {"engine": {ServerArgs keyword arguments}, "batches": [[input_ids, ...], ...], "max_new_tokens": N}.
+JOB: {"engine": {ServerArgs keyword arguments}, "batches": [[input_ids, ...], ...], "max_new_tokens": N,
+"overrides": {"<batch index>": [{sampling params of request i}, ...]}} ("overrides" optional).
 Each batch is one `Engine.generate` call (several requests in one call run batched in the scheduler), greedy,
-`ignore_eos`. RESULT: {"startup_s", "generate_s", "batches": [[{"output_ids", "meta_info"}, ...], ...]}.
+`ignore_eos`, unless overridden per request. RESULT: {"startup_s", "generate_s", "batches": [[{"output_ids",
+"meta_info"}, ...], ...]}.
 
 Started by tests/runtime/test_sglang_engine.py with this directory on PYTHONPATH, so sitecustomize.py has already
 installed the torchvision stub and the SGLang patches here and in every process SGLang spawns.
@@ -33,8 +35,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     batches: list[list[dict[str, Any]]] = []
     try:
         started = time.monotonic()
-        for batch in job["batches"]:
-            outs = engine.generate(input_ids=batch, sampling_params=params)
+        for index, batch in enumerate(job["batches"]):
+            overrides = job.get("overrides", {}).get(str(index))
+            sampling: Any = [{**params, **o} for o in overrides] if overrides else params
+            outs = engine.generate(input_ids=batch, sampling_params=sampling)
             batches.append([{"output_ids": out["output_ids"], "meta_info": out["meta_info"]} for out in outs])
         generate_s = time.monotonic() - started
     finally:
