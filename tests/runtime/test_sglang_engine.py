@@ -3,6 +3,8 @@
 its entry point with runtime/ on PYTHONPATH, as opsctl deploys it), with the Triton attention backend opsctl
 renders (run by Triton's CPU interpreter). Greedy tokens must equal transformers' greedy generate token for
 token; the speculative runs must accept more than one token per round; shadow must log its tree statistics.
+The hybrid target (`tiny_hybrid`: Gated DeltaNet + attention layers, what ct200's gpu1 serves with DDTREE shadow)
+runs baseline and DDTREE shadow the same way.
 
 Each mode is one Engine launch in its own subprocess (tests/runtime/sglang_engine/driver.py); SGLang is never
 imported into the pytest process. docs/sglang.md, "SGLang's engine on CPU, in CI", lists the stub and patches
@@ -59,6 +61,9 @@ TREE_ENV = {
 }
 TREE_PROMPTS = ["tell me a story about a dog", "json for bob, age 31, from paris, with a list of 5 pets"]
 METRICS = re.compile(r"DDTREE metrics ((?:\w+=\S+ ?)+)")
+# The hybrid target (`tiny_hybrid`: 3 Gated DeltaNet layers + 1 gated attention layer, the Qwen3.6 layout that
+# ct200's gpu1 serves with DDTREE shadow): two prompts, baseline and shadow only (shadow returns DFLASH's tokens).
+HYBRID_PROMPTS = PROMPTS[:2]
 
 skip_reason = sglang_skip_reason()
 needs_sglang = pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
@@ -129,6 +134,17 @@ def run_engine(
     if proc.returncode != 0 or not result.is_file():
         pytest.fail(f"SGLang engine run failed ({proc.returncode}; {tmp / 'engine.log'}):\n{log[-6000:]}")
     return json.loads(result.read_text()), log
+
+
+def hybrid_overrides(target: Path) -> dict[str, Any]:
+    """SGLang's Qwen3.5 config derives the layer types from `full_attention_interval`
+    (`sglang/srt/configs/qwen3_next.py:264`), which Qwen3.5/3.6 checkpoints carry and the tiny builder's config
+    (transformers' `layer_types` only) does not: pass it, after checking it gives the same layer types."""
+    layer_types = json.loads((target / "config.json").read_text())["layer_types"]
+    interval = layer_types.index("full_attention") + 1
+    derived = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(len(layer_types))]
+    assert derived == layer_types, layer_types
+    return {"json_model_override_args": json.dumps({"full_attention_interval": interval})}
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +218,40 @@ def engine_runs(
             done[mode] = run_engine(tmp, engine, batches, new_tokens, env, overrides.get(mode))
             timing = done[mode][0]
             print(f"SGLang {mode}: engine start {timing['startup_s']:.1f}s, generate {timing['generate_s']:.1f}s")
+        return done[mode]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def hybrid_reference(tiny_hybrid: Path) -> tuple[list[list[int]], list[list[int]]]:
+    return greedy_reference(tiny_hybrid, HYBRID_PROMPTS)
+
+
+@pytest.fixture(scope="module")
+def hybrid_runs(
+    tiny_hybrid: Path,
+    hybrid_reference: tuple[list[list[int]], list[list[int]]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[str], tuple[dict[str, Any], str]]:
+    """Like engine_runs, on the hybrid target: "baseline" and "ddtree" (shadow), both prompts in one batch."""
+    prompts, _ = hybrid_reference
+    done: dict[str, tuple[dict[str, Any], str]] = {}
+    draft = {"speculative_algorithm": "DDTREE", "speculative_draft_model_path": str(tiny_hybrid / "draft")}
+    modes: dict[str, tuple[dict[str, Any], int, dict[str, str]]] = {
+        "baseline": ({}, BASELINE_TOKENS, {}),
+        "ddtree": (draft, NEW_TOKENS, SHADOW_ENV),
+    }
+
+    def get(mode: str) -> tuple[dict[str, Any], str]:
+        if mode not in done:
+            extra, new_tokens, env = modes[mode]
+            tmp = tmp_path_factory.mktemp(f"sglang-hybrid-{mode}")
+            target = tiny_hybrid / "target"
+            engine = {**engine_kwargs(target), **hybrid_overrides(target), **extra}
+            done[mode] = run_engine(tmp, engine, [prompts], new_tokens, env)
+            timing = done[mode][0]
+            print(f"SGLang hybrid {mode}: start {timing['startup_s']:.1f}s, generate {timing['generate_s']:.1f}s")
         return done[mode]
 
     return get
@@ -296,3 +346,39 @@ def test_ddtree_tree_engine_matches_transformers_and_accepts_off_the_spine(
     print("\n".join(m.group(0) for m in METRICS.finditer(log)))
     # A tree that only ever accepted its spine would be a chain verify with extra nodes: show it is not.
     assert off_spine > 0, "no round accepted a non-spine node"
+
+
+@needs_sglang
+def test_hybrid_baseline_engine_matches_transformers(
+    hybrid_runs: Callable[[str], tuple[dict[str, Any], str]],
+    hybrid_reference: tuple[list[list[int]], list[list[int]]],
+) -> None:
+    """The hybrid target (Gated DeltaNet + attention) on SGLang's engine: prefill (conv1d, chunked delta rule)
+    and decode (conv1d update, recurrent delta rule) give transformers' greedy tokens."""
+    result, _ = hybrid_runs("baseline")
+    (batched,) = result["batches"]
+    assert_greedy_equal(batched, [tokens[:BASELINE_TOKENS] for tokens in hybrid_reference[1]])
+
+
+@needs_sglang
+def test_hybrid_ddtree_shadow_engine_matches_transformers(
+    hybrid_runs: Callable[[str], tuple[dict[str, Any], str]],
+    hybrid_reference: tuple[list[list[int]], list[list[int]]],
+) -> None:
+    """ct200 gpu1's configuration in miniature: DDTREE shadow on a hybrid target. Shadow returns DFLASH's tokens,
+    so this also proves DFLASH on a hybrid target (verify through the recurrent layers, the accepted step's
+    SSM state and conv window committed): transformers' greedy tokens, blocks accepted, the plugin reporting
+    the target as hybrid (`hybrid=exact`: shadow verifies the spine, a chain SGLang handles exactly)."""
+    result, log = hybrid_runs("ddtree")
+    (batched,) = result["batches"]
+    assert_greedy_equal(batched, hybrid_reference[1])
+    assert all(length > 1 for length in accept_lengths(batched)), accept_lengths(batched)
+    init = f"DDTREE init mode=shadow budget={DDTREE_BUDGET} topk={DDTREE_TOPK} block={DRAFT_BLOCK} hybrid=exact"
+    assert init in log and "DDTREE verify completed" in log, log[-4000:]
+    assert "statistics disabled" not in log and "spine differs" not in log, log[-4000:]
+    lines = metrics_lines(log)
+    assert lines, f"no 'DDTREE metrics' line in the log:\n{log[-4000:]}"
+    for fields in lines:
+        assert 1 < float(fields["nodes"]) <= DDTREE_BUDGET and 1 <= float(fields["tau"]) <= DRAFT_BLOCK
+    assert any(float(fields["width"]) > 1 for fields in lines)
+    print("\n".join(m.group(0) for m in METRICS.finditer(log)))

@@ -1,8 +1,9 @@
-"""The three monkeypatches SGLang 0.5.23's engine needs to run DFLASH (and the DDTREE plugin, which is DFLASH
-underneath) on a CPU with the Triton attention backend under `TRITON_INTERPRET=1`. Installed SGLang files are
-never edited: `install()` (called from this directory's sitecustomize.py, so in every SGLang process, the
-spawned scheduler and detokenizer too) applies each patch right after its module is first imported. None of them
-is needed on a CUDA host; each only widens a CPU-specific refusal or CUDA-only assumption:
+"""The monkeypatches SGLang 0.5.23's engine needs to run DFLASH (and the DDTREE plugin, which is DFLASH
+underneath), on the dense and the hybrid (Gated DeltaNet) tiny targets, on a CPU with the Triton attention
+backend under `TRITON_INTERPRET=1`. Installed SGLang files are never edited: `install()` (called from this
+directory's sitecustomize.py, so in every SGLang process, the spawned scheduler and detokenizer too) applies each
+patch right after its module is first imported. None of them is needed on a CUDA host; each only widens a
+CPU-specific refusal or CUDA-only assumption:
 
 - P1 `sglang/srt/arg_groups/speculative_hook.py:290-301` (`_handle_dflash`): an in-tree platform other than
   cuda/npu/xpu is refused ("DFLASH speculative decoding is not supported by CpuSRTPlatform on device 'cpu'").
@@ -10,6 +11,12 @@ is needed on a CUDA host; each only widens a CPU-specific refusal or CUDA-only a
   raises "unknown parameter type" for a CPU tensor and CPU stream.
 - P4 `sglang/srt/model_executor/model_runner.py:1772` (`_extend_forward_kwargs`): `input_embeds.bfloat16()` is
   hard-coded; DFLASH feeds its drafter input_embeds, so a float32 model fails in F.linear (BFloat16 != float).
+- P7 `sglang/kernels/ops/speculative/spec_tree.py` (`verify_tree_greedy_func`): calls sgl_kernel's
+  `verify_tree_greedy_cpu`, which only SGLang's CPU kernel build has; routed to SGLang's Triton kernel.
+- P8 `sglang/kernels/ops/attention/fla/layernorm_gated.py:212-219` (`_get_sm_count`, hybrid target only): asks
+  `torch.cuda.get_device_properties` for the gated RMSNorm's launch shape; a CPU counts as one SM.
+- P9 `sglang/srt/layers/attention/hybrid_linear_attn_backend.py:1601` (hybrid target, DFLASH/DDTREE only):
+  `scatter_mamba_states_after_mtp_verify`'s kernels refuse CPU tensors; the same scatter runs in torch.
 
 (P2, P5 and P6 of the exploration were only for the torch_native attention backend; CI runs triton, what opsctl
 renders in production.)
@@ -111,7 +118,77 @@ def _patch_spec_tree(module: ModuleType) -> None:
     APPLIED.append("P7")
 
 
+def _patch_layernorm_gated(module: ModuleType) -> None:
+    """P8: `sglang/kernels/ops/attention/fla/layernorm_gated.py:212-219` (`_get_sm_count`, used by
+    `calc_rows_per_block` to size the Triton gated RMSNorm's row blocks, the hybrid target's Gated DeltaNet
+    output norm) asks `torch.cuda.get_device_properties` for any non-XPU device; on a CPU it answers 1 (one
+    "SM": a launch grid is only a loop for the interpreter, and the rows per block do not change the result)."""
+    original = module._get_sm_count
+
+    def _get_sm_count(device: Any) -> int:
+        if getattr(device, "type", None) == "cpu":
+            return 1
+        return int(original(device))
+
+    module._get_sm_count = _get_sm_count
+    APPLIED.append("P8")
+
+
+def _scatter_verified_rows(dst: Any, src: Any, dst_rows: Any, steps: Any, src_rows: Any) -> None:
+    """For every request i with `steps[i] >= 0`: `dst[:, dst_rows[i]] = src[:, src_rows[i], steps[i]]` (all
+    layers at once), `src_rows` defaulting to i: the semantics of SGLang's
+    `fused_mamba_state_scatter_with_mask` / `fused_conv_window_scatter_with_mask`
+    (`sglang/kernels/ops/mamba/mamba_state_scatter_triton.py:312,487`)."""
+    import torch
+
+    if steps.numel() == 0 or dst.numel() == 0:
+        return
+    if src_rows is None:
+        src_rows = torch.arange(steps.shape[0], device=steps.device)
+    valid = steps >= 0
+    rows, at = src_rows[valid].long(), steps[valid].long()
+    dst[:, dst_rows[valid].long()] = src[:, rows, at].to(dst.dtype)
+
+
+def _patch_hybrid_linear_attn_backend(module: ModuleType) -> None:
+    """P9: `sglang/srt/layers/attention/hybrid_linear_attn_backend.py:1601`
+    (`update_mamba_state_after_mtp_verify`, after every DFLASH/DDTREE verify of a hybrid target) calls
+    `scatter_mamba_states_after_mtp_verify` (`sglang/kernels/ops/mamba/mamba_state_scatter_triton.py:781`),
+    whose kernels refuse non-CUDA/XPU tensors (`:343`, "only supports CUDA/XPU tensors"). For CPU caches the
+    same scatter runs in torch: the accepted step's SSM state and conv windows become each request's state
+    (and, when radix tracking asks, its track slot's); GPU tensors keep the Triton path."""
+    original = module.scatter_mamba_states_after_mtp_verify
+
+    def scatter_mamba_states_after_mtp_verify(
+        mamba_caches: Any,
+        state_indices_tensor: Any,
+        last_correct_step_indices: Any,
+        mamba_track_indices: Any,
+        mamba_steps_to_track: Any,
+        src_indices_raw: Any = None,
+    ) -> None:
+        if mamba_caches.temporal.device.type != "cpu":
+            original(
+                mamba_caches, state_indices_tensor, last_correct_step_indices, mamba_track_indices,
+                mamba_steps_to_track, src_indices_raw=src_indices_raw,
+            )  # fmt: skip
+            return
+        targets = [(state_indices_tensor, last_correct_step_indices)]
+        if mamba_track_indices is not None:
+            targets.append((mamba_track_indices, mamba_steps_to_track))
+        pairs = [(mamba_caches.temporal, mamba_caches.intermediate_ssm)]
+        pairs += list(zip(mamba_caches.conv, mamba_caches.intermediate_conv_window, strict=True))
+        for dst, src in pairs:
+            for dst_rows, steps in targets:
+                _scatter_verified_rows(dst, src, dst_rows, steps, src_indices_raw)
+
+    module.scatter_mamba_states_after_mtp_verify = scatter_mamba_states_after_mtp_verify
+    APPLIED.append("P9")
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend": _patch_hybrid_linear_attn_backend,
+    "sglang.kernels.ops.attention.fla.layernorm_gated": _patch_layernorm_gated,
     "sglang.kernels.ops.speculative.spec_tree": _patch_spec_tree,
     "sglang.srt.arg_groups.speculative_hook": _patch_speculative_hook,
     "sglang.srt.speculative.dflash_worker_v2": _patch_record_stream,
