@@ -246,10 +246,6 @@ def _secrets_rotated(ctx: ServiceContext, current: str, plan: bool) -> bool:
     return secret_fp.matches(stored, secrets) is False
 
 
-def _missing_models(ctx: ServiceContext) -> list[str]:
-    return release.missing_models(ctx.remote, ctx.service)
-
-
 def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySettings) -> ServiceResult:
     start = time.monotonic()
     host, svc, paths = ctx.inv_host.name, ctx.service.name, ctx.paths
@@ -267,7 +263,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         if not probe.ok:
             # Same config, but not serving: say so (and fail) instead of reporting success.
             result.outcome = Outcome.FAILED
-            missing = _missing_models(ctx)
+            missing = release.missing_models(ctx.remote, ctx.service)
             fix = (
                 f"model {', '.join(missing)} not on the host (a reboot empties /dev/shm): "
                 "`opsctl provision`, then `opsctl deploy --force`"
@@ -278,7 +274,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         if not settings.plan:
             ctx.audit("deploy", facts.current, "unchanged" if probe.ok else "unchanged-unhealthy")
         return result
-    missing = _missing_models(ctx)
+    missing = release.missing_models(ctx.remote, ctx.service)
     why = "; API key changed" if rotated else ""
     if settings.plan:
         result.outcome, result.release = Outcome.PLANNED, new_id
