@@ -158,10 +158,11 @@ def tree_reference(tiny_dense: Path) -> tuple[list[list[int]], list[list[int]]]:
     return greedy_reference(tiny_dense, TREE_PROMPTS)
 
 
-def greedy_reference(tiny_dense: Path, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+def greedy_reference(models: Path, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, transformers' greedy continuation of NEW_TOKENS tokens) per prompt, float32."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = tiny_dense / "target"
+    target = models / "target"
     tokenizer = AutoTokenizer.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     prompts, outputs = [], []
@@ -180,6 +181,27 @@ def greedy_reference(tiny_dense: Path, texts: list[str]) -> tuple[list[list[int]
     return prompts, outputs
 
 
+Launcher = Callable[[str], tuple[dict[str, Any], str]]
+# mode -> (engine kwargs beyond engine_kwargs, batches, new tokens, env, per-batch sampling overrides)
+ModeSpec = tuple[dict[str, Any], list[list[list[int]]], int, dict[str, str], dict[str, list[dict[str, Any]]]]
+
+
+def launcher(label: str, engine: dict[str, Any], modes: dict[str, ModeSpec], tmp: pytest.TempPathFactory) -> Launcher:
+    """mode -> (result, log) of that mode's Engine run, launched once on first use."""
+    done: dict[str, tuple[dict[str, Any], str]] = {}
+
+    def get(mode: str) -> tuple[dict[str, Any], str]:
+        if mode not in done:
+            extra, batches, new_tokens, env, overrides = modes[mode]
+            run_dir = tmp.mktemp(f"sglang-{label}{mode}")
+            done[mode] = run_engine(run_dir, {**engine, **extra}, batches, new_tokens, env, overrides)
+            timing = done[mode][0]
+            print(f"SGLang {label}{mode}: start {timing['startup_s']:.1f}s, generate {timing['generate_s']:.1f}s")
+        return done[mode]
+
+    return get
+
+
 @pytest.fixture(scope="module")
 def engine_runs(
     tiny_dense: Path,
@@ -187,40 +209,28 @@ def engine_runs(
     tree_reference: tuple[list[list[int]], list[list[int]]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[[str], tuple[dict[str, Any], str]]:
-    """mode -> (result, log) of that mode's Engine run, launched once per module on first use."""
+    """The dense target's Engine runs, one per mode."""
     prompts, _ = reference
     tree_prompts = tree_reference[0] + prompts[:1]
-    done: dict[str, tuple[dict[str, Any], str]] = {}
     draft = {"speculative_draft_model_path": str(tiny_dense / "draft")}
     # tree, third batch: a greedy request beside a sampled one that stops early, so the greedy request's rounds
     # switch from DFLASH's (sampling in the batch) back to tree rounds mid-generation
     mixed = [{}, {"temperature": 1.0, "top_k": 5, "max_new_tokens": 6, "sampling_seed": 7}]
-    overrides: dict[str, dict[str, list[dict[str, Any]]]] = {"tree": {"2": mixed}}
-    modes: dict[str, tuple[dict[str, Any], list[list[list[int]]], int, dict[str, str]]] = {
+    modes: dict[str, ModeSpec] = {
         # each: all prompts in one generate call (batched in the scheduler); DFLASH then the first alone
-        "baseline": ({}, [prompts], BASELINE_TOKENS, {}),
-        "dflash": ({"speculative_algorithm": "DFLASH", **draft}, [prompts, prompts[:1]], NEW_TOKENS, {}),
-        "ddtree": ({"speculative_algorithm": "DDTREE", **draft}, [prompts], NEW_TOKENS, SHADOW_ENV),
-        # tree: three requests batched, then one alone
+        "baseline": ({}, [prompts], BASELINE_TOKENS, {}, {}),
+        "dflash": ({"speculative_algorithm": "DFLASH", **draft}, [prompts, prompts[:1]], NEW_TOKENS, {}, {}),
+        "ddtree": ({"speculative_algorithm": "DDTREE", **draft}, [prompts], NEW_TOKENS, SHADOW_ENV, {}),
+        # tree: three requests batched, then one alone, then the mixed batch
         "tree": (
             {"speculative_algorithm": "DDTREE", **draft},
             [tree_prompts, tree_prompts[:1], [tree_prompts[1], tree_prompts[0]]],
             NEW_TOKENS,
             TREE_ENV,
+            {"2": mixed},
         ),
     }
-
-    def get(mode: str) -> tuple[dict[str, Any], str]:
-        if mode not in done:
-            extra, batches, new_tokens, env = modes[mode]
-            tmp = tmp_path_factory.mktemp(f"sglang-{mode}")
-            engine = {**engine_kwargs(tiny_dense / "target"), **extra}
-            done[mode] = run_engine(tmp, engine, batches, new_tokens, env, overrides.get(mode))
-            timing = done[mode][0]
-            print(f"SGLang {mode}: engine start {timing['startup_s']:.1f}s, generate {timing['generate_s']:.1f}s")
-        return done[mode]
-
-    return get
+    return launcher("", engine_kwargs(tiny_dense / "target"), modes, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -236,25 +246,13 @@ def hybrid_runs(
 ) -> Callable[[str], tuple[dict[str, Any], str]]:
     """Like engine_runs, on the hybrid target: "baseline" and "ddtree" (shadow), both prompts in one batch."""
     prompts, _ = hybrid_reference
-    done: dict[str, tuple[dict[str, Any], str]] = {}
     draft = {"speculative_algorithm": "DDTREE", "speculative_draft_model_path": str(tiny_hybrid / "draft")}
-    modes: dict[str, tuple[dict[str, Any], int, dict[str, str]]] = {
-        "baseline": ({}, BASELINE_TOKENS, {}),
-        "ddtree": (draft, NEW_TOKENS, SHADOW_ENV),
+    modes: dict[str, ModeSpec] = {
+        "baseline": ({}, [prompts], BASELINE_TOKENS, {}, {}),
+        "ddtree": (draft, [prompts], NEW_TOKENS, SHADOW_ENV, {}),
     }
-
-    def get(mode: str) -> tuple[dict[str, Any], str]:
-        if mode not in done:
-            extra, new_tokens, env = modes[mode]
-            tmp = tmp_path_factory.mktemp(f"sglang-hybrid-{mode}")
-            target = tiny_hybrid / "target"
-            engine = {**engine_kwargs(target), **hybrid_overrides(target), **extra}
-            done[mode] = run_engine(tmp, engine, [prompts], new_tokens, env)
-            timing = done[mode][0]
-            print(f"SGLang hybrid {mode}: start {timing['startup_s']:.1f}s, generate {timing['generate_s']:.1f}s")
-        return done[mode]
-
-    return get
+    target = tiny_hybrid / "target"
+    return launcher("hybrid-", {**engine_kwargs(target), **hybrid_overrides(target)}, modes, tmp_path_factory)
 
 
 def assert_greedy_equal(batch: list[dict[str, Any]], expected: list[list[int]]) -> None:
@@ -302,19 +300,25 @@ def test_ddtree_shadow_engine_matches_transformers_and_logs_tree_stats(
     assert_greedy_equal(batched, reference[1])
     assert all(length > 1 for length in accept_lengths(batched)), accept_lengths(batched)
 
-    assert "DDTREE init mode=shadow" in log and "DDTREE verify completed" in log, log[-4000:]
-    assert f"DDTREE init mode=shadow budget={DDTREE_BUDGET} topk={DDTREE_TOPK} block={DRAFT_BLOCK} hybrid=none" in log
-    assert "statistics disabled" not in log, log[-4000:]
-    assert "spine differs" not in log
+    assert_shadow_log(log, hybrid="none")
+    for fields in metrics_lines(log):
+        stats = {key: float(value) for key, value in fields.items() if key != "hybrid"}
+        assert stats["rounds"] >= 1 and stats["tokens"] >= stats["rounds"]
+        assert 1 <= stats["depth"] <= DRAFT_BLOCK - 1  # no deeper than the draft block's rows
+        assert stats["width"] >= 1
+
+
+def assert_shadow_log(log: str, hybrid: str) -> None:
+    """A shadow run's DDTREE lines: init with the knobs, verify rounds, tree statistics on (no spine mismatch),
+    every metrics window a real tree (more than one node, within the budget) and some trees branching."""
+    init = f"DDTREE init mode=shadow budget={DDTREE_BUDGET} topk={DDTREE_TOPK} block={DRAFT_BLOCK} hybrid={hybrid}"
+    assert init in log and "DDTREE verify completed" in log, log[-4000:]
+    assert "statistics disabled" not in log and "spine differs" not in log, log[-4000:]
     lines = metrics_lines(log)
     assert lines, f"no 'DDTREE metrics' line in the log:\n{log[-4000:]}"
     for fields in lines:
-        stats = {key: float(value) for key, value in fields.items() if key != "hybrid"}
-        assert stats["rounds"] >= 1 and stats["tokens"] >= stats["rounds"]
-        assert 1 < stats["nodes"] <= DDTREE_BUDGET  # a tree, not a chain of one
-        assert 1 <= stats["depth"] <= DRAFT_BLOCK - 1  # no deeper than the draft block's rows
-        assert stats["width"] >= 1
-        assert 1 <= stats["tau"] <= DRAFT_BLOCK
+        assert 1 < float(fields["nodes"]) <= DDTREE_BUDGET  # a tree, not a chain of one
+        assert 1 <= float(fields["tau"]) <= DRAFT_BLOCK
     assert any(float(fields["width"]) > 1 for fields in lines)  # the trees branch somewhere
     print("\n".join(m.group(0) for m in METRICS.finditer(log)))
 
@@ -373,12 +377,4 @@ def test_hybrid_ddtree_shadow_engine_matches_transformers(
     (batched,) = result["batches"]
     assert_greedy_equal(batched, hybrid_reference[1])
     assert all(length > 1 for length in accept_lengths(batched)), accept_lengths(batched)
-    init = f"DDTREE init mode=shadow budget={DDTREE_BUDGET} topk={DDTREE_TOPK} block={DRAFT_BLOCK} hybrid=exact"
-    assert init in log and "DDTREE verify completed" in log, log[-4000:]
-    assert "statistics disabled" not in log and "spine differs" not in log, log[-4000:]
-    lines = metrics_lines(log)
-    assert lines, f"no 'DDTREE metrics' line in the log:\n{log[-4000:]}"
-    for fields in lines:
-        assert 1 < float(fields["nodes"]) <= DDTREE_BUDGET and 1 <= float(fields["tau"]) <= DRAFT_BLOCK
-    assert any(float(fields["width"]) > 1 for fields in lines)
-    print("\n".join(m.group(0) for m in METRICS.finditer(log)))
+    assert_shadow_log(log, hybrid="exact")
