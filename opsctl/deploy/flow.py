@@ -246,6 +246,18 @@ def _secrets_rotated(ctx: ServiceContext, current: str, plan: bool) -> bool:
     return secret_fp.matches(stored, secrets) is False
 
 
+def _came_up(ctx: ServiceContext, settings: DeploySettings, result: ServiceResult) -> bool:
+    """A unit still starting (right after a reboot, say) gets the health gate's time before it is judged."""
+    unit = parse_show(ctx.run(show_cmd(ctx.paths.unit_name), timeout=LIVE_TIMEOUT_S))
+    if unit.active_state not in ("active", "activating"):
+        return False
+    ctx.say(f"unchanged config; {ctx.paths.unit_name} is {unit.describe()} but /health does not answer yet: waiting")
+    gate = _gate(ctx, settings, unit.n_restarts)
+    if gate.ok:
+        result.message += f" (was still starting; healthy after {gate.time_to_healthy or 0.0:.1f}s)"
+    return gate.ok
+
+
 def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySettings) -> ServiceResult:
     start = time.monotonic()
     host, svc, paths = ctx.inv_host.name, ctx.service.name, ctx.paths
@@ -260,7 +272,8 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         result.outcome, result.release = Outcome.UNCHANGED, facts.current
         result.message = f"release {facts.current}: same config, nothing restarted"
         probe = health.probe(ctx.http, health.health_url(ctx.inv_host, ctx.service), timeout=5.0)
-        if not probe.ok:
+        ok = probe.ok or (not settings.plan and _came_up(ctx, settings, result))
+        if not ok:
             # Same config, but not serving: say so (and fail) instead of reporting success.
             result.outcome = Outcome.FAILED
             missing = release.missing_models(ctx.remote, ctx.service)
@@ -272,7 +285,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
             )
             result.message = f"unchanged config (release {facts.current}) but /health: {probe.describe()}; {fix}"
         if not settings.plan:
-            ctx.audit("deploy", facts.current, "unchanged" if probe.ok else "unchanged-unhealthy")
+            ctx.audit("deploy", facts.current, "unchanged" if ok else "unchanged-unhealthy")
         return result
     missing = release.missing_models(ctx.remote, ctx.service)
     why = "; API key changed" if rotated else ""
@@ -302,6 +315,8 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         ctx.run(Cmd.of("mkdir", "-p", "--", paths.release(new_id), sudo=True))
         for name, text in files.items():
             ctx.remote.put_text(text, paths.release_file(new_id, name), modes[name])
+        if facts.current:
+            ctx.remote.put_text(facts.current + "\n", paths.release_file(new_id, release.PREVIOUS), 0o644)
         secrets = _secrets(ctx)
         if secrets:
             ctx.remote.put_text(secret_fp.fingerprint(secrets), paths.release_file(new_id, secret_fp.FP_FILE), 0o600)
@@ -445,7 +460,8 @@ def _prune(ctx: ServiceContext, keep: int) -> list[str]:
 
 
 def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | None = None) -> ServiceResult:
-    """Back to the previous good release (or `to`), health gated; the old current is restored if that fails."""
+    """Back to what served before the current release (or `to`), health gated; the old current is restored if
+    that fails."""
     start = time.monotonic()
     host, svc = ctx.inv_host.name, ctx.service.name
     result = ServiceResult(host, svc, Outcome.FAILED)
@@ -460,7 +476,7 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
             raise DeployError(f"{host}/{svc}: {to} is already current", "nothing to roll back")
         target = to
     else:
-        found = facts.previous_good()
+        found = facts.rollback_target()
         if found is None:
             raise DeployError(
                 f"{host}/{svc}: nothing to roll back to (no good release older than {facts.current or 'none'})",

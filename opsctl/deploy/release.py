@@ -27,6 +27,7 @@ HASH_LEN = 12
 _ID = re.compile(r"^(\d{8}T\d{6}Z)-([0-9a-f]{12})$")
 BAD_MARKER = "BAD"  # a file in a release dir: the release failed its gates; its content says why
 MANIFEST = "manifest.json"
+PREVIOUS = "previous"  # a file in a release dir: the release that served when this one was deployed
 DEFAULT_KEEP = 5
 
 
@@ -176,6 +177,7 @@ class ReleaseEntry:
 class ReleaseFacts:
     current: str | None  # the release id `current` points to
     releases: tuple[ReleaseEntry, ...]  # sorted oldest first
+    deployed_over: str | None = None  # the release that served when `current` was deployed (its PREVIOUS file)
 
     @property
     def current_hash(self) -> str | None:
@@ -194,11 +196,23 @@ class ReleaseFacts:
         ]
         return candidates[-1] if candidates else None
 
+    def rollback_target(self) -> str | None:
+        """What served before `current` was deployed, when still good; else the newest good older release.
+
+        Newest-older alone is wrong after a rollback: deploy A, B, roll back to A, deploy C; rolling back C
+        must restore A, not B (which the operator already rolled away from).
+        """
+        prior = self.entry(self.deployed_over) if self.deployed_over else None
+        if prior is not None and prior.complete and not prior.bad and prior.release_id != self.current:
+            return prior.release_id
+        return self.previous_good()
+
 
 def facts_cmd(paths: ServicePaths) -> Cmd:
     """One round trip: where `current` points and every release with its bad/complete flags."""
     script = (
         f'cur=$(readlink {shlex.quote(paths.current)} 2>/dev/null || true); echo "current $cur"; '
+        f'echo "previous $(cat {shlex.quote(paths.current)}/{PREVIOUS} 2>/dev/null || true)"; '
         f'for d in {shlex.quote(paths.releases)}/*/; do [ -d "$d" ] || continue; '
         'id=$(basename "$d"); b=0; c=0; '
         f'[ -e "${{d}}{BAD_MARKER}" ] && b=1; [ -e "${{d}}{MANIFEST}" ] && c=1; '
@@ -210,6 +224,7 @@ def facts_cmd(paths: ServicePaths) -> Cmd:
 def parse_release_facts(stdout: str) -> ReleaseFacts:
     """Parse facts_cmd output. Unknown lines and non-release directories are ignored."""
     current: str | None = None
+    deployed_over: str | None = None
     entries: list[ReleaseEntry] = []
     for line in stdout.splitlines():
         parts = line.split()
@@ -219,10 +234,12 @@ def parse_release_facts(stdout: str) -> ReleaseFacts:
             target = parts[1] if len(parts) > 1 else ""
             name = target.rstrip("/").rsplit("/", 1)[-1]
             current = name if is_release_id(name) else None
+        elif parts[0] == "previous":
+            deployed_over = parts[1] if len(parts) == 2 and is_release_id(parts[1]) else None
         elif parts[0] == "release" and len(parts) == 4 and is_release_id(parts[1]):
             entries.append(ReleaseEntry(parts[1], parts[2] == "1", parts[3] == "1"))
     entries.sort(key=lambda e: e.release_id)
-    return ReleaseFacts(current, tuple(entries))
+    return ReleaseFacts(current, tuple(entries), deployed_over)
 
 
 # ---------------------------------------------------------------- commands
@@ -275,13 +292,15 @@ def remove_releases_cmd(paths: ServicePaths, release_ids: list[str]) -> Cmd:
 
 
 def plan_prune(facts: ReleaseFacts, keep: int, protect: tuple[str, ...] = ()) -> list[str]:
-    """Release ids to delete: all but the `keep` newest, never current nor anything in `protect`."""
+    """Release ids to delete: all but the `keep` newest, never current, its rollback target, nor `protect`."""
     if keep < 1:
         raise DeployError(f"keep_releases must be >= 1, got {keep}")
     ids = [r.release_id for r in facts.releases]
     keep_set = set(ids[-keep:]) | set(protect)
     if facts.current:
         keep_set.add(facts.current)
+    if facts.deployed_over:
+        keep_set.add(facts.deployed_over)
     return [r for r in ids if r not in keep_set]
 
 

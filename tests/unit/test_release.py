@@ -98,6 +98,28 @@ def test_previous_good_skips_bad_and_incomplete():
     assert facts.previous_good("20261129T220000Z-aaaaaaaaaaaa") is None  # older ones are bad or incomplete
 
 
+def test_rollback_target_is_what_served_before_current():
+    # Deployed A(200000), B(210000), rolled back to A, deployed C(220000) over A: rolling C back means A, not B.
+    a, b, c = "20261129T200000Z-aaaaaaaaaaaa", "20261129T210000Z-bbbbbbbbbbbb", "20261129T220000Z-cccccccccccc"
+    lines = [f"current /opt/x/releases/{c}", f"previous {a}"] + [f"release {r} 0 1" for r in (a, b, c)]
+    facts = release.parse_release_facts("\n".join(lines))
+    assert facts.deployed_over == a and facts.rollback_target() == a
+    assert facts.previous_good() == b  # what a newest-older rule would wrongly pick
+    assert release.plan_prune(facts, keep=1) == [b]  # the rollback target survives pruning
+
+
+def test_rollback_target_falls_back_when_the_recorded_one_is_bad_or_gone():
+    a, b, c = "20261129T200000Z-aaaaaaaaaaaa", "20261129T210000Z-bbbbbbbbbbbb", "20261129T220000Z-cccccccccccc"
+    head = [f"current releases/{c}", f"previous {a}"]
+    bad_a = "\n".join([*head, f"release {a} 1 1", f"release {b} 0 1", f"release {c} 0 1"])
+    assert release.parse_release_facts(bad_a).rollback_target() == b
+    gone = "\n".join([f"current releases/{c}", f"previous {a}", f"release {b} 0 1", f"release {c} 0 1"])
+    assert release.parse_release_facts(gone).rollback_target() == b
+    none_recorded = "\n".join([f"current releases/{c}", "previous ", f"release {b} 0 1", f"release {c} 0 1"])
+    facts = release.parse_release_facts(none_recorded)
+    assert facts.deployed_over is None and facts.rollback_target() == b
+
+
 def test_no_current():
     facts = release.parse_release_facts("current \n")
     assert facts.current is None and facts.current_hash is None and facts.releases == ()

@@ -69,9 +69,11 @@ class Box:
         return (0, "", "")
 
 
-def _http() -> httpx.Client:
+def _http(health_ok=lambda: True) -> httpx.Client:
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/health":
+            if not health_ok():
+                raise httpx.ConnectError("connection refused", request=request)
             return httpx.Response(200)
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "tiny"}]})
@@ -98,9 +100,9 @@ def ctx_for(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     wheel = RuntimeWheel(wheel_file, "f" * 64)
     said: list[str] = []
 
-    def make(box: Box, svc=service):
+    def make(box: Box, svc=service, health_ok=lambda: True):
         fake = FakeHost(host.name, handler=box.handler)
-        ctx = ServiceContext(host, svc, fake, _http(), threading.Event(), said.append, now=NOW)
+        ctx = ServiceContext(host, svc, fake, _http(health_ok), threading.Event(), said.append, now=NOW)
         return ctx, fake
 
     return make, wheel, said
@@ -144,6 +146,40 @@ def test_unchanged_restarts_nothing(ctx_for):
     again = flow.deploy_service(ctx, wheel, SETTINGS)
     assert again.outcome is Outcome.UNCHANGED and again.release == first.release
     assert _live_steps(fake) == [] and box.restarts == 0
+
+
+def test_unchanged_but_still_starting_waits_for_health(ctx_for):
+    # After a reboot the unit is enabled and starting, but the model is still loading: not a failure.
+    make, wheel, said = ctx_for
+    ctx, _ = make(Box(None))
+    first = flow.deploy_service(ctx, wheel, SETTINGS)
+    box = Box(first.release)  # active/running (Type=simple) while the model loads
+    probes = iter([False, False, False])
+    ctx, fake = make(box, health_ok=lambda: next(probes, True))
+    again = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert again.outcome is Outcome.UNCHANGED and "was still starting" in again.message, again.message
+    assert _live_steps(fake) == [] and any("waiting" in line for line in said)
+
+
+def test_unchanged_but_dead_fails_with_the_fix(ctx_for):
+    make, wheel, _ = ctx_for
+    ctx, _ = make(Box(None))
+    first = flow.deploy_service(ctx, wheel, SETTINGS)
+    box = Box(first.release)
+    box.active = "failed"
+    ctx, fake = make(box, health_ok=lambda: False)
+    again = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert again.outcome is Outcome.FAILED and "opsctl deploy --force" in again.message
+    assert _live_steps(fake) == []
+
+
+def test_new_release_records_what_it_replaced(ctx_for):
+    make, wheel, _ = ctx_for
+    ctx, fake = make(Box(OLD))
+    result = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert result.outcome is Outcome.DEPLOYED, result.message
+    text, _ = fake.files[f"/opt/opsctl/services/ref-shadow/releases/{result.release}/previous"]
+    assert text.strip() == OLD
 
 
 def test_rotated_api_key_deploys_a_new_release(ctx_for, monkeypatch):
