@@ -1,7 +1,9 @@
 """Lab tier fixtures: one lab of 2 hosts per test session (reused if already running).
 
 `lab_hosts` brings up lab1 and lab2 (a running lab is reused) and, at the end of the session, removes only
-what it brought up. `lab_inventory` is the inventory that `lab up` wrote, loaded by the real loader.
+what it brought up. A lab left stopped on disk (a machine restarted mid-run, a killed session) is removed
+first: its hosts carry releases and half-finished states of some earlier run, and the tests start clean.
+`lab_inventory` is the inventory that `lab up` wrote, loaded by the real loader.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ def lab_hosts(lab_config: LabConfig) -> Iterator[LabReport]:
     if os.geteuid() != 0:
         pytest.skip("the lab tier needs root (network namespaces, mounts, systemd-nspawn)")
     before = status(lab_config)
+    if any(h.state != "running" for h in before.hosts):
+        down(lab_config)
+        before = status(lab_config)
     had = {h.name for h in before.hosts}
     report = up(lab_config, LAB_HOSTS)
     try:

@@ -74,6 +74,18 @@ def test_unchanged_redeploy_restarts_nothing(base_inventory: Path) -> None:
     assert current_release(base_inventory, "lab1", "ref") == release
 
 
+def test_unchanged_redeploy_waits_for_a_service_still_starting(base_inventory: Path) -> None:
+    # As right after a reboot: the unit is up but the server is still loading its model.
+    from opsctl.commands import Cmd
+    from tests.lab.test_deploy_support import remote_run
+
+    remote_run(base_inventory, "lab1", Cmd.of("systemctl", "restart", "opsctl-ref.service", sudo=True))
+    result = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "lab1/ref: unchanged" in result.stderr and "was still starting; healthy after" in result.stderr
+    assert unit_props(base_inventory, "lab1", "opsctl-ref.service")["ActiveState"] == "active"
+
+
 def test_bad_flag_never_interrupts_the_old_release(base_inventory: Path, tmp_path: Path) -> None:
     bad = variant(base_inventory, tmp_path, lambda d: service(d, "lab1").update(extra_args=["--no-such-flag"]))
     release = current_release(base_inventory, "lab1", "ref")
