@@ -99,6 +99,8 @@ def server_options(host: Host, service: Service, secrets: Secrets = Secrets.MASK
             ("page-size", 1),
             ("attention-backend", service.attention_backend),
         ]
+    if service.sglang_hybrid_tree:
+        options.append(("disable-cuda-graph", True))
     if service.api_key is not None:
         options.append(("api-key", service.api_key.reveal() if secrets is Secrets.REVEAL else MASK))
     return options

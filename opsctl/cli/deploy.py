@@ -26,7 +26,7 @@ from opsctl.deploy.release import DEFAULT_KEEP
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.runner import RolloutOptions, RunReport
 from opsctl.errors import DeployError
-from opsctl.inventory.model import Host, Mode, Service, tree_mode_refusal
+from opsctl.inventory.model import Host, Mode, Service
 from opsctl.inventory.select import select
 
 ModeOpt = Annotated[
@@ -49,9 +49,6 @@ def with_mode(host: Host, service: Service, mode: Mode | None) -> Service:
     where = f"{host.name}/{service.name}"
     if mode.speculative and service.draft_model is None:
         raise DeployError(f"{where}: --mode {mode.value} needs a draft_model", "add draft_model to the service")
-    refusal = tree_mode_refusal(mode, service.engine, service.model.hybrid, service.model.name)
-    if refusal is not None:
-        raise DeployError(f"{where}: {refusal[0]}", refusal[1])
     return replace(service, mode=mode)
 
 

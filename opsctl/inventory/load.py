@@ -29,7 +29,6 @@ from opsctl.inventory.model import (
     ModelSpec,
     Service,
     SshConfig,
-    tree_mode_refusal,
 )
 from opsctl.secrets import SecretRef
 
@@ -362,9 +361,12 @@ def _service(
             f"drafter's block (budget <= block size - 1: {SGLANG_TREE_MAX_BUDGET} for 16-token DFlash drafters); "
             "the plugin refuses it at start unless the drafter's block is larger"
         )
-    refusal = tree_mode_refusal(mode, engine, model.hybrid, model.name)
-    if refusal is not None:
-        raise InventoryError(f"{path}.mode", *refusal)
+    if service.sglang_hybrid_tree:
+        warnings.append(
+            f"{path}: tree mode on hybrid target {model.name} with sglang runs its verify without CUDA graphs "
+            "(opsctl adds --disable-cuda-graph); compare it with mode shadow using `opsctl bench`"
+            + ("; ddtree.allow_hybrid_unsafe has no effect (the verify is exact)" if knobs.allow_hybrid_unsafe else "")
+        )
     if service.hybrid_unsafe:
         warnings.append(
             f"{path}: HYBRID UNSAFE: tree verify on hybrid target {model.name} in flat order "

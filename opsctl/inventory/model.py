@@ -41,23 +41,6 @@ class ModelSourceKind(StrEnum):
     HOST = "host"  # a path on the target host (e.g. an NVMe directory)
 
 
-# Engines whose tree verify is exact on hybrid (recurrent + attention) targets. The reference engine is
-# proven exact by tests/runtime. The SGLang plugin's tree worker refuses hybrid targets (docs/sglang.md).
-EXACT_HYBRID_ENGINES: frozenset[Engine] = frozenset({Engine.REFERENCE})
-
-
-def tree_mode_refusal(mode: Mode, engine: Engine, hybrid: bool, model_name: str) -> tuple[str, str] | None:
-    """Why this service cannot run `tree`, and what to do instead; None when it can. One rule for the
-    inventory and for `opsctl deploy --mode tree`."""
-    if mode is not Mode.TREE or not hybrid or engine in EXACT_HYBRID_ENGINES:
-        return None
-    return (
-        f"tree mode on a hybrid target ({model_name}) needs exact recurrent-state tree verify, which engine "
-        f"{engine.value} does not have (its DDTREE plugin refuses it at start; allow_hybrid_unsafe does not apply)",
-        "use mode shadow, or engine reference",
-    )
-
-
 @dataclass(frozen=True)
 class SshConfig:
     user: str = "root"
@@ -129,8 +112,20 @@ class Service:
     @property
     def hybrid_unsafe(self) -> bool:
         """True when this service runs tree verify on a hybrid target in flat order: the reference engine does
-        that when asked (`allow_hybrid_unsafe`), to measure the error of a naive tree verify."""
-        return self.mode is Mode.TREE and self.model.hybrid and self.ddtree.allow_hybrid_unsafe
+        that when asked (`allow_hybrid_unsafe`), to measure the error of a naive tree verify. SGLang's tree
+        worker is exact on hybrid targets whenever opsctl renders it (CUDA graphs off), so never unsafe."""
+        return (
+            self.engine is Engine.REFERENCE
+            and self.mode is Mode.TREE
+            and self.model.hybrid
+            and self.ddtree.allow_hybrid_unsafe
+        )
+
+    @property
+    def sglang_hybrid_tree(self) -> bool:
+        """SGLang tree verify on a hybrid target: exact through SGLang's GDN tree kernels, which the verify
+        runs eagerly (its CUDA graphs hold chain metadata), so the unit passes --disable-cuda-graph."""
+        return self.engine is Engine.SGLANG and self.mode is Mode.TREE and self.model.hybrid
 
 
 @dataclass(frozen=True)

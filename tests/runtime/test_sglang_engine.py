@@ -4,7 +4,7 @@ its entry point with runtime/ on PYTHONPATH, as opsctl deploys it), with the Tri
 renders (run by Triton's CPU interpreter). Greedy tokens must equal transformers' greedy generate token for
 token; the speculative runs must accept more than one token per round; shadow must log its tree statistics.
 The hybrid target (`tiny_hybrid`: Gated DeltaNet + attention layers, what ct200's gpu1 serves with DDTREE shadow)
-runs baseline and DDTREE shadow the same way.
+runs baseline, DDTREE shadow and DDTREE tree (exact through the recurrent layers) the same way.
 
 Each mode is one Engine launch in its own subprocess (tests/runtime/sglang_engine/driver.py); SGLang is never
 imported into the pytest process. docs/sglang.md, "SGLang's engine on CPU, in CI", lists the stub and patches
@@ -62,8 +62,10 @@ TREE_ENV = {
 TREE_PROMPTS = ["tell me a story about a dog", "json for bob, age 31, from paris, with a list of 5 pets"]
 METRICS = re.compile(r"DDTREE metrics ((?:\w+=\S+ ?)+)")
 # The hybrid target (`tiny_hybrid`: 3 Gated DeltaNet layers + 1 gated attention layer, the Qwen3.6 layout that
-# ct200's gpu1 serves with DDTREE shadow): two prompts, baseline and shadow only (shadow returns DFLASH's tokens).
+# ct200's gpu1 serves with DDTREE shadow): two prompts for baseline and shadow (shadow returns DFLASH's tokens),
+# the tree prompts for tree mode.
 HYBRID_PROMPTS = PROMPTS[:2]
+HYBRID_TREE_PROMPTS = TREE_PROMPTS
 
 skip_reason = sglang_skip_reason()
 needs_sglang = pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
@@ -235,7 +237,8 @@ def engine_runs(
 
 @pytest.fixture(scope="module")
 def hybrid_reference(tiny_hybrid: Path) -> tuple[list[list[int]], list[list[int]]]:
-    return greedy_reference(tiny_hybrid, HYBRID_PROMPTS)
+    """HYBRID_PROMPTS, then HYBRID_TREE_PROMPTS."""
+    return greedy_reference(tiny_hybrid, HYBRID_PROMPTS + HYBRID_TREE_PROMPTS)
 
 
 @pytest.fixture(scope="module")
@@ -244,12 +247,16 @@ def hybrid_runs(
     hybrid_reference: tuple[list[list[int]], list[list[int]]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[[str], tuple[dict[str, Any], str]]:
-    """Like engine_runs, on the hybrid target: "baseline" and "ddtree" (shadow), both prompts in one batch."""
+    """Like engine_runs, on the hybrid target: "baseline", "ddtree" (shadow), both prompts in one batch, and
+    "tree" (the tree prompts batched, then the first alone)."""
     prompts, _ = hybrid_reference
+    tree_prompts = prompts[len(HYBRID_PROMPTS) :]
+    prompts = prompts[: len(HYBRID_PROMPTS)]
     draft = {"speculative_algorithm": "DDTREE", "speculative_draft_model_path": str(tiny_hybrid / "draft")}
     modes: dict[str, ModeSpec] = {
         "baseline": ({}, [prompts], BASELINE_TOKENS, {}, {}),
         "ddtree": (draft, [prompts], NEW_TOKENS, SHADOW_ENV, {}),
+        "tree": (draft, [tree_prompts, tree_prompts[:1]], NEW_TOKENS, TREE_ENV, {}),
     }
     target = tiny_hybrid / "target"
     return launcher("hybrid-", {**engine_kwargs(target), **hybrid_overrides(target)}, modes, tmp_path_factory)
@@ -361,7 +368,8 @@ def test_hybrid_baseline_engine_matches_transformers(
     and decode (conv1d update, recurrent delta rule) give transformers' greedy tokens."""
     result, _ = hybrid_runs("baseline")
     (batched,) = result["batches"]
-    assert_greedy_equal(batched, [tokens[:BASELINE_TOKENS] for tokens in hybrid_reference[1]])
+    expected = hybrid_reference[1][: len(HYBRID_PROMPTS)]
+    assert_greedy_equal(batched, [tokens[:BASELINE_TOKENS] for tokens in expected])
 
 
 @needs_sglang
@@ -375,6 +383,29 @@ def test_hybrid_ddtree_shadow_engine_matches_transformers(
     the target as hybrid (`hybrid=exact`: shadow verifies the spine, a chain SGLang handles exactly)."""
     result, log = hybrid_runs("ddtree")
     (batched,) = result["batches"]
-    assert_greedy_equal(batched, hybrid_reference[1])
+    assert_greedy_equal(batched, hybrid_reference[1][: len(HYBRID_PROMPTS)])
     assert all(length > 1 for length in accept_lengths(batched)), accept_lengths(batched)
     assert_shadow_log(log, hybrid="exact")
+
+
+@needs_sglang
+def test_hybrid_ddtree_tree_engine_is_exact_through_the_recurrent_layers(
+    hybrid_runs: Callable[[str], tuple[dict[str, Any], str]],
+    hybrid_reference: tuple[list[list[int]], list[list[int]]],
+) -> None:
+    """DDTREE_VERIFY=tree on the hybrid target: one verify forward over the whole tree, SGLang's GDN tree kernels
+    (each node's conv window from its ancestors, its recurrent state from its parent), the last accepted node's
+    state committed. A flat-order verify would feed siblings each other's states; the greedy tokens must still be
+    transformers' exactly, with rounds accepting off the spine."""
+    result, log = hybrid_runs("tree")
+    batched, single = result["batches"]
+    expected = hybrid_reference[1][len(HYBRID_PROMPTS) :]
+    assert_greedy_equal(batched, expected)
+    assert_greedy_equal(single, expected[:1])
+    assert all(length > 1 for length in accept_lengths(batched + single)), accept_lengths(batched + single)
+    assert f"DDTREE init mode=tree budget={TREE_BUDGET} topk={TREE_TOPK} block={DRAFT_BLOCK} hybrid=exact" in log
+    lines = metrics_lines(log)
+    assert lines, f"no 'DDTREE metrics' line in the log:\n{log[-4000:]}"
+    print("\n".join(m.group(0) for m in METRICS.finditer(log)))
+    assert all(fields.get("hybrid") != "unsafe" for fields in lines)
+    assert sum(float(fields.get("off_spine", 0)) for fields in lines) > 0, "no round accepted a non-spine node"

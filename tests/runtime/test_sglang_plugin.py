@@ -231,6 +231,14 @@ SIGNATURES: dict[str, list[str]] = {
         "draft_token_num",
         "prepared_step_indices",
     ],
+    # The hybrid tree path: the tree worker decides it after the target's backend and graphs exist, and hands
+    # the GDN backend (hybrid_tree_refusal checks its class name) the tree links while it builds its metadata.
+    "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2.init_cuda_graphs": ["self"],
+    "sglang.srt.layers.attention.linear.gdn_backend:GDNAttnBackend.__init__": ["self", "model_runner"],
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend:MambaAttnBackendBase._forward_metadata": [
+        "self",
+        "forward_batch",
+    ],
 }
 
 # Fields read by name (ServerArgs through the gates; the verify input the tree layout fills).
@@ -259,6 +267,14 @@ FIELDS: dict[str, list[str]] = {
         "draft_token_num",
     ],
     "sglang.srt.managers.utils:GenerationBatchResult": ["accept_lens", "next_token_ids"],
+    "sglang.srt.speculative.dflash_info:DFlashVerifyInput": [
+        "draft_token",
+        "positions",
+        "draft_token_num",
+        "custom_mask",
+        "capture_hidden_mode",
+        "kv_loc_plan",
+    ],
 }
 
 _PROBE = r"""

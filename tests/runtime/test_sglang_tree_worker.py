@@ -7,7 +7,7 @@ import pytest
 import torch
 from ddtree.sglang.devcheck import VOCAB, path_logits
 from ddtree.sglang.layout import accept_tensors, full_mask, greedy_accept
-from ddtree.sglang.tree_worker import commit_round, plan_round, round_stats
+from ddtree.sglang.tree_worker import commit_round, hybrid_tree_refusal, plan_round, round_stats
 from ddtree.tree import build_tree_heap, compile_tree, is_off_spine, walk_tree
 
 pytestmark = pytest.mark.runtime
@@ -85,3 +85,21 @@ def test_commit_round_rejects_a_path_through_padding() -> None:
     index = torch.tensor([[0, 5, -1, -1, -1, -1, -1, -1]])
     with pytest.raises(RuntimeError, match="bad path"):
         commit_round(plan, index, torch.tensor([1]), torch.zeros((1, SLOTS), dtype=torch.int64))
+
+
+class GDNAttnBackend:  # named as SGLang's GDN backend class; only its name and `topk` are read
+    topk = 0
+
+
+class Pool:
+    def __init__(self, **flags: object) -> None:
+        self.__dict__.update(flags)
+
+
+def test_hybrid_tree_refusal_names_what_blocks_the_exact_path() -> None:
+    assert hybrid_tree_refusal(GDNAttnBackend(), Pool(replayssm_spec_fold=False), cuda_graphs=False) == ""
+    assert hybrid_tree_refusal(GDNAttnBackend(), None, cuda_graphs=False) == ""
+    assert "--disable-cuda-graph" in hybrid_tree_refusal(GDNAttnBackend(), None, cuda_graphs=True)
+    assert "ReplaySSM" in hybrid_tree_refusal(GDNAttnBackend(), Pool(replayssm_spec_fold=True), cuda_graphs=False)
+    assert "ReplaySSM" in hybrid_tree_refusal(GDNAttnBackend(), Pool(replayssm_cache_base=3), cuda_graphs=False)
+    assert "KDAAttnBackend" in hybrid_tree_refusal(type("KDAAttnBackend", (), {"topk": 0})(), None, cuda_graphs=False)

@@ -163,23 +163,6 @@ CASES: list[tuple[str, str | None, str]] = [
         host(svc(body=with_key(GOOD_SERVICE, "ddtree: {allow_hybrid_unsafe: 'yes'}"))),
         "allow_hybrid_unsafe: expected true or false",
     ),
-    (
-        "tree-on-hybrid",
-        host(svc(body=GOOD_SERVICE.replace("linear", "tree").replace("hybrid: false", "hybrid: true"))),
-        "tree mode on a hybrid target (m) needs exact recurrent-state tree verify",
-    ),
-    (
-        "tree-on-hybrid-sglang-even-when-unsafe-allowed",
-        host(
-            svc(
-                body=with_key(
-                    GOOD_SERVICE.replace("linear", "tree").replace("hybrid: false", "hybrid: true"),
-                    "ddtree: {allow_hybrid_unsafe: true}",
-                )
-            )
-        ),
-        "allow_hybrid_unsafe does not apply) (use mode shadow, or engine reference)",
-    ),
     ("sglang-on-cpu", host(svc(body=with_key(GOOD_SERVICE, "device: cpu"))), "the sglang engine needs a GPU"),
     (
         "bad-address",
@@ -243,3 +226,35 @@ def test_sglang_tree_budget_beyond_the_draft_block_warns(tmp_path: Path) -> None
     inv.write_text(host(svc(body=with_key(GOOD_SERVICE.replace("linear", "tree"), "ddtree: {budget: 15}"))))
     result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out2"))
     assert result.exit_code == 0 and "does not fit" not in result.stderr, result.stderr
+
+
+def test_sglang_tree_on_hybrid_is_exact_without_cuda_graphs(tmp_path: Path) -> None:
+    body = with_key(
+        GOOD_SERVICE.replace("linear", "tree").replace("hybrid: false", "hybrid: true"), "ddtree: {budget: 15}"
+    )
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(host(svc(body=body)))
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.stderr
+    assert "runs its verify without CUDA graphs" in result.stderr and "HYBRID UNSAFE" not in result.stderr
+    unit = next((tmp_path / "out").rglob("*.service")).read_text()
+    config = next((tmp_path / "out").rglob("server.yaml")).read_text()
+    assert "disable-cuda-graph: true" in config, config + unit
+    # the unsafe knob does nothing here (the verify is exact) and says so
+    inv.write_text(
+        host(
+            svc(
+                body=with_key(
+                    body.replace("ddtree: {budget: 15}", ""), "ddtree: {budget: 15, allow_hybrid_unsafe: true}"
+                )
+            )
+        )
+    )
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out2"))
+    assert result.exit_code == 0 and "allow_hybrid_unsafe has no effect" in result.stderr, result.stderr
+    assert "HYBRID UNSAFE" not in result.stderr
+    # dense sglang tree keeps its CUDA graphs
+    inv.write_text(host(svc(body=with_key(GOOD_SERVICE.replace("linear", "tree"), "ddtree: {budget: 15}"))))
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out3"))
+    assert result.exit_code == 0, result.stderr
+    assert "disable-cuda-graph" not in next((tmp_path / "out3").rglob("server.yaml")).read_text()

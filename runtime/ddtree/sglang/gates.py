@@ -70,8 +70,8 @@ def check_server(facts: ServerFacts, config: DDTreeConfig, environ: Mapping[str,
         raise GateError("--speculative-accept-threshold-single/-acc must stay 1.0: DDTREE acceptance is exact (greedy)")
     if facts.draft_model_path is None:
         raise GateError("pass --speculative-draft-model-path: DDTREE drafts with a DFlash drafter")
-    # DDTREE_VERIFY=tree passes here: its worker (tree_worker.py) refuses hybrid targets, budgets beyond the
-    # DFLASH block and the draft heads it cannot read when SGLang creates it (docs/sglang.md).
+    # DDTREE_VERIFY=tree passes here: its worker (tree_worker.py) refuses budgets beyond the DFLASH block, the
+    # draft heads it cannot read, and hybrid targets without the exact GDN tree path (docs/sglang.md).
     if config.verify is VerifyMode.SHADOW and environ.get(EAGER_DRAFT_SAMPLER_ENV, "").strip() != "1":
         raise GateError(
             f"set {EAGER_DRAFT_SAMPLER_ENV}=1: shadow mode builds its tree from DFLASH's eager draft head "

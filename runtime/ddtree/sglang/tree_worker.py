@@ -18,11 +18,20 @@ One round, per decode batch (prefill and idle batches run DFLASH's own code, unc
    slots do) and are rewritten next round. The verify's target hidden states of the accepted rows, in path
    order, go to the drafter's KV at positions prefix_len .. prefix_len + tau - 1 (DFLASH's own writer).
 
-Constraints (checked at start): DDTREE_BUDGET <= B - 1 (the tree fits DFLASH's window), a dense target (no
-recurrent layers: a flat tree forward is wrong for them and no exact path is wired here), no compact
-(sliding-window) draft cache, no selector / LiLiCorr / Domino drafts, a dense unsharded LM head. A decode
-batch with a sampling, log-prob or grammar-constrained request takes DFLASH's own round (chain verify, exact
-for sampling) instead of a tree round (WARNING once).
+Hybrid targets (Gated DeltaNet + attention, Qwen3.5/3.6): the verify hands SGLang's GDN backend the tree's
+links (retrieve_next_token / retrieve_next_sibling), so its tree kernels take each node's conv window from its
+ancestors and its recurrent state from its parent (`causal_conv1d_update` and the GDN tree verify kernel with
+`retrieve_parent_token`), every node's state kept in the per-step intermediate buffers; the commit installs
+the last accepted node's state through SGLang's `commit_mamba_states_after_verify` with the tree's accept
+index (what EAGLE's tree verify does). SGLang gates that tree path by the server-wide EAGLE top-k, which
+DFLASH leaves at 0, so the worker raises the backend's top-k for its own verify's metadata only.
+
+Constraints (checked at start): DDTREE_BUDGET <= B - 1 (the tree fits DFLASH's window), for hybrid targets
+SGLang's GDN backend with its per-step verify snapshots (not ReplaySSM, not KDA) and no CUDA graphs (the
+graphs are captured with the chain metadata; unless DDTREE_ALLOW_HYBRID_UNSAFE=1, which runs the flat, wrong
+order on purpose), no compact (sliding-window) draft cache, no selector / LiLiCorr / Domino drafts, a dense
+unsharded LM head. A decode batch with a sampling, log-prob or grammar-constrained request takes DFLASH's own
+round (chain verify, exact for sampling) instead of a tree round (WARNING once).
 
 sglang is imported only inside `tree_worker_class()`.
 """
@@ -156,6 +165,22 @@ def round_stats(plan: TreeRound, commit: TreeCommit, times_ms: dict[str, float])
     return out
 
 
+def hybrid_tree_refusal(linear_backend: Any, mamba_pool: Any, cuda_graphs: bool) -> str:
+    """Why SGLang's linear-attention backend cannot run the exact tree verify; "" when it can.
+
+    The exact path is the GDN backend's recurrent target-verify branch fed the tree's links: it needs the
+    per-step snapshots (`intermediate_ssm`, which --enable-linear-replayssm-spec does not allocate), and eager
+    verify forwards (CUDA graphs are captured with chain metadata while DFLASH's top-k is 0)."""
+    if type(linear_backend).__name__ != "GDNAttnBackend" or not hasattr(linear_backend, "topk"):
+        return f"its linear-attention backend is {type(linear_backend).__name__}, not SGLang's GDN backend"
+    for flag in ("replayssm_spec_fold", "replayssm_cache_base", "replayssm_is_kda"):
+        if getattr(mamba_pool, flag, None) not in (None, False):
+            return "ReplaySSM speculative verify (--enable-linear-replayssm-spec) keeps no per-node states"
+    if cuda_graphs:
+        return "its verify CUDA graphs hold chain metadata (pass --disable-cuda-graph)"
+    return ""
+
+
 # ---------------------------------------------------------------------------------------------------
 # The worker
 # ---------------------------------------------------------------------------------------------------
@@ -171,8 +196,10 @@ def tree_worker_class() -> type:
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
     from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_utils import commit_mamba_states_after_verify
 
     from ddtree.config import HybridMode
+    from ddtree.sglang.gates import GateError, hybrid_mode
     from ddtree.sglang.worker import dense_head_rows
 
     class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
@@ -180,11 +207,8 @@ def tree_worker_class() -> type:
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
             config = DDTreeConfig.from_env(os.environ)
             block = int(self.block_size)
-            if mambaish_config(target_worker.model_runner.model_config) is not None:
-                raise ValueError(
-                    "DDTREE: DDTREE_VERIFY=tree on a hybrid (recurrent-layer) target is not supported by the SGLang "
-                    "plugin (no exact tree path is wired); use DDTREE_VERIFY=shadow"
-                )
+            self._ddtree_hybrid = mambaish_config(target_worker.model_runner.model_config) is not None
+            self._ddtree_linear: Any = None
             if config.budget + 1 > block:
                 raise ValueError(
                     f"DDTREE: DDTREE_BUDGET={config.budget} is too large for tree verify on SGLang: the tree must fit "
@@ -198,9 +222,32 @@ def tree_worker_class() -> type:
             if self.use_compact_draft_cache:
                 raise ValueError("DDTREE: tree verify does not support a windowed (compact) DFLASH draft cache")
             self._ddtree_config = config
-            self._ddtree_log = MetricsLog(config, block, HybridMode.NONE)
-            self._ddtree_log.start()
+            self._ddtree_exact_hybrid = False
+            self._ddtree_log: MetricsLog | None = None
             self._ddtree_warned_sampling = False
+
+        def init_cuda_graphs(self) -> None:
+            """After the target's attention backend and CUDA graphs exist (SGLang initializes the target's before
+            the draft worker's): decide how a hybrid target is verified, then log the DDTREE init line."""
+            super().init_cuda_graphs()
+            hybrid = HybridMode.NONE
+            if self._ddtree_hybrid:
+                target_runner = self.target_worker.model_runner
+                self._ddtree_linear = getattr(target_runner.attn_backend, "linear_attn_backend", None)
+                why = hybrid_tree_refusal(
+                    self._ddtree_linear,
+                    getattr(target_runner.req_to_token_pool, "mamba_pool", None),
+                    cuda_graphs=getattr(target_runner, "decode_cuda_graph_runner", None) is not None,
+                )
+                try:
+                    hybrid = hybrid_mode(self._ddtree_config, is_hybrid=True, exact_tree_path=not why)
+                except GateError as exc:
+                    raise ValueError(f"DDTREE: {exc} ({why})") from None
+                if hybrid is HybridMode.UNSAFE:
+                    logger.warning("DDTREE HYBRID UNSAFE: tree verify in flat order (%s); outputs may differ", why)
+            self._ddtree_exact_hybrid = hybrid is HybridMode.EXACT
+            self._ddtree_log = MetricsLog(self._ddtree_config, int(self.block_size), hybrid)
+            self._ddtree_log.start()
 
         def forward_batch_generation(
             self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None, pp_proxy_tensors: Any = None
@@ -228,6 +275,31 @@ def tree_worker_class() -> type:
             if batch.return_logprob:
                 return "log-prob requests"
             return ""
+
+        def _tree_verify(self, verify_input: Any, plan: TreeRound, batch: Any) -> Any:
+            """Prepare and run the verify forward. On an exact hybrid target SGLang's GDN backend reads the tree
+            links whenever it builds its metadata (in prepare_for_verify, and again inside the forward), so its
+            top-k is raised for this verify only: DFLASH's own rounds (prefill, sampling batches) stay chains."""
+            if not self._ddtree_exact_hybrid:
+                verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+                return self._target_forward(verify_batch)
+            verify_input.retrieve_next_token = plan.retrieve_next_token.to(self.device)
+            verify_input.retrieve_next_sibling = plan.retrieve_next_sibling.to(self.device)
+            linear, topk = self._ddtree_linear, self._ddtree_linear.topk
+            linear.topk = max(2, int(topk))
+            try:
+                verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+                target_out = self._target_forward(verify_batch)
+            finally:
+                linear.topk = topk
+            if getattr(linear.forward_metadata, "retrieve_parent_token", None) is None:
+                raise RuntimeError("DDTREE: SGLang's GDN backend did not take its tree path for the verify")
+            return target_out
+
+        def _target_forward(self, verify_batch: Any) -> Any:
+            return self.target_worker.forward_batch_generation(
+                batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
+            )
 
         # -- one decode round -------------------------------------------------------------------------
 
@@ -342,11 +414,10 @@ def tree_worker_class() -> type:
             elif draft_input.nxt_kv_lens_cpu is not None:
                 batch.seq_lens_cpu = draft_input.nxt_kv_lens_cpu
                 batch.seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
-            verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
-            batch.seq_lens_cpu, batch.seq_lens_sum = cpu_backup, sum_backup
-            target_out = self.target_worker.forward_batch_generation(
-                batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
-            )
+            try:
+                target_out = self._tree_verify(verify_input, plan, batch)
+            finally:
+                batch.seq_lens_cpu, batch.seq_lens_sum = cpu_backup, sum_backup
             logits_output = target_out.logits_output
             target_lp = self._target_logits_processor
             if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
@@ -380,6 +451,13 @@ def tree_worker_class() -> type:
             new_window = window_2d.gather(1, perm)  # [bs, B]
             rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand(bs, block)
             req_to_token[rows, positions_2d] = new_window.to(req_to_token.dtype)
+            if self._ddtree_hybrid:
+                # The last accepted node's conv window and recurrent state become the request's (batch.seq_lens
+                # is still the pre-verify length, which the radix-cache tracking step needs).
+                commit_mamba_states_after_verify(
+                    self.target_worker, batch, accept_lens=commit_lens, accept_index=accept_index,
+                    draft_token_num=block,
+                )  # fmt: skip
             new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
             if on_publish is not None:
                 on_publish(new_seq_lens)
@@ -405,6 +483,8 @@ def tree_worker_class() -> type:
                 "verify": (t3 - t2) * 1e3,
                 "commit": (t4 - t3) * 1e3,
             }
+            if self._ddtree_log is None:
+                raise RuntimeError("DDTREE: a decode round before init_cuda_graphs (SGLang's start-up order changed)")
             for stats in round_stats(plan, commit, ms):
                 self._ddtree_log.record(stats)
             bonus = commit.bonus.to(device)
