@@ -99,7 +99,7 @@ def server_options(host: Host, service: Service, secrets: Secrets = Secrets.MASK
             ("page-size", 1),
             ("attention-backend", service.attention_backend),
         ]
-    if service.sglang_hybrid_tree:
+    if service.sglang_eager_verify:
         options.append(("disable-cuda-graph", True))
     if service.api_key is not None:
         options.append(("api-key", service.api_key.reveal() if secrets is Secrets.REVEAL else MASK))

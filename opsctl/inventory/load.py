@@ -18,6 +18,7 @@ import yaml
 from opsctl.errors import InventoryError
 from opsctl.inventory import schema as s
 from opsctl.inventory.model import (
+    SGLANG_DRAFT_BLOCK,
     CudaConfig,
     DDTreeKnobs,
     Engine,
@@ -31,8 +32,6 @@ from opsctl.inventory.model import (
     SshConfig,
 )
 from opsctl.secrets import SecretRef
-
-SGLANG_TREE_MAX_BUDGET = 15  # DFlash drafters of the Qwen3/3.6 family draft blocks of 16 tokens
 
 
 class _Device(StrEnum):
@@ -355,12 +354,21 @@ def _service(
         health_timeout=s.number(d.get("health_timeout", 600), f"{path}.health_timeout", 1, 7200),
         readiness_delay=s.number(d.get("readiness_delay", 10), f"{path}.readiness_delay", 0, 600),
     )
-    if mode is Mode.TREE and engine is Engine.SGLANG and knobs.budget > SGLANG_TREE_MAX_BUDGET:
-        warnings.append(
-            f"{path}.ddtree.budget: {knobs.budget} does not fit SGLang's tree worker, which verifies within the "
-            f"drafter's block (budget <= block size - 1: {SGLANG_TREE_MAX_BUDGET} for 16-token DFlash drafters); "
-            "the plugin refuses it at start unless the drafter's block is larger"
-        )
+    if service.sglang_wide_tree:
+        block = SGLANG_DRAFT_BLOCK
+        if knobs.budget > 2 * block - 1 or model.hybrid:
+            limit = block - 1 if model.hybrid else 2 * block - 1
+            warnings.append(
+                f"{path}.ddtree.budget: {knobs.budget} does not fit SGLang's tree worker (budget <= {limit} for "
+                f"{block}-token DFlash drafters{' on a hybrid target' if model.hybrid else ''}); the plugin refuses "
+                "it at start unless the drafter's block is larger"
+            )
+        else:
+            warnings.append(
+                f"{path}.ddtree.budget: {knobs.budget} nodes exceed the drafter's {block}-token block: SGLang verifies "
+                "them in a 2 * block window without CUDA graphs (opsctl adds --disable-cuda-graph); compare with a "
+                f"budget <= {block - 1} using `opsctl bench --sweep`"
+            )
     if service.sglang_hybrid_tree:
         warnings.append(
             f"{path}: tree mode on hybrid target {model.name} with sglang runs its verify without CUDA graphs "

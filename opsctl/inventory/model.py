@@ -41,6 +41,11 @@ class ModelSourceKind(StrEnum):
     HOST = "host"  # a path on the target host (e.g. an NVMe directory)
 
 
+# DFlash drafters of the Qwen3/3.6 family draft blocks of 16 tokens; the SGLang plugin's tree verify takes
+# budgets up to block - 1 with CUDA graphs, up to 2 * block - 1 without (docs/sglang.md).
+SGLANG_DRAFT_BLOCK = 16
+
+
 @dataclass(frozen=True)
 class SshConfig:
     user: str = "root"
@@ -124,8 +129,19 @@ class Service:
     @property
     def sglang_hybrid_tree(self) -> bool:
         """SGLang tree verify on a hybrid target: exact through SGLang's GDN tree kernels, which the verify
-        runs eagerly (its CUDA graphs hold chain metadata), so the unit passes --disable-cuda-graph."""
+        runs eagerly (its CUDA graphs hold chain metadata)."""
         return self.engine is Engine.SGLANG and self.mode is Mode.TREE and self.model.hybrid
+
+    @property
+    def sglang_wide_tree(self) -> bool:
+        """SGLang tree verify of more nodes than the drafter's block holds: verified in the 2 * block window
+        DFLASH reserves, a shape SGLang's verify CUDA graphs are not captured for (docs/sglang.md)."""
+        return self.engine is Engine.SGLANG and self.mode is Mode.TREE and self.ddtree.budget > SGLANG_DRAFT_BLOCK - 1
+
+    @property
+    def sglang_eager_verify(self) -> bool:
+        """The unit must pass --disable-cuda-graph: the SGLang plugin refuses these trees with CUDA graphs."""
+        return self.sglang_hybrid_tree or self.sglang_wide_tree
 
 
 @dataclass(frozen=True)

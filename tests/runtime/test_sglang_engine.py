@@ -60,6 +60,9 @@ TREE_ENV = {
     "DDTREE_ALLOW_HYBRID_UNSAFE": "0",
 }
 TREE_PROMPTS = ["tell me a story about a dog", "json for bob, age 31, from paris, with a list of 5 pets"]
+# Wide trees: a budget beyond the block verifies in the 2 * block window DFLASH reserves per request.
+WIDE_BUDGET = 2 * DRAFT_BLOCK - 1
+WIDE_ENV = {**TREE_ENV, "DDTREE_BUDGET": str(WIDE_BUDGET)}
 METRICS = re.compile(r"DDTREE metrics ((?:\w+=\S+ ?)+)")
 # The hybrid target (`tiny_hybrid`: 3 Gated DeltaNet layers + 1 gated attention layer, the Qwen3.6 layout that
 # ct200's gpu1 serves with DDTREE shadow): two prompts for baseline and shadow (shadow returns DFLASH's tokens),
@@ -231,6 +234,7 @@ def engine_runs(
             TREE_ENV,
             {"2": mixed},
         ),
+        "wide": ({"speculative_algorithm": "DDTREE", **draft}, [tree_prompts[:2]], NEW_TOKENS, WIDE_ENV, {}),
     }
     return launcher("", engine_kwargs(tiny_dense / "target"), modes, tmp_path_factory)
 
@@ -409,3 +413,21 @@ def test_hybrid_ddtree_tree_engine_is_exact_through_the_recurrent_layers(
     print("\n".join(m.group(0) for m in METRICS.finditer(log)))
     assert all(fields.get("hybrid") != "unsafe" for fields in lines)
     assert sum(float(fields.get("off_spine", 0)) for fields in lines) > 0, "no round accepted a non-spine node"
+
+
+@needs_sglang
+def test_ddtree_wide_tree_engine_matches_transformers(
+    engine_runs: Callable[[str], tuple[dict[str, Any], str]],
+    tree_reference: tuple[list[list[int]], list[list[int]]],
+) -> None:
+    """DDTREE_BUDGET = 2 * block - 1: trees of more nodes than the draft block, verified in the 2 * block KV
+    window DFLASH reserves per request (the accepted path still fits one block): still transformers' tokens."""
+    result, log = engine_runs("wide")
+    (batched,) = result["batches"]
+    assert_greedy_equal(batched, tree_reference[1])
+    assert f"DDTREE init mode=tree budget={WIDE_BUDGET} topk={TREE_TOPK} block={DRAFT_BLOCK} hybrid=none" in log
+    lines = metrics_lines(log)
+    assert lines, f"no 'DDTREE metrics' line in the log:\n{log[-4000:]}"
+    print("\n".join(m.group(0) for m in METRICS.finditer(log)))
+    assert any(float(fields["nodes"]) > DRAFT_BLOCK for fields in lines)  # wider than the draft block
+    assert all(1 <= float(fields["tau"]) <= DRAFT_BLOCK for fields in lines)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from ddtree.sglang.devcheck import VOCAB, path_logits
 from ddtree.sglang.layout import accept_tensors, full_mask, greedy_accept
-from ddtree.sglang.tree_worker import commit_round, hybrid_tree_refusal, plan_round, round_stats
+from ddtree.sglang.tree_worker import commit_round, hybrid_tree_refusal, plan_round, round_stats, verify_slots
 from ddtree.tree import build_tree_heap, compile_tree, is_off_spine, walk_tree
 
 pytestmark = pytest.mark.runtime
@@ -103,3 +103,18 @@ def test_hybrid_tree_refusal_names_what_blocks_the_exact_path() -> None:
     assert "ReplaySSM" in hybrid_tree_refusal(GDNAttnBackend(), Pool(replayssm_spec_fold=True), cuda_graphs=False)
     assert "ReplaySSM" in hybrid_tree_refusal(GDNAttnBackend(), Pool(replayssm_cache_base=3), cuda_graphs=False)
     assert "KDAAttnBackend" in hybrid_tree_refusal(type("KDAAttnBackend", (), {"topk": 0})(), None, cuda_graphs=False)
+
+
+def test_verify_slots_widen_to_dflash_reservation_then_refuse() -> None:
+    assert [verify_slots(b, 8) for b in (1, 7, 8, 15)] == [8, 8, 16, 16]
+    with pytest.raises(ValueError, match=r"DDTREE_BUDGET=16 is too large .* \(DDTREE_BUDGET <= 15\)"):
+        verify_slots(16, 8)
+
+
+def test_plan_round_in_a_wide_window_keeps_depth_within_the_block() -> None:
+    lp = draft_logprobs(seed=3, bs=2)
+    plan = plan_round(lp, [5, 9], [11, 4], 2 * SLOTS, budget=2 * SLOTS - 1, topk=8)
+    assert plan.tokens.shape == (2, 2 * SLOTS)
+    for tree in plan.trees:
+        assert tree.num_nodes == 2 * SLOTS  # the root and 15 nodes: more than one block
+        assert int(tree.depths.max()) <= SLOTS - 1  # what a round commits (tau <= depth + 1) fits one block

@@ -258,3 +258,19 @@ def test_sglang_tree_on_hybrid_is_exact_without_cuda_graphs(tmp_path: Path) -> N
     result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out3"))
     assert result.exit_code == 0, result.stderr
     assert "disable-cuda-graph" not in next((tmp_path / "out3").rglob("server.yaml")).read_text()
+
+
+def test_sglang_tree_budget_beyond_the_block_renders_an_eager_verify(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(host(svc(body=with_key(GOOD_SERVICE.replace("linear", "tree"), "ddtree: {budget: 24}"))))
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.stderr
+    assert "verifies them in a 2 * block window without CUDA graphs" in result.stderr
+    assert "disable-cuda-graph: true" in next((tmp_path / "out").rglob("server.yaml")).read_text()
+    hybrid = GOOD_SERVICE.replace("linear", "tree").replace("hybrid: false", "hybrid: true")
+    inv.write_text(host(svc(body=with_key(hybrid, "ddtree: {budget: 24}"))))
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out2"))
+    assert result.exit_code == 0, result.stderr
+    assert "does not fit SGLang's tree worker (budget <= 15 for 16-token DFlash drafters on a hybrid target)" in (
+        result.stderr
+    )

@@ -165,6 +165,20 @@ def round_stats(plan: TreeRound, commit: TreeCommit, times_ms: dict[str, float])
     return out
 
 
+def verify_slots(budget: int, block: int) -> int:
+    """Verify slots per request: DFLASH's block B when the tree fits it (budget <= B - 1), else 2 * B, the
+    window SGLang's DFLASH scheduling already reserves per request (committed + 2 * B KV slots). A tree is
+    never deeper than B - 1 (the drafter's rows), so what a round commits always fits B."""
+    if budget + 1 <= block:
+        return block
+    if budget + 1 <= 2 * block:
+        return 2 * block
+    raise ValueError(
+        f"DDTREE: DDTREE_BUDGET={budget} is too large for tree verify on SGLang: the tree must fit the verify "
+        f"window DFLASH reserves, 2 * block_size={2 * block} slots (DDTREE_BUDGET <= {2 * block - 1})"
+    )
+
+
 def hybrid_tree_refusal(linear_backend: Any, mamba_pool: Any, cuda_graphs: bool) -> str:
     """Why SGLang's linear-attention backend cannot run the exact tree verify; "" when it can.
 
@@ -209,10 +223,11 @@ def tree_worker_class() -> type:
             block = int(self.block_size)
             self._ddtree_hybrid = mambaish_config(target_worker.model_runner.model_config) is not None
             self._ddtree_linear: Any = None
-            if config.budget + 1 > block:
+            self._ddtree_slots = verify_slots(config.budget, block)
+            if self._ddtree_slots > block and self._ddtree_hybrid:
                 raise ValueError(
-                    f"DDTREE: DDTREE_BUDGET={config.budget} is too large for tree verify on SGLang: the tree must fit "
-                    f"DFLASH's verify window of block_size={block} slots (DDTREE_BUDGET <= {block - 1})"
+                    f"DDTREE: DDTREE_BUDGET={config.budget} on a hybrid target: SGLang keeps recurrent states for "
+                    f"block_size={block} verify steps (DDTREE_BUDGET <= {block - 1})"
                 )
             for name in ("selector", "lilicorr"):
                 if getattr(self, name, None) is not None:
@@ -230,6 +245,13 @@ def tree_worker_class() -> type:
             """After the target's attention backend and CUDA graphs exist (SGLang initializes the target's before
             the draft worker's): decide how a hybrid target is verified, then log the DDTREE init line."""
             super().init_cuda_graphs()
+            graphs = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None) is not None
+            if self._ddtree_slots > int(self.block_size) and graphs:
+                raise ValueError(
+                    f"DDTREE: DDTREE_BUDGET={self._ddtree_config.budget} verifies {self._ddtree_slots} tokens per "
+                    f"request, more than the {int(self.block_size)} SGLang's verify CUDA graphs are captured for; "
+                    "pass --disable-cuda-graph, or DDTREE_BUDGET <= block size - 1"
+                )
             hybrid = HybridMode.NONE
             if self._ddtree_hybrid:
                 target_runner = self.target_worker.model_runner
@@ -382,6 +404,27 @@ def tree_worker_class() -> type:
             draft_hidden = draft_hidden.view(bs, block, -1)[:, 1:, :]  # [bs, B - 1, H]
             t1 = time.perf_counter()
 
+            # --- the verify window: the draft's, or twice as wide for trees that do not fit it
+            slots = self._ddtree_slots
+            if slots == block:
+                verify_positions_2d, verify_window_2d, verify_plan = positions_2d, window_2d, kv_loc_plan
+            else:
+                verify_positions_2d = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(
+                    slots, device=device, dtype=torch.int64
+                )  # [bs, S]
+                verify_window_2d = req_to_token[
+                    batch.req_pool_indices.to(torch.int64).unsqueeze(1), verify_positions_2d
+                ].to(torch.int64)
+                verify_plan = self.target_worker.model_runner.kv_index_translator.plan(
+                    req_pool_indices=batch.req_pool_indices,
+                    seq_lens=prefix_lens,
+                    seq_lens_cpu=(
+                        batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
+                    ),
+                    write_virtual=verify_window_2d.reshape(-1),
+                    read_extent=slots,
+                )
+
             # --- 2) trees, in SGLang's layout
             with torch.inference_mode():
                 logits = draft_hidden.to(head.dtype) @ head.T  # [bs, B - 1, V]
@@ -390,7 +433,7 @@ def tree_worker_class() -> type:
                 logprobs,
                 draft_input.bonus_tokens.tolist(),
                 prefix_lens.tolist(),
-                block,
+                slots,
                 self._ddtree_config.budget,
                 self._ddtree_config.topk,
             )
@@ -401,15 +444,15 @@ def tree_worker_class() -> type:
             verify_input = DFlashVerifyInput(
                 draft_token=tokens.reshape(-1),
                 positions=plan.positions.to(device),
-                draft_token_num=block,
+                draft_token_num=slots,
                 custom_mask=plan.custom_mask.to(device),
                 capture_hidden_mode=CaptureHiddenMode.FULL,
-                kv_loc_plan=kv_loc_plan,
+                kv_loc_plan=verify_plan,
             )
-            batch.out_cache_loc = window
+            batch.out_cache_loc = verify_window_2d.reshape(-1)
             cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
             if cpu_backup is not None:
-                batch.seq_lens_cpu = cpu_backup + block
+                batch.seq_lens_cpu = cpu_backup + slots
                 batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
             elif draft_input.nxt_kv_lens_cpu is not None:
                 batch.seq_lens_cpu = draft_input.nxt_kv_lens_cpu
@@ -425,11 +468,11 @@ def tree_worker_class() -> type:
                 logits_output.next_token_logits = None
             else:
                 target_predict = torch.argmax(logits_output.next_token_logits, dim=-1)
-            target_predict = target_predict.view(bs, block)
+            target_predict = target_predict.view(bs, slots)
 
             # --- acceptance: SGLang's greedy tree walk
-            predicts = torch.full((bs * block,), -1, dtype=torch.int32, device=device)
-            accept_index = torch.full((bs, block), -1, dtype=torch.int32, device=device)
+            predicts = torch.full((bs * slots,), -1, dtype=torch.int32, device=device)
+            accept_index = torch.full((bs, slots), -1, dtype=torch.int32, device=device)
             accept_num = torch.zeros((bs,), dtype=torch.int32, device=device)
             predicts, accept_index, accept_num = verify_tree_greedy_func(
                 predicts=predicts,
@@ -448,15 +491,15 @@ def tree_worker_class() -> type:
             commit = commit_round(plan, accept_index, accept_num, target_predict)
             perm = commit.perm.to(device)
             commit_lens = commit.commit_lens.to(device)
-            new_window = window_2d.gather(1, perm)  # [bs, B]
-            rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand(bs, block)
-            req_to_token[rows, positions_2d] = new_window.to(req_to_token.dtype)
+            new_window = verify_window_2d.gather(1, perm)  # [bs, S]
+            rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand(bs, slots)
+            req_to_token[rows, verify_positions_2d] = new_window.to(req_to_token.dtype)
             if self._ddtree_hybrid:
                 # The last accepted node's conv window and recurrent state become the request's (batch.seq_lens
                 # is still the pre-verify length, which the radix-cache tracking step needs).
                 commit_mamba_states_after_verify(
                     self.target_worker, batch, accept_lens=commit_lens, accept_index=accept_index,
-                    draft_token_num=block,
+                    draft_token_num=slots,
                 )  # fmt: skip
             new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
             if on_publish is not None:
@@ -464,9 +507,11 @@ def tree_worker_class() -> type:
             hidden = logits_output.hidden_states
             if hidden is None:
                 raise RuntimeError("DDTREE verify requires the target's hidden states, got None")
-            hidden = hidden.view(bs, block, -1)
-            hidden = hidden.gather(1, perm.unsqueeze(-1).expand(bs, block, hidden.shape[-1]))
-            draft_loc = self._draft_write_ids(kv_loc_plan).view(bs, block).to(torch.int64).gather(1, perm)
+            # tau <= B (a tree is at most B - 1 deep): the drafter's window takes the first B slots in path order
+            hidden = hidden.view(bs, slots, -1)
+            hidden = hidden.gather(1, perm.unsqueeze(-1).expand(bs, slots, hidden.shape[-1]))[:, :block].contiguous()
+            draft_loc = self._draft_write_ids(verify_plan).view(bs, slots).to(torch.int64).gather(1, perm)
+            draft_loc = draft_loc[:, :block].contiguous()
             self._append_target_hidden_to_draft_kv_by_loc(
                 target_hidden=hidden.reshape(-1, hidden.shape[-1]),
                 cache_loc=draft_loc.reshape(-1),
@@ -490,7 +535,7 @@ def tree_worker_class() -> type:
             bonus = commit.bonus.to(device)
             return GenerationBatchResult(
                 logits_output=logits_output,
-                next_token_ids=commit.out_tokens.to(device).reshape(-1),
+                next_token_ids=commit.out_tokens[:, :block].to(device).reshape(-1),
                 accept_lens=commit_lens,
                 can_run_cuda_graph=target_out.can_run_cuda_graph,
                 next_draft_input=dw.make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
