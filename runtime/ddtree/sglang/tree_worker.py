@@ -1,6 +1,6 @@
 """The DDTREE `tree` worker for SGLang: DFLASH's drafting, a DDTree tree per request, ONE target forward over
 the whole tree (TARGET_VERIFY, ancestor-only custom mask), SGLang's `verify_tree_greedy` for acceptance, the
-accepted nodes' KV kept, their hidden states fed back to the drafter. Greedy only; dense targets only.
+accepted nodes' KV kept, their hidden states fed back to the drafter. Greedy only; dense and hybrid targets.
 
 One round, per decode batch (prefill and idle batches run DFLASH's own code, unchanged):
 
@@ -24,14 +24,19 @@ ancestors and its recurrent state from its parent (`causal_conv1d_update` and th
 `retrieve_parent_token`), every node's state kept in the per-step intermediate buffers; the commit installs
 the last accepted node's state through SGLang's `commit_mamba_states_after_verify` with the tree's accept
 index (what EAGLE's tree verify does). SGLang gates that tree path by the server-wide EAGLE top-k, which
-DFLASH leaves at 0, so the worker raises the backend's top-k for its own verify's metadata only.
+DFLASH leaves at 1, so the worker raises the backend's top-k for its own verify's metadata only.
 
-Constraints (checked at start): DDTREE_BUDGET <= B - 1 (the tree fits DFLASH's window), for hybrid targets
-SGLang's GDN backend with its per-step verify snapshots (not ReplaySSM, not KDA) and no CUDA graphs (the
-graphs are captured with the chain metadata; unless DDTREE_ALLOW_HYBRID_UNSAFE=1, which runs the flat, wrong
-order on purpose), no compact (sliding-window) draft cache, no selector / LiLiCorr / Domino drafts, a dense
-unsharded LM head. A decode batch with a sampling, log-prob or grammar-constrained request takes DFLASH's own
-round (chain verify, exact for sampling) instead of a tree round (WARNING once).
+Wide trees (B - 1 < DDTREE_BUDGET <= 2B - 1, dense targets): the verify takes 2B slots per request, the KV
+window DFLASH reserves (committed + 2B), with its own KV-location plan; the drafter still drafts one block, so
+a tree is at most B - 1 deep and the accepted path (tau <= B) is the first B slots of the permuted window.
+
+Constraints (checked at start): DDTREE_BUDGET <= 2B - 1 (B - 1 on hybrid targets; no CUDA graphs above B - 1:
+they are captured for B tokens per request), for hybrid targets SGLang's GDN backend with its per-step verify
+snapshots (not ReplaySSM, not KDA) and no CUDA graphs (the graphs are captured with the chain metadata; unless
+DDTREE_ALLOW_HYBRID_UNSAFE=1, which runs the flat, wrong order on purpose), no compact (sliding-window) draft
+cache, no selector / LiLiCorr / Domino drafts, a dense unsharded LM head. A decode batch with a sampling,
+log-prob or grammar-constrained request takes DFLASH's own round (chain verify, exact for sampling) instead of
+a tree round (WARNING once).
 
 sglang is imported only inside `tree_worker_class()`.
 """
@@ -259,7 +264,7 @@ def tree_worker_class() -> type:
                 why = hybrid_tree_refusal(
                     self._ddtree_linear,
                     getattr(target_runner.req_to_token_pool, "mamba_pool", None),
-                    cuda_graphs=getattr(target_runner, "decode_cuda_graph_runner", None) is not None,
+                    cuda_graphs=graphs,
                 )
                 try:
                     hybrid = hybrid_mode(self._ddtree_config, is_hybrid=True, exact_tree_path=not why)
