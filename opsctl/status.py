@@ -28,6 +28,7 @@ class ServiceStatus:
     runtime_version: str | None
     releases: int
     bad_releases: int
+    rollback_to: str | None  # the release `opsctl rollback` would restore
     health: str  # "HTTP 200 in 3 ms", "connection refused", ...
     healthy: bool
     last_metrics: metrics.DDTreeMetrics | None
@@ -66,6 +67,7 @@ def collect(conn: Host, inv_host: InvHost, service: Service, http: httpx.Client)
         runtime_version=manifest.runtime_version if manifest else None,
         releases=len(facts.releases),
         bad_releases=sum(1 for r in facts.releases if r.bad),
+        rollback_to=facts.rollback_target(),
         health=probe.describe(),
         healthy=probe.ok,
         last_metrics=summary.last_metrics,

@@ -73,7 +73,8 @@ def _table(rows: list[ServiceStatus]) -> None:
         console.print(
             f"[{colour}]{r.host}/{r.service}[/] {unit} restarts={r.unit.n_restarts if r.unit else '?'} "
             f"mode={r.mode or '-'} release={r.current or '(none)'} runtime={r.runtime_version or '-'} "
-            f"releases={r.releases} bad={r.bad_releases} health={r.health}; {metrics}",
+            f"releases={r.releases} bad={r.bad_releases} rollback_to={r.rollback_to or '-'} health={r.health}; "
+            f"{metrics}",
             markup=True,
         )
         if r.missing_models:

@@ -12,6 +12,7 @@ import pytest
 from tests.lab.test_deploy_support import (
     add_service,
     current_mode,
+    current_release,
     derived_inventory,
     opsctl,
     provision,
@@ -102,10 +103,14 @@ def test_journey(journey_inventory: Path) -> None:
     assert rows[("lab1", "ref")]["mode"] == "tree" and rows[("lab1", "ref")]["healthy"]
     assert rows[("lab1", "ref")]["unit"]["active_state"] == "active"
     assert rows[("lab1", "ref")]["last_metrics"]["tau"] > 1.0
+    # what `opsctl rollback` will restore: the shadow release the tree release replaced
+    rollback_to = rows[("lab1", "ref")]["rollback_to"]
+    assert rollback_to is not None and rollback_to != rows[("lab1", "ref")]["current"]
 
     err = _ok(opsctl("rollback", "-i", inv, "ref"), "rollback")
     assert "rolled back to" in err
     for host in ("lab1", "lab2"):
         assert current_mode(journey_inventory, host, "ref") == "shadow"
+    assert current_release(journey_inventory, "lab1", "ref") == rollback_to
     status = json.loads(opsctl("status", "-i", inv, "--service", "ref", "--json").stdout)
     assert all(r["healthy"] and r["mode"] == "shadow" for r in status["services"])
