@@ -184,19 +184,25 @@ def build_tree_reference(draft_logprobs: Tensor, root_token: int, budget: int, t
     return _tree_from_lists(table, draft_logprobs.device)
 
 
-def build_tree_heap(draft_logprobs: Tensor, root_token: int, budget: int, topk: int) -> DraftTree:
+def build_tree_heap(
+    draft_logprobs: Tensor, root_token: int, budget: int, topk: int, device: torch.device | None = None
+) -> DraftTree:
     """Same tree again: the fast per-row top-k (`row_topk`) feeding the Python heap (`expand_best_first`).
     At budgets up to 512 the heap's few hundred pops cost less than the vectorized build's per-depth
     tensor ops (docs/runtime-perf.md), so this is the cheapest eager build; `build_tree` keeps a fixed
-    number of tensor ops per depth, with static shapes."""
+    number of tensor ops per depth, with static shapes. `device`: where the tree's tensors go (default: the
+    log-probs' device); the vocab-sized top-k always runs where the log-probs are, and only [R, k + 1] values
+    cross to the host, so a caller that wants the tree on the host passes `torch.device("cpu")` instead of
+    copying [R, V] log-probs over."""
     _check_build_args(draft_logprobs, budget, topk)
+    out = draft_logprobs.device if device is None else device
     n_rows = min(draft_logprobs.shape[0], budget)
     if n_rows == 0:
-        return _root_only(root_token, draft_logprobs.device)
+        return _root_only(root_token, out)
     lp = draft_logprobs.detach()[:n_rows].to(torch.float32)  # lp: [R, V]
     vals, ids = row_topk(lp, min(topk, lp.shape[1]))  # [R, k] each, host
     table = expand_best_first(vals.tolist(), ids.tolist(), root_token, budget)
-    return _to_device(_tree_from_lists(table, torch.device("cpu")), draft_logprobs.device)
+    return _to_device(_tree_from_lists(table, torch.device("cpu")), out)
 
 
 def _stable_sort_desc(x: Tensor) -> Tensor:

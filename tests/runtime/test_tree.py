@@ -225,6 +225,9 @@ def test_cuda_build_compile_walk_equal_cpu():
         assert_same_tree(ref, DraftTree(*(getattr(vec, f).cpu() for f in FIELDS)))
         heap = build_tree_heap(lp.cuda(), 2, 256, 8)
         assert_same_tree(ref, DraftTree(*(getattr(heap, f).cpu() for f in FIELDS)))
+        on_host = build_tree_heap(lp.cuda(), 2, 256, 8, device=torch.device("cpu"))  # the SGLang worker's call
+        assert all(getattr(on_host, f).device.type == "cpu" for f in FIELDS)
+        assert_same_tree(ref, on_host)
         cpu_inputs, cuda_inputs = compile_tree(ref, 50), compile_tree(vec, 50)
         assert cuda_inputs.attention_mask.device.type == "cuda"
         assert torch.equal(cpu_inputs.attention_mask, cuda_inputs.attention_mask.cpu())

@@ -88,14 +88,16 @@ def plan_round(
     budget: int,
     topk: int,
 ) -> TreeRound:
-    """Build every request's tree and its verify inputs. draft_logprobs: [bs, R, V] (row d - 1 = depth d)."""
+    """Build every request's tree and its verify inputs (CPU tensors). draft_logprobs: [bs, R, V] (row d - 1 =
+    depth d), on any device."""
     if draft_logprobs.dim() != 3 or not draft_logprobs.shape[0] == len(root_tokens) == len(prefix_lens):
         raise ValueError("draft_logprobs must be [bs, R, V] with one root token and prefix length per request")
     if budget + 1 > num_slots:
         raise ValueError(f"budget {budget} does not fit {num_slots} slots (budget + 1 <= slots)")
-    trees = [
-        build_tree_heap(lp, root_token=int(root), budget=budget, topk=topk)
-        for lp, root in zip(draft_logprobs.float().cpu(), root_tokens, strict=True)
+    host = torch.device("cpu")
+    trees = [  # top-k on the log-probs' device; only [B - 1, k + 1] per request reaches the host
+        build_tree_heap(lp, root_token=int(root), budget=budget, topk=topk, device=host)
+        for lp, root in zip(draft_logprobs, root_tokens, strict=True)
     ]
     layouts = [to_sglang_layout(t, int(p), num_slots) for t, p in zip(trees, prefix_lens, strict=True)]
     index, next_token, next_sibling = stack_links(layouts)
