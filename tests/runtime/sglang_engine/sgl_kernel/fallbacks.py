@@ -5,6 +5,7 @@ slow Python loops, fine for a handful of tiny requests."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
 
 import torch
 
@@ -26,6 +27,19 @@ def copy_all_layer_kv_cache_cpu(
             ctypes.memmove(base + target * stride, row_bytes, stride)
 
 
+def _packed_spans(
+    req_pool_indices: torch.Tensor, start_offset: torch.Tensor, end_offset: torch.Tensor
+) -> Iterator[tuple[int, int, int, slice]]:
+    """Per request with a non-empty span: (row, start, end, its slice of the packed `out_cache_loc`), the
+    packed entries following each other in request order (both Triton kernels' layout)."""
+    offset = 0
+    for req, start, end in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist(), strict=True):
+        n = int(end) - int(start)
+        if n > 0:
+            yield int(req), int(start), int(end), slice(offset, offset + n)
+            offset += n
+
+
 def assign_req_to_token_pool_cpu(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -37,12 +51,8 @@ def assign_req_to_token_pool_cpu(
     """`sglang/srt/mem_cache/allocation.py` (`assign_req_to_token_pool`): for request i,
     `req_to_token[req_pool_indices[i], start[i]:end[i]]` = the next `end[i] - start[i]` entries of the packed
     `out_cache_loc`."""
-    offset = 0
-    for req, start, end in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist(), strict=True):
-        n = int(end) - int(start)
-        if n > 0:
-            req_to_token[int(req), int(start) : int(end)] = out_cache_loc[offset : offset + n].to(req_to_token.dtype)
-        offset += max(n, 0)
+    for req, start, end, packed in _packed_spans(req_pool_indices, start_offset, end_offset):
+        req_to_token[req, start:end] = out_cache_loc[packed].to(req_to_token.dtype)
 
 
 def assign_extend_cache_locs_cpu(
@@ -55,9 +65,5 @@ def assign_extend_cache_locs_cpu(
 ) -> None:
     """`sglang/kernels/ops/speculative/cache_locs.py` (`assign_extend_cache_locs`): the inverse gather, packed
     `out_cache_loc` := `req_to_token[req_pool_indices[i], start[i]:end[i]]` for each request in turn."""
-    offset = 0
-    for req, start, end in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist(), strict=True):
-        n = int(end) - int(start)
-        if n > 0:
-            out_cache_loc[offset : offset + n] = req_to_token[int(req), int(start) : int(end)].to(out_cache_loc.dtype)
-        offset += max(n, 0)
+    for req, start, end, packed in _packed_spans(req_pool_indices, start_offset, end_offset):
+        out_cache_loc[packed] = req_to_token[req, start:end].to(out_cache_loc.dtype)
