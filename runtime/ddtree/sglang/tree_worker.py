@@ -351,11 +351,23 @@ def tree_worker_class() -> type:
             # --- 1) draft: DFLASH's block through the drafter (its eager path, unchanged in substance)
             prefix_lens = batch.seq_lens
             req_to_token = runner.req_to_token_pool.req_to_token
-            offsets = torch.arange(block, device=device, dtype=torch.int64)
-            positions_2d = prefix_lens.to(torch.int64).unsqueeze(1) + offsets  # [bs, B]
-            window_2d = req_to_token[batch.req_pool_indices.to(torch.int64).unsqueeze(1), positions_2d].to(
-                torch.int64
-            )  # [bs, B] the reserved KV window
+
+            def kv_window(width: int) -> tuple[Tensor, Tensor, Any]:
+                """Positions [bs, W], the reserved KV locations there [bs, W], and their KV-location plan."""
+                positions = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(
+                    width, device=device, dtype=torch.int64
+                )
+                locs = req_to_token[batch.req_pool_indices.to(torch.int64).unsqueeze(1), positions].to(torch.int64)
+                plan = self.target_worker.model_runner.kv_index_translator.plan(
+                    req_pool_indices=batch.req_pool_indices,
+                    seq_lens=prefix_lens,
+                    seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+                    write_virtual=locs.reshape(-1),
+                    read_extent=width,
+                )
+                return positions, locs, plan
+
+            positions_2d, window_2d, kv_loc_plan = kv_window(block)  # [bs, B] the draft block's window
             block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.int64, device=device)
             block_ids[:, 0].copy_(draft_input.bonus_tokens)
             embed_module = dw.unwrap_lora_layer(dw._resolve_dflash_embedding_module(self.draft_model, target_model))
@@ -367,13 +379,6 @@ def tree_worker_class() -> type:
                 noise = noise * self._noise_embed_scale
             block_positions = positions_2d.reshape(-1)
             window = window_2d.reshape(-1)
-            kv_loc_plan = self.target_worker.model_runner.kv_index_translator.plan(
-                req_pool_indices=batch.req_pool_indices,
-                seq_lens=prefix_lens,
-                seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
-                write_virtual=window,
-                read_extent=block,
-            )
             if batch.seq_lens_cpu is not None:
                 seq_lens_cpu = batch.seq_lens_cpu.clone() + block
             elif draft_input.nxt_kv_lens_cpu is not None:
@@ -416,21 +421,7 @@ def tree_worker_class() -> type:
             if slots == block:
                 verify_positions_2d, verify_window_2d, verify_plan = positions_2d, window_2d, kv_loc_plan
             else:
-                verify_positions_2d = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(
-                    slots, device=device, dtype=torch.int64
-                )  # [bs, S]
-                verify_window_2d = req_to_token[
-                    batch.req_pool_indices.to(torch.int64).unsqueeze(1), verify_positions_2d
-                ].to(torch.int64)
-                verify_plan = self.target_worker.model_runner.kv_index_translator.plan(
-                    req_pool_indices=batch.req_pool_indices,
-                    seq_lens=prefix_lens,
-                    seq_lens_cpu=(
-                        batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
-                    ),
-                    write_virtual=verify_window_2d.reshape(-1),
-                    read_extent=slots,
-                )
+                verify_positions_2d, verify_window_2d, verify_plan = kv_window(slots)  # [bs, S]
 
             # --- 2) trees, in SGLang's layout
             with torch.inference_mode():
