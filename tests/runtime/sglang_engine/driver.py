@@ -6,8 +6,8 @@ in CI").
 JOB: {"engine": {ServerArgs keyword arguments}, "batches": [[input_ids, ...], ...], "max_new_tokens": N,
 "overrides": {"<batch index>": [{sampling params of request i}, ...]}} ("overrides" optional).
 Each batch is one `Engine.generate` call (several requests in one call run batched in the scheduler), greedy,
-`ignore_eos`, unless overridden per request. RESULT: {"startup_s", "generate_s", "batches": [[{"output_ids",
-"meta_info"}, ...], ...]}.
+`ignore_eos`, unless overridden per request. RESULT: {"startup_s", "generate_s", "batches": [[{"prompt_ids",
+"output_ids", "meta_info"}, ...], ...]}.
 
 Started by tests/runtime/test_sglang_engine.py with this directory on PYTHONPATH, so sitecustomize.py has already
 installed the torchvision stub and the SGLang patches here and in every process SGLang spawns.
@@ -39,7 +39,12 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             overrides = job.get("overrides", {}).get(str(index))
             sampling: Any = [{**params, **o} for o in overrides] if overrides else params
             outs = engine.generate(input_ids=batch, sampling_params=sampling)
-            batches.append([{"output_ids": out["output_ids"], "meta_info": out["meta_info"]} for out in outs])
+            batches.append(
+                [
+                    {"prompt_ids": prompt, "output_ids": out["output_ids"], "meta_info": out["meta_info"]}
+                    for prompt, out in zip(batch, outs, strict=True)
+                ]
+            )
         generate_s = time.monotonic() - started
     finally:
         engine.shutdown()
