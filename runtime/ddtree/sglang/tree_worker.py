@@ -43,6 +43,7 @@ sglang is imported only inside `tree_worker_class()`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -186,6 +187,24 @@ def verify_slots(budget: int, block: int) -> int:
     )
 
 
+def dense_conv_windows(state: Any) -> Any | None:
+    """`state` (SGLang's MambaPool.SpeculativeState) with a dense per-step conv-window buffer, or None when its
+    buffers are dense already.
+
+    On CUDA, with DFLASH's top-k of 1, SGLang stores the verify's per-step conv windows deduplicated: one
+    [dim, steps + K - 2] buffer per (layer, slot), step t's window an overlapping `as_strided` view of columns
+    t .. t + K - 2 (`mem_cache/memory_pool.py:598`, gated by `conv_window_dedup_enabled`). That is exact for a
+    chain, whose consecutive windows do overlap; a tree node's window holds its own ancestors, so writing it
+    overwrites its neighbours' (siblings got wrong conv windows, then wrong states: issue 21). A CPU always
+    gets the dense layout, which is why only the GPU decoded wrong tokens. Every reader takes the buffers from
+    the pool's state at each call, so replacing them once at start-up is enough."""
+    windows = state.intermediate_conv_window
+    if all(window.is_contiguous() for window in windows):
+        return None
+    dense = [torch.zeros(window.shape, dtype=window.dtype, device=window.device) for window in windows]
+    return dataclasses.replace(state, intermediate_conv_window=dense)
+
+
 def hybrid_tree_refusal(linear_backend: Any, mamba_pool: Any, cuda_graphs: bool) -> str:
     """Why SGLang's linear-attention backend cannot run the exact tree verify; "" when it can.
 
@@ -272,11 +291,28 @@ def tree_worker_class() -> type:
                     hybrid = hybrid_mode(self._ddtree_config, is_hybrid=True, exact_tree_path=not why)
                 except GateError as exc:
                     raise ValueError(f"DDTREE: {exc} ({why})") from None
+                if hybrid is HybridMode.EXACT:
+                    self._ddtree_dense_conv_windows(target_runner.req_to_token_pool.mamba_pool)
                 if hybrid is HybridMode.UNSAFE:
                     logger.warning("DDTREE HYBRID UNSAFE: tree verify in flat order (%s); outputs may differ", why)
             self._ddtree_exact_hybrid = hybrid is HybridMode.EXACT
             self._ddtree_log = MetricsLog(self._ddtree_config, int(self.block_size), hybrid)
             self._ddtree_log.start()
+
+        @staticmethod
+        def _ddtree_dense_conv_windows(mamba_pool: Any) -> None:
+            """Tree nodes need independent per-step conv windows (dense_conv_windows)."""
+            state = dense_conv_windows(mamba_pool.mamba_cache)
+            if state is None:
+                return
+            mamba_pool.mamba_cache = state
+            mamba_pool._intermediate_conv_window_phys = list(state.intermediate_conv_window)  # memory accounting
+            size = sum(w.numel() * w.element_size() for w in state.intermediate_conv_window)
+            logger.info(
+                "DDTREE: verify conv windows re-allocated dense (%.1f MiB): SGLang's chain layout shares them "
+                "between steps, a tree's nodes cannot",
+                size / 2**20,
+            )
 
         def forward_batch_generation(
             self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None, pp_proxy_tensors: Any = None

@@ -18,6 +18,12 @@ CPU-specific refusal or CUDA-only assumption:
 - P9 `sglang/srt/layers/attention/hybrid_linear_attn_backend.py:1601` (hybrid target, DFLASH/DDTREE only):
   `scatter_mamba_states_after_mtp_verify`'s kernels refuse CPU tensors; the same scatter runs in torch.
 
+- P10 `sglang/srt/mem_cache/memory_pool.py:135` (`conv_window_dedup_enabled`): on CUDA, with DFLASH's top-k of 1,
+  SGLang stores the per-step verify conv windows in a deduplicated, overlapping `as_strided` layout (safe for
+  chains only); a CPU gets the dense one. The engine test runs CUDA's layout, so a tree verify on a hybrid
+  target meets here what it meets on a GPU (the layout that made DDTREE's hybrid tree decode wrong tokens on
+  the H200, issue 21). Kernels and the scatter read windows through their strides; nothing else changes.
+
 (P2, P5 and P6 of the exploration were only for the torch_native attention backend; CI runs triton, what opsctl
 renders in production.)
 """
@@ -186,7 +192,19 @@ def _patch_hybrid_linear_attn_backend(module: ModuleType) -> None:
     APPLIED.append("P9")
 
 
+def _patch_memory_pool(module: ModuleType) -> None:
+    """P10: the deduplicated conv-window layout CUDA gets (same conditions, minus "not on a CPU")."""
+    original = module.conv_window_dedup_enabled
+
+    def conv_window_dedup_enabled(is_npu: bool, is_cpu: bool, speculative_eagle_topk: Any, is_kda: bool) -> bool:
+        return bool(original(is_npu, False, speculative_eagle_topk, is_kda))
+
+    module.conv_window_dedup_enabled = conv_window_dedup_enabled
+    APPLIED.append("P10")
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "sglang.srt.mem_cache.memory_pool": _patch_memory_pool,
     "sglang.srt.layers.attention.hybrid_linear_attn_backend": _patch_hybrid_linear_attn_backend,
     "sglang.kernels.ops.attention.fla.layernorm_gated": _patch_layernorm_gated,
     "sglang.kernels.ops.speculative.spec_tree": _patch_spec_tree,
