@@ -82,8 +82,9 @@ def decode(raw: bytes, shown: str) -> str:
 
 def parse_text(text: str, shown: str = "<inventory>") -> Any:
     """YAML text to plain data, with the limits and refusals above."""
-    loader = _Loader(text)
+    loader: _Loader | None = None
     try:
+        loader = _Loader(text)  # the reader refuses unprintable characters here
         node = loader.get_single_node()
     except _TooDeep as exc:
         raise InventoryError(
@@ -97,13 +98,15 @@ def parse_text(text: str, shown: str = "<inventory>") -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         if isinstance(exc, yaml.reader.ReaderError):
-            problem = f"character {exc.character!r} is not allowed" if isinstance(exc.character, str) else "bad byte"
+            code = exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "?")
+            problem = f"character U+{code:04X} is not allowed in YAML"
             where = f" at position {exc.position}"
         else:
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InventoryError("", f"{shown}: YAML syntax error{where}: {clean(problem, 100)}", "fix the YAML") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if node is None:
         return None
     return _Builder().value(node, "", 0)
