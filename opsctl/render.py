@@ -24,6 +24,7 @@ import yaml
 
 from opsctl import layout
 from opsctl.inventory.model import Engine, Host, Mode, Service
+from opsctl.inventory.rules import excerpt
 from opsctl.secrets import MASK
 from opsctl.systemd import SystemdSyntaxError, check_env_file, check_unit, escape_specifiers, quote_env, quote_exec
 
@@ -204,7 +205,7 @@ def render_service(host: Host, service: Service, release_id: str, secrets: Secre
         f"{release_dir}/server.yaml",
         *service.extra_args,
     )
-    what = f"{service.name}"
+    what = excerpt(service.name)
     directives = unit_directives(service, release_dir, exec_start)
     unit = unit_text(service, release_id, directives)
     check_unit(unit, directives, exec_start, f"the unit of {what}")

@@ -113,6 +113,8 @@ _TOKEN = re.compile(
     r"|-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----"
     r")"
 )
+# For masking in messages: the same shapes anywhere, even inside a word (a false positive only hides text).
+_TOKEN_ANYWHERE = re.compile(_TOKEN.pattern.removeprefix("(?<![A-Za-z0-9])"))
 _SECRET_FLAG_VALUE = re.compile(r"(-{1,2}[A-Za-z_-]{1,40})=([^\s]*)")
 
 EXCERPT_MAX = 40  # characters of a value shown in a message, quotes and escapes included (always <= 80)
@@ -142,7 +144,7 @@ def secret_flag(arg: str) -> str | None:
 
 def redact(text: str) -> str:
     """`text` with token-shaped literals and the values of secret flags replaced by ***."""
-    text = _TOKEN.sub("***", text)
+    text = _TOKEN_ANYWHERE.sub("***", text)
     return _SECRET_FLAG_VALUE.sub(lambda m: f"{m.group(1)}=***" if secret_flag(m.group(1)) else m.group(0), text)
 
 
