@@ -39,6 +39,7 @@ class InventoryError(OpsctlError):
 
     def __init__(self, path: str, message: str, hint: str | None = None) -> None:
         self.path = path
+        self.detail = message  # the message without the path
         super().__init__(f"{path}: {message}" if path else message, hint)
 
 

@@ -4,28 +4,39 @@ except reading the bundled jinja2 templates.
 Files per release: `unit` (the systemd unit), `env` (EnvironmentFile, 0600) and `server.yaml` (the server's
 flags for `--config`, 0600, holds the API key when one is set). The unit runs
 `<venv>/bin/python -m <server module> --config <release>/server.yaml [extra args]`, so no secret is in argv.
+
+Every file is read back before it is returned, by the rules of the program that will read it
+(opsctl.systemd for the unit and the EnvironmentFile, YAML for server.yaml): the unit must hold exactly the
+intended directives and run exactly the intended argv, the env file must set exactly the intended
+variables. A difference is a SystemdSyntaxError, so nothing unintended is ever written to a host.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 from pathlib import Path
 
 import jinja2
+import yaml
 
 from opsctl import layout
 from opsctl.inventory.model import Engine, Host, Mode, Service
+from opsctl.inventory.rules import excerpt
 from opsctl.secrets import MASK
+from opsctl.systemd import SystemdSyntaxError, check_env_file, check_unit, escape_specifiers, quote_env, quote_exec
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 SERVER_MODULE = {Engine.SGLANG: "sglang.launch_server", Engine.REFERENCE: "ddtree.serve"}
 STOP_TIMEOUT_S = 60
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_SYSTEMD_SAFE = re.compile(r"^[A-Za-z0-9._=:/,+@-]+$")
+# Comments written above a unit directive.
+UNIT_COMMENTS = {
+    ("Service", "KillMode"): "SGLang drains without a time bound on SIGTERM: SIGTERM the main process, then "
+    "SIGKILL the group."
+}
 
 
 class Secrets(StrEnum):
@@ -146,6 +157,43 @@ def flags_argv(options: list[tuple[str, object]]) -> tuple[str, ...]:
     return tuple(argv)
 
 
+def unit_directives(service: Service, release_dir: str, exec_start: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """The unit as (section, key, value); ExecStart's value is the command line (each argument quoted)."""
+    description = f"opsctl {service.name}: {service.engine.value} {service.mode.value} on port {service.port}"
+    return [
+        ("Unit", "Description", description),
+        ("Unit", "After", "network-online.target"),
+        ("Unit", "Wants", "network-online.target"),
+        ("Unit", "StartLimitIntervalSec", "600"),
+        ("Unit", "StartLimitBurst", "5"),
+        ("Service", "Type", "simple"),
+        ("Service", "WorkingDirectory", release_dir),
+        ("Service", "EnvironmentFile", f"{release_dir}/env"),
+        ("Service", "ExecStart", " ".join(quote_exec(a) for a in exec_start)),
+        ("Service", "Restart", "on-failure"),
+        ("Service", "RestartSec", "5"),
+        ("Service", "KillMode", "mixed"),
+        ("Service", "TimeoutStopSec", str(STOP_TIMEOUT_S)),
+        ("Service", "LimitNOFILE", "65536"),
+        ("Service", "SyslogIdentifier", f"opsctl-{service.name}"),
+        ("Install", "WantedBy", "multi-user.target"),
+    ]
+
+
+def unit_text(service: Service, release_id: str, directives: list[tuple[str, str, str]]) -> str:
+    lines = [f"# Rendered by opsctl for service {service.name}, release {release_id}. Do not edit: redeploy instead."]
+    section = ""
+    for sec, key, value in directives:
+        if sec != section:
+            lines += [""] if section else []
+            lines.append(f"[{sec}]")
+            section = sec
+        if (sec, key) in UNIT_COMMENTS:
+            lines.append(f"# {UNIT_COMMENTS[sec, key]}")
+        lines.append(f"{key}={value if key == 'ExecStart' else escape_specifiers(value)}")
+    return "\n".join(lines) + "\n"
+
+
 def render_service(host: Host, service: Service, release_id: str, secrets: Secrets = Secrets.MASK) -> RenderedService:
     release_dir = layout.release_dir(service.name, release_id)
     options = server_options(host, service, secrets)
@@ -157,17 +205,19 @@ def render_service(host: Host, service: Service, release_id: str, secrets: Secre
         f"{release_dir}/server.yaml",
         *service.extra_args,
     )
+    what = excerpt(service.name)
+    directives = unit_directives(service, release_dir, exec_start)
+    unit = unit_text(service, release_id, directives)
+    check_unit(unit, directives, exec_start, f"the unit of {what}")
     context = {"service": service, "release_id": release_id, "release_dir": release_dir}
     env = _environment()
-    unit = env.get_template("unit.service.j2").render(
-        **context, exec_start=" ".join(systemd_quote(a) for a in exec_start), stop_timeout=STOP_TIMEOUT_S
-    )
-    env_file = env.get_template("env.j2").render(
-        **context, env=[(k, env_quote(v)) for k, v in server_env(host, service, release_dir)]
-    )
+    variables = server_env(host, service, release_dir)
+    env_file = env.get_template("env.j2").render(**context, env=[(k, quote_env(v)) for k, v in variables])
+    check_env_file(env_file, variables, f"the EnvironmentFile of {what}")
     server_config = env.get_template("server.yaml.j2").render(
         **context, module=SERVER_MODULE[service.engine], options=[(k, yaml_scalar(v)) for k, v in options]
     )
+    check_server_config(server_config, options, f"the server.yaml of {what}")
     masked = server_options(host, service, Secrets.MASK)
     return RenderedService(
         host=host.name,
@@ -182,17 +232,14 @@ def render_service(host: Host, service: Service, release_id: str, secrets: Secre
     )
 
 
-def systemd_quote(arg: str) -> str:
-    if _SYSTEMD_SAFE.match(arg):
-        return arg
-    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$") + '"'
-
-
-def env_quote(value: str) -> str:
-    """EnvironmentFile value: bare when safe, else double-quoted with backslash escapes."""
-    if value == "" or _SYSTEMD_SAFE.match(value):
-        return value
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
+def check_server_config(text: str, options: list[tuple[str, object]], what: str) -> None:
+    """The server reads exactly `options` from `text` (YAML, as SGLang's and ddtree's --config do)."""
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError:
+        loaded = None
+    if loaded != dict(options) or len(options) != len(dict(options)):
+        raise SystemdSyntaxError(f"{what}: the server would read other flags", "a bug in opsctl's rendering; report it")
 
 
 def yaml_scalar(value: object) -> str:

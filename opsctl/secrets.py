@@ -14,7 +14,8 @@ from pathlib import Path
 from opsctl.errors import OpsctlError
 
 MASK = "***"
-_REF = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
+# Full match: an env var name, or a path of printable characters (no control characters, no newline).
+_REF = re.compile(r"env:[A-Za-z_][A-Za-z0-9_]{0,127}|file:[^\x00-\x1f\x7f-\x9f]{1,1024}")
 
 
 class SecretError(OpsctlError):
@@ -29,7 +30,7 @@ class SecretRef:
 
     @staticmethod
     def is_reference(text: str) -> bool:
-        return bool(_REF.match(text))
+        return bool(_REF.fullmatch(text))
 
     @property
     def source(self) -> str:

@@ -6,17 +6,21 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from opsctl.errors import ExitCode, OpsctlError
 from opsctl.secrets import MASK, SecretRef
+
+if TYPE_CHECKING:
+    from opsctl.inventory.load import Override
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -65,8 +69,20 @@ def emit_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def plain(text: str) -> str:
+    """`text` safe for a terminal: control characters (escape sequences, newlines) shown as \\xNN."""
+    return "".join(
+        ch if ch.isprintable() else f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}" for ch in text
+    )
+
+
+def say(label: str, style: str, text: str) -> None:
+    """One line on stderr: a styled label, then `text` as plain text (never read as rich markup or emoji)."""
+    console.print(Text.assemble((label, style), " ", plain(text)))
+
+
 def fail(error: OpsctlError) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {error.one_line()}", markup=True)
+    say("error:", "bold red", error.one_line())
     return typer.Exit(int(error.exit_code))
 
 
@@ -87,20 +103,24 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except Exception as exc:
             if os.environ.get("OPSCTL_DEBUG"):
                 raise
-            console.print(
-                f"[bold red]internal error:[/] {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                " (a bug in opsctl; rerun with OPSCTL_DEBUG=1 for the traceback and report it)"
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            say(
+                "internal error:",
+                "bold red",
+                f"{type(exc).__name__}: {first} (a bug in opsctl; rerun with OPSCTL_DEBUG=1 for the traceback "
+                "and report it)",
             )
             raise typer.Exit(int(ExitCode.ERROR)) from None
 
     return wrapper
 
 
-def load_inventory(path: Path) -> Any:
-    """Load and validate the inventory; print its loud warnings (e.g. hybrid unsafe) on stderr."""
+def load_inventory(path: Path, overrides: Sequence[Override] = ()) -> Any:
+    """Load and validate the inventory, with any command-line overrides applied before validation (one code
+    path: an override gets the same rules and warnings as the file); print its loud warnings on stderr."""
     from opsctl.inventory.load import load_inventory as _load
 
-    inventory = _load(path)
+    inventory = _load(path, overrides)
     for warning in inventory.warnings:
-        console.print(f"[bold yellow]WARNING:[/] {warning}")
+        say("WARNING:", "bold yellow", warning)
     return inventory

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -26,6 +25,7 @@ from opsctl.deploy.release import DEFAULT_KEEP
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.runner import RolloutOptions, RunReport
 from opsctl.errors import DeployError
+from opsctl.inventory.load import Override
 from opsctl.inventory.model import Host, Mode, Service
 from opsctl.inventory.select import select
 
@@ -42,22 +42,37 @@ _STYLE = {
 }
 
 
-def with_mode(host: Host, service: Service, mode: Mode | None) -> Service:
-    """The service in another mode, with the inventory's cross-field rules applied again."""
-    if mode is None or mode is service.mode:
-        return service
-    where = f"{host.name}/{service.name}"
-    if mode.speculative and service.draft_model is None:
-        raise DeployError(f"{where}: --mode {mode.value} needs a draft_model", "add draft_model to the service")
-    return replace(service, mode=mode)
+def overrides(
+    hosts: list[str] | None,
+    services: list[str] | None,
+    mode: Mode | None = None,
+    health_timeout: float | None = None,
+    readiness_delay: float | None = None,
+) -> list[Override]:
+    """Command-line changes to the selected services, applied to the inventory's data before validation."""
+    scope = (tuple(hosts) if hosts else None, tuple(services) if services else None)
+    given: list[tuple[str, str, object]] = []
+    if mode is not None:
+        given.append(("mode", f"--mode {mode.value}", mode.value))
+    if health_timeout is not None:
+        given.append(("health_timeout", f"--health-timeout {health_timeout:g}", health_timeout))
+    if readiness_delay is not None:
+        given.append(("readiness_delay", f"--readiness-delay {readiness_delay:g}", readiness_delay))
+    return [Override(key, value, flag, *scope) for key, flag, value in given]
 
 
 def _selection(
-    inventory: Path, host: list[str] | None, service: list[str] | None, mode: Mode | None = None
+    inventory: Path,
+    host: list[str] | None,
+    service: list[str] | None,
+    mode: Mode | None = None,
+    health_timeout: float | None = None,
+    readiness_delay: float | None = None,
 ) -> list[tuple[Host, list[Service]]]:
-    inv = load_inventory(inventory)
-    picked = select(inv, split_selector(host), split_selector(service))
-    selection = [(h, [with_mode(h, s, mode) for s in svcs]) for h, svcs in picked if svcs]
+    hosts, services = split_selector(host), split_selector(service)
+    inv = load_inventory(inventory, overrides(hosts, services, mode, health_timeout, readiness_delay))
+    picked = select(inv, hosts, services)
+    selection = [(h, svcs) for h, svcs in picked if svcs]
     if not selection:
         raise DeployError("no services selected", "the inventory's hosts have no services")
     return selection
@@ -133,15 +148,17 @@ def register(app: typer.Typer) -> None:
         from opsctl.deploy import runner
         from opsctl.deploy.wheel import runtime_wheel as build_wheel
 
-        selection = _selection(inventory, host, service, mode)
+        selection = _selection(inventory, host, service, mode, health_timeout, readiness_delay)
         if break_lock:
             _break_locks(selection)
             return
         wheel = build_wheel(runtime_wheel)
         settings = DeploySettings(
-            keep=keep, force=force, plan=plan, smoke=not no_smoke, health_timeout=health_timeout,
-            readiness_delay=readiness_delay,
-        )  # fmt: skip
+            keep=keep,
+            force=force,
+            plan=plan,
+            smoke=not no_smoke,
+        )  # fmt: skip (health_timeout/readiness_delay reach the services through the inventory overrides)
         options = RolloutOptions(canary=canary, batch=batch, max_fail=max_fail, lock_wait=lock_wait, forks=forks)
         report = runner.deploy(selection, wheel, settings, options, say=lambda m: console.print(m, markup=False))
         print_report(report, as_json, plan)
@@ -166,8 +183,8 @@ def register(app: typer.Typer) -> None:
         from opsctl.deploy import runner
 
         services = [*(service or []), *([service_arg] if service_arg else [])] or None
-        selection = _selection(inventory, host, services)
-        settings = DeploySettings(plan=plan, health_timeout=health_timeout, readiness_delay=readiness_delay)
+        selection = _selection(inventory, host, services, None, health_timeout, readiness_delay)
+        settings = DeploySettings(plan=plan)
         options = RolloutOptions(lock_wait=lock_wait, forks=forks)
         report = runner.rollback(selection, settings, options, say=lambda m: console.print(m, markup=False), to=to)
         print_report(report, as_json, plan)

@@ -9,11 +9,11 @@ reference for every key.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from opsctl.errors import InventoryError
 from opsctl.inventory import schema as s
@@ -31,6 +31,8 @@ from opsctl.inventory.model import (
     Service,
     SshConfig,
 )
+from opsctl.inventory.reader import MAX_DEPTH, read_file
+from opsctl.inventory.rules import SECRET_HINT, Kind, clean, excerpt, secret_flag, token_kind
 from opsctl.secrets import SecretRef
 
 
@@ -86,45 +88,85 @@ DEFAULT_VENV = "/opt/opsctl/venv"
 DEFAULT_SGLANG = "0.5.23"
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+@dataclass(frozen=True)
+class Override:
+    """A command-line change to a service key (`opsctl deploy --mode tree`), made to the inventory's data
+    before validation: the overridden inventory passes the same rules and gets the same warnings as a file
+    that says the same. `hosts`/`services` None means every one."""
+
+    key: str  # a service key, e.g. "mode"
+    value: Any  # as it would be written in the YAML
+    flag: str  # the option that set it, named in messages: "--mode tree"
+    hosts: tuple[str, ...] | None = None
+    services: tuple[str, ...] | None = None
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def load_inventory(path: str | Path) -> Inventory:
+def load_inventory(path: str | Path, overrides: Sequence[Override] = ()) -> Inventory:
+    """Read, override and validate an inventory file: one InventoryError, or a typed Inventory."""
     file = Path(path)
-    try:
-        text = file.read_text()
-    except FileNotFoundError:
-        raise InventoryError("", f"inventory file {file} not found", "pass an existing file with -i") from None
-    except OSError as exc:
-        raise InventoryError("", f"cannot read inventory {file}: {exc.strerror}") from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InventoryError("", f"{file}: YAML syntax error{where}: {problem}", "fix the YAML") from None
+    data = read_file(file)
+    shown = clean(str(file), 120)
     if data is None:
-        raise InventoryError("", f"{file}: the inventory is empty", "it needs at least a `hosts:` mapping")
-    return parse_inventory(data, str(file), base_dir=file.parent)
+        raise InventoryError("", f"{shown}: the inventory is empty", "it needs at least a `hosts:` mapping")
+    return parse_inventory(data, str(file), base_dir=file.parent, overrides=overrides)
 
 
-def parse_inventory(data: Any, source: str = "<inventory>", base_dir: Path | None = None) -> Inventory:
+def parse_inventory(
+    data: Any, source: str = "<inventory>", base_dir: Path | None = None, overrides: Sequence[Override] = ()
+) -> Inventory:
+    """Validate plain data (from `reader.read_file`, or built in code) into a typed Inventory."""
+    _refuse_tokens(data, "", 0)
+    if not overrides:
+        return _inventory(data, source, base_dir)
+    try:
+        return _inventory(apply_overrides(data, overrides), source, base_dir)
+    except InventoryError as exc:
+        given = ", ".join(o.flag for o in overrides)
+        raise InventoryError(exc.path, f"{exc.detail} (with {given})", exc.hint) from None
+
+
+def apply_overrides(data: Any, overrides: Sequence[Override]) -> Any:
+    """A copy of `data` with each override written into the services it selects. Data of the wrong shape is
+    returned as it is: validation then names the problem."""
+    hosts = data.get("hosts") if isinstance(data, dict) else None
+    if not isinstance(hosts, dict):
+        return data
+    new_hosts: dict[Any, Any] = {}
+    for host_name, host in hosts.items():
+        services = host.get("services") if isinstance(host, dict) else None
+        if isinstance(services, dict):
+            new_services = {}
+            for name, svc in services.items():
+                for o in overrides:
+                    chosen = (o.hosts is None or host_name in o.hosts) and (o.services is None or name in o.services)
+                    if chosen and isinstance(svc, dict):
+                        svc = {**svc, o.key: o.value}
+                new_services[name] = svc
+            host = {**host, "services": new_services}
+        new_hosts[host_name] = host
+    return {**data, "hosts": new_hosts}
+
+
+def _refuse_tokens(value: Any, path: str, depth: int) -> None:
+    """A token-shaped literal anywhere (key or value) is refused, naming where but never showing it."""
+    if depth > MAX_DEPTH:
+        raise InventoryError(path, f"nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, str):
+        kind = token_kind(value)
+        if kind is not None:
+            raise InventoryError(path, f"looks like a literal secret ({kind})", SECRET_HINT)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            kind = token_kind(key) if isinstance(key, str) else None
+            if kind is not None:
+                raise InventoryError(path, f"a key looks like a literal secret ({kind})", SECRET_HINT)
+            _refuse_tokens(item, s.join(path, key if isinstance(key, str) else excerpt(key)), depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_tokens(item, s.join(path, index), depth + 1)
+
+
+def _inventory(data: Any, source: str, base_dir: Path | None) -> Inventory:
     top = s.mapping(data, "", {"defaults", "hosts"}, {"hosts"})
     defaults = s.mapping(top.get("defaults"), "defaults", HOST_SCALARS | {"ssh", "service"})
     hosts_data = s.mapping(top["hosts"], "hosts", set(top["hosts"] or {}) if isinstance(top["hosts"], dict) else set())
@@ -152,15 +194,13 @@ def _merged(defaults: dict[str, Any], own: dict[str, Any], key: str) -> Any:
 
 def _host(name: str, value: Any, defaults: dict[str, Any], path: str, base_dir: Path, warnings: list[str]) -> Host:
     data = s.mapping(value, path, HOST_SCALARS | {"address", "gpus", "ssh", "services"}, {"address"})
-    address = s.string(data["address"], f"{path}.address", s.SAFE_HOSTNAME, "a valid IP address or hostname")
+    address = s.string(data["address"], f"{path}.address", Kind.ADDRESS)
     gpu_count = s.integer(data.get("gpus", 0), f"{path}.gpus", 0, 64)
     ssh_path = f"{path}.ssh" if "ssh" in data else "defaults.ssh"
     ssh = _ssh(_merged(defaults, data, "ssh"), ssh_path)
     venv = s.abs_path(_merged(defaults, data, "venv") or DEFAULT_VENV, f"{path}.venv")
-    python = s.string(_merged(defaults, data, "python") or "python3", f"{path}.python", s.SAFE_ARG, "a command")
-    pin = s.string(_merged(defaults, data, "sglang_version") or DEFAULT_SGLANG, f"{path}.sglang_version")
-    if not pin.replace(".", "").replace("post", "").replace("rc", "").isalnum():
-        raise InventoryError(f"{path}.sglang_version", f"{pin!r} is not an exact version like 0.5.23")
+    python = s.string(_merged(defaults, data, "python") or "python3", f"{path}.python", Kind.COMMAND)
+    pin = s.string(_merged(defaults, data, "sglang_version") or DEFAULT_SGLANG, f"{path}.sglang_version", Kind.VERSION)
     cuda_raw = _merged(defaults, data, "cuda")
     cuda = _cuda(cuda_raw, f"{path}.cuda") if cuda_raw is not None else None
     wheelhouse_raw = _merged(defaults, data, "wheelhouse")
@@ -200,16 +240,16 @@ def _ssh(value: Any, path: str) -> SshConfig:
     d = s.mapping(value, path, SSH_KEYS)
     base = SshConfig()
     return SshConfig(
-        user=s.string(d.get("user", base.user), f"{path}.user", s.SAFE_NAME, "a valid user name"),
+        user=s.string(d.get("user", base.user), f"{path}.user", Kind.USER),
         port=s.integer(d.get("port", base.port), f"{path}.port", 1, 65535),
-        key_file=s.string(d["key_file"], f"{path}.key_file") if d.get("key_file") else None,
-        known_hosts_file=s.string(d.get("known_hosts_file", base.known_hosts_file), f"{path}.known_hosts_file"),
+        key_file=s.string(d["key_file"], f"{path}.key_file", Kind.CONTROL_PATH) if d.get("key_file") else None,
+        known_hosts_file=s.string(
+            d.get("known_hosts_file", base.known_hosts_file), f"{path}.known_hosts_file", Kind.CONTROL_PATH
+        ),
         host_key_policy=s.choice(
             d.get("host_key_policy", base.host_key_policy.value), f"{path}.host_key_policy", HostKeyPolicy
         ),
-        jump_host=s.string(d["jump_host"], f"{path}.jump_host", s.JUMP_HOST, "[user@]host[:port]")
-        if d.get("jump_host")
-        else None,
+        jump_host=s.string(d["jump_host"], f"{path}.jump_host", Kind.JUMP_HOST) if d.get("jump_host") else None,
         connect_timeout=s.number(d.get("connect_timeout", base.connect_timeout), f"{path}.connect_timeout", 0.1, 600),
         command_timeout=s.number(d.get("command_timeout", base.command_timeout), f"{path}.command_timeout", 1, 86400),
         connect_retries=s.integer(d.get("connect_retries", base.connect_retries), f"{path}.connect_retries", 1, 20),
@@ -222,24 +262,16 @@ def _cuda(value: Any, path: str) -> CudaConfig:
     base = CudaConfig()
     return CudaConfig(
         toolkit_package=s.string(
-            d.get("toolkit_package", base.toolkit_package),
-            f"{path}.toolkit_package",
-            s.SAFE_ARG,
-            "an apt package name",
+            d.get("toolkit_package", base.toolkit_package), f"{path}.toolkit_package", Kind.PACKAGE
         ),
         home=s.abs_path(d.get("home", base.home), f"{path}.home"),
         min_driver=s.integer(d.get("min_driver", base.min_driver), f"{path}.min_driver", 400, 9999),
-        driver_package=s.string(
-            d.get("driver_package", base.driver_package),
-            f"{path}.driver_package",
-            s.SAFE_ARG,
-            "an apt package name",
-        ),
+        driver_package=s.string(d.get("driver_package", base.driver_package), f"{path}.driver_package", Kind.PACKAGE),
     )
 
 
 def _local_path(value: Any, path: str, base_dir: Path) -> str:
-    text = s.string(value, path)
+    text = s.string(value, path, Kind.CONTROL_PATH)
     resolved = Path(text).expanduser()
     if not resolved.is_absolute():
         resolved = (base_dir / resolved).resolve()
@@ -255,7 +287,7 @@ def _model(value: Any, path: str, base_dir: Path) -> ModelSpec:
         source = _local_path(d["source"], f"{path}.source", base_dir)
     dest = s.abs_path(d["path"], f"{path}.path")
     if not dest.startswith("/dev/shm/") or dest == "/dev/shm/":
-        raise InventoryError(f"{path}.path", f"{dest!r} must be a directory under /dev/shm/")
+        raise InventoryError(f"{path}.path", f"{excerpt(dest)} must be a directory under /dev/shm/")
     if "hybrid" in d:
         hybrid = s.boolean(d["hybrid"], f"{path}.hybrid")
     else:
@@ -308,6 +340,9 @@ def _service(
         s.integer(g, s.join(f"{path}.gpus", i), 0, 63)
         for i, g in enumerate(s.string_list(d.get("gpus", []), f"{path}.gpus"))
     )
+    twice = sorted({g for g in gpus if gpus.count(g) > 1})
+    if twice:
+        raise InventoryError(f"{path}.gpus", f"GPU {twice[0]} is listed twice", "list each GPU index once")
     model = _model(d["model"], f"{path}.model", base_dir)
     draft = _model(d["draft_model"], f"{path}.draft_model", base_dir) if d.get("draft_model") else None
     if mode.speculative and draft is None:
@@ -339,13 +374,11 @@ def _service(
         model=model,
         draft_model=draft,
         ddtree=knobs,
-        bind=s.string(d.get("bind", "0.0.0.0"), f"{path}.bind", s.SAFE_HOSTNAME, "an address to listen on"),
-        served_model_name=s.string(d["served_model_name"], f"{path}.served_model_name", s.SAFE_ARG, "a safe model name")
+        bind=s.string(d.get("bind", "0.0.0.0"), f"{path}.bind", Kind.ADDRESS),
+        served_model_name=s.string(d["served_model_name"], f"{path}.served_model_name", Kind.WORD)
         if d.get("served_model_name")
         else None,
-        attention_backend=s.string(
-            d.get("attention_backend", "triton"), f"{path}.attention_backend", s.SAFE_NAME, "a backend name"
-        ),
+        attention_backend=s.string(d.get("attention_backend", "triton"), f"{path}.attention_backend", Kind.WORD),
         device=device.value,
         dtype=s.choice(d.get("dtype", "auto"), f"{path}.dtype", _Dtype).value,
         api_key=_secret(d["api_key"], f"{path}.api_key") if d.get("api_key") is not None else None,
@@ -384,31 +417,36 @@ def _service(
 
 
 def _extra_arg(value: Any, path: str) -> str:
-    text = s.string(value, path, s.SAFE_ARG, "a safe argument (letters, digits and . _ = : / , + @ -)")
-    if text.split("=", 1)[0] in ("--api-key", "--admin-api-key"):
-        raise InventoryError(path, "secrets must not be passed as arguments", "use the service's api_key: env:NAME")
-    return text
+    """One extra server argument. Secret flags are refused first, by name only (the value is never shown)."""
+    if isinstance(value, str):
+        flag = secret_flag(value)
+        if flag is not None:
+            raise InventoryError(
+                path,
+                f"{excerpt(flag)}: secrets must not be passed as arguments (SGLang reads prefixes and _ for -)",
+                "set the service's api_key: env:NAME or file:PATH",
+            )
+    return s.string(value, path, Kind.ARG)
 
 
 def _extra_env(value: Any, path: str) -> tuple[tuple[str, str], ...]:
     d = s.mapping(value, path, set(value) if isinstance(value, dict) else set())
     items: list[tuple[str, str]] = []
     for key, raw in d.items():
-        key_path = f"{path}.{key}"
-        if not s.ENV_NAME.match(key):
-            raise InventoryError(key_path, "not a valid environment variable name (A-Z, 0-9, _)")
-        if key in RESERVED_ENV or key.startswith("DDTREE_"):
-            raise InventoryError(key_path, "is set by opsctl itself", "use the matching inventory key instead")
-        text = s.string(raw, key_path)
-        if "\n" in text or "\x00" in text:
-            raise InventoryError(key_path, "must be a single line")
+        key_path = s.join(path, key)
+        s.string(key, key_path, Kind.ENV_NAME)
         if any(hint in key for hint in SECRET_HINTS):
             raise InventoryError(
                 key_path,
                 "looks like a secret; literal secrets are not allowed",
                 "put it in the service's api_key (env:NAME or file:PATH)",
             )
-        items.append((key, text))
+        if key in RESERVED_ENV or key.startswith("DDTREE_"):
+            raise InventoryError(key_path, "is set by opsctl itself", "use the matching inventory key instead")
+        if raw == "":
+            items.append((key, ""))
+            continue
+        items.append((key, s.string(raw, key_path, Kind.ENV_VALUE)))
     return tuple(items)
 
 

@@ -88,7 +88,7 @@ def repo_actions(repo: RepoFacts) -> list[Action]:
 
 
 def apt_install(*packages: str) -> Cmd:
-    return Cmd.of("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", *packages, sudo=True)
+    return Cmd.of("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "--", *packages, sudo=True)
 
 
 def describe(facts: DriverFacts) -> str:
@@ -144,7 +144,7 @@ def _install_plan(facts: DriverFacts, cuda: CudaConfig, notes: tuple[str, ...]) 
     # Refuse before installing when the repository's candidate is too old for this CUDA release.
     actions.append(
         Verify(
-            Cmd.of("apt-cache", "policy", cuda.driver_package),
+            Cmd.of("apt-cache", "policy", "--", cuda.driver_package),
             judge=_candidate_judge(cuda.driver_package, cuda.min_driver),
             what=f"{cuda.driver_package} candidate >= {cuda.min_driver}",
         )
@@ -186,7 +186,7 @@ def read_repo_facts(remote: RemoteHost, package: str) -> RepoFacts:
     os_release = parse_os_release(read(remote, Cmd.of("cat", "/etc/os-release")).stdout)
     arch = read(remote, Cmd.of("dpkg", "--print-architecture")).stdout.strip()
     keyring = read(remote, Cmd.of("dpkg-query", "-W", f"-f={_DPKG_FORMAT}", "cuda-keyring"))
-    policy = read(remote, Cmd.of("apt-cache", "policy", package))
+    policy = read(remote, Cmd.of("apt-cache", "policy", "--", package))
     return RepoFacts(
         os_release,
         arch,

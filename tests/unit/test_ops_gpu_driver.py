@@ -27,8 +27,8 @@ INSTALL_DRIVER = [
     f"sudo curl -fsSL -o /tmp/cuda-keyring.deb {KEYRING_URL}",
     "sudo dpkg -i /tmp/cuda-keyring.deb",
     "sudo apt-get update",
-    "verify nvidia-open candidate >= 580: apt-cache policy nvidia-open",
-    "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y nvidia-open",
+    "verify nvidia-open candidate >= 580: apt-cache policy -- nvidia-open",
+    "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -- nvidia-open",
 ]
 
 
@@ -48,7 +48,7 @@ REPO = {
     "cat /etc/os-release": (0, fx("os-release-ubuntu2404.txt"), ""),
     "dpkg --print-architecture": (0, "amd64\n", ""),
     "dpkg-query -W '-f=${Status} ${Version}' cuda-keyring": (1, "", "dpkg-query: no packages found matching"),
-    "apt-cache policy nvidia-open": (0, fx("apt-cache-policy-nvidia-open-candidate.txt"), ""),
+    "apt-cache policy -- nvidia-open": (0, fx("apt-cache-policy-nvidia-open-candidate.txt"), ""),
 }
 
 
@@ -113,7 +113,7 @@ def test_blackwell_on_proprietary_modules_switches_to_open() -> None:
 def test_installed_but_not_loaded_needs_only_a_reboot() -> None:
     remote = with_repo(
         fake((9, "", fx("nvidia-smi-failed.txt")), (1, "", ""), fx("pci-blackwell-8x.txt")),
-        **{"apt-cache policy nvidia-open": (0, fx("apt-cache-policy-nvidia-open-installed.txt"), "")},
+        **{"apt-cache policy -- nvidia-open": (0, fx("apt-cache-policy-nvidia-open-installed.txt"), "")},
     )
     plan = GpuDriver().plan(Context(host(cuda=CudaConfig()), remote))
     assert plan.actions == ()
@@ -131,7 +131,7 @@ def test_apply_without_reboot_flag_reports_reboot_required_and_never_reboots() -
     after = op.apply(ctx, op.plan(ctx))
     assert after.reboot_required
     assert "systemctl reboot" not in remote.ran
-    assert "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y nvidia-open" in [
+    assert "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -- nvidia-open" in [
         ("sudo " if c.sudo else "") + c.display() for c in remote.commands
     ]
 
@@ -139,7 +139,7 @@ def test_apply_without_reboot_flag_reports_reboot_required_and_never_reboots() -
 def test_old_candidate_is_refused_before_installing() -> None:
     remote = with_repo(
         fake((127, "", fx("nvidia-smi-not-found.txt")), (1, "", ""), fx("pci-blackwell-8x.txt")),
-        **{"apt-cache policy nvidia-open": (0, fx("apt-cache-policy-nvidia-open-old-candidate.txt"), "")},
+        **{"apt-cache policy -- nvidia-open": (0, fx("apt-cache-policy-nvidia-open-old-candidate.txt"), "")},
     )
     remote.default = (0, "", "")
     op = GpuDriver()
@@ -195,14 +195,14 @@ def test_cuda_toolkit_missing_is_installed_and_verified() -> None:
             NVCC: (127, "", "sh: 1: /usr/local/cuda-13.0/bin/nvcc: not found"),
             **REPO,
             "dpkg-query -W '-f=${Status} ${Version}' cuda-keyring": (0, "install ok installed 1.1-1", ""),
-            "apt-cache policy cuda-toolkit-13-0": (0, fx("apt-cache-policy-cuda-toolkit-13-0.txt"), ""),
+            "apt-cache policy -- cuda-toolkit-13-0": (0, fx("apt-cache-policy-cuda-toolkit-13-0.txt"), ""),
         },
         default=None,
     )
     plan = CudaToolkit().plan(Context(host(cuda=CudaConfig()), remote))
     assert plan.commands() == [
         "sudo apt-get update",
-        "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y cuda-toolkit-13-0",
+        "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -- cuda-toolkit-13-0",
         f"verify nvcc release 13.0: {NVCC}",
     ]
     assert plan.notes == ("no nvcc at /usr/local/cuda-13.0, want 13.0 (cuda-toolkit-13-0)",)
@@ -214,7 +214,7 @@ def test_cuda_toolkit_wrong_version_after_install_is_an_error() -> None:
         answers={
             NVCC: (0, fx("nvcc-12.4.txt"), ""),
             **REPO,
-            "apt-cache policy cuda-toolkit-13-0": (0, fx("apt-cache-policy-cuda-toolkit-13-0.txt"), ""),
+            "apt-cache policy -- cuda-toolkit-13-0": (0, fx("apt-cache-policy-cuda-toolkit-13-0.txt"), ""),
         },
         default=(0, "", ""),
     )

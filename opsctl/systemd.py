@@ -1,0 +1,380 @@
+"""systemd's own syntax rules for the two files opsctl writes: unit files and EnvironmentFiles. Pure.
+
+`quote_exec` / `quote_env` / `escape_specifiers` write values; `parse_unit`, `exec_argv` and
+`parse_env_file` read files back the way systemd would (src/shared/conf-parser.c, load-fragment.c
+config_parse_exec with extract_first_word(EXTRACT_UNQUOTE|EXTRACT_CUNESCAPE), env-util.c replace_env,
+basic/env-file.c parse_env_file). The readers are strict where systemd would substitute something opsctl
+never means (a `%` specifier, a `$VAR`, an unknown escape): those are errors, so a rendered file passes only
+when systemd would see exactly the intended directives, argv and variables. render.py checks every file
+with them before it is returned.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from opsctl.errors import OpsctlError
+
+
+class SystemdSyntaxError(OpsctlError):
+    """A rendered file would not mean to systemd what opsctl intended. Never shows values (they may be secret)."""
+
+
+_WHITESPACE = " \t\n\r"
+_NEWLINES = re.compile(r"\r\n|\r|\n|\x00")
+_BARE = re.compile(r"[A-Za-z0-9._=:/,+@-]+")  # needs no quoting in ExecStart or an EnvironmentFile
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+# --- writing -------------------------------------------------------------------------------------------------
+
+
+def escape_specifiers(value: str) -> str:
+    """A unit setting's value with `%` doubled (systemd expands %-specifiers in most settings)."""
+    return value.replace("%", "%%")
+
+
+def quote_exec(arg: str) -> str:
+    """One ExecStart argument: bare when safe, else double-quoted with C escapes; `%` and `$` doubled."""
+    if _BARE.fullmatch(arg):
+        return arg
+    out = []
+    for ch in arg:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "%":
+            out.append("%%")
+        elif ch == "$":
+            out.append("$$")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def quote_env(value: str) -> str:
+    """An EnvironmentFile value: bare when safe, else double-quoted with \\ before " \\ ` $ (env-file.c)."""
+    if value == "" or _BARE.fullmatch(value):
+        return value
+    return '"' + re.sub(r'(["\\`$])', r"\\\1", value) + '"'
+
+
+# --- reading unit files --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Directive:
+    section: str
+    key: str
+    value: str  # after %-specifier expansion (only %% is allowed: it reads as %)
+    raw: str  # as written (ExecStart is split from this)
+    line: int
+
+
+def parse_unit(text: str) -> list[Directive]:
+    """Directives of a unit file as systemd reads them (conf-parser.c): lines end at LF, CR or NUL; `#`/`;`
+    start comments; a trailing backslash continues the line; `[Section]` headers; `Key=Value` with
+    whitespace stripped around both. Raises SystemdSyntaxError where systemd would warn or ignore."""
+    directives: list[Directive] = []
+    section: str | None = None
+    pending = ""
+    start = 0
+    lines = _NEWLINES.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()
+    for number, raw_line in enumerate(lines, 1):
+        line = raw_line.strip(_WHITESPACE)
+        if not pending and (not line or line[0] in "#;"):
+            continue
+        if pending and line[:1] in ("#", ";"):
+            continue  # a comment inside a continuation is skipped
+        if line.endswith("\\"):
+            if not pending:
+                start = number
+            pending += line[:-1] + " "
+            continue
+        if pending:
+            line, pending = pending + line, ""
+        else:
+            start = number
+        if line.startswith("["):
+            if not re.fullmatch(r"\[[A-Za-z][A-Za-z0-9-]*\]", line):
+                raise SystemdSyntaxError(f"unit line {start}: invalid section header")
+            section = line[1:-1]
+            continue
+        if section is None:
+            raise SystemdSyntaxError(f"unit line {start}: a setting before the first [Section]")
+        key, eq, value = line.partition("=")
+        key, value = key.strip(_WHITESPACE), value.strip(_WHITESPACE)
+        if not eq or not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", key):
+            raise SystemdSyntaxError(f"unit line {start}: not a Key=Value setting")
+        directives.append(Directive(section, key, expand_specifiers(value, start), value, start))
+    if pending:
+        raise SystemdSyntaxError(f"unit line {start}: the file ends inside a continued line")
+    return directives
+
+
+def expand_specifiers(value: str, line: int = 0) -> str:
+    """`%%` -> `%`; any other specifier is an error (opsctl never means one)."""
+    out = []
+    i = 0
+    while i < len(value):
+        if value[i] == "%":
+            if value[i + 1 : i + 2] != "%":
+                raise SystemdSyntaxError(f"unit line {line}: a %-specifier that opsctl did not mean")
+            out.append("%")
+            i += 2
+        else:
+            out.append(value[i])
+            i += 1
+    return "".join(out)
+
+
+_SIMPLE_ESCAPES = {
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    '"': '"',
+    "'": "'",
+    "s": " ",
+}
+
+
+def exec_argv(value: str, line: int = 0) -> tuple[str, ...]:
+    """The argv systemd runs for an ExecStart= value (after %-expansion): words split on whitespace,
+    quotes removed, C escapes decoded (extract_first_word), then `$$` -> `$` (replace_env). Errors for a
+    command prefix (-@:+!|), `;` command separators, unbalanced quotes, unknown escapes and `$VAR`s."""
+    argv: list[str] = []
+    i, n = 0, len(value)
+    while True:
+        while i < n and value[i] in _WHITESPACE:
+            i += 1
+        if i >= n:
+            break
+        word: list[str] = []
+        quote = ""
+        while i < n:
+            ch = value[i]
+            if ch == "\\":
+                decoded, used = _cunescape(value, i + 1, line)
+                word.append(decoded)
+                i += 1 + used
+            elif quote:
+                if ch == quote:
+                    quote = ""
+                else:
+                    word.append(ch)
+                i += 1
+            elif ch in "'\"":
+                quote = ch
+                i += 1
+            elif ch in _WHITESPACE:
+                break
+            else:
+                word.append(ch)
+                i += 1
+        if quote:
+            raise SystemdSyntaxError(f"unit line {line}: ExecStart has an unbalanced quote")
+        text = "".join(word)
+        if not argv and text[:1] in tuple("-@:+!|"):
+            raise SystemdSyntaxError(f"unit line {line}: ExecStart starts with a command prefix opsctl did not mean")
+        if text == ";":
+            raise SystemdSyntaxError(f"unit line {line}: ExecStart holds a second command (';')")
+        argv.append(_replace_env(text, line))
+    if not argv:
+        raise SystemdSyntaxError(f"unit line {line}: ExecStart is empty")
+    return tuple(argv)
+
+
+def _cunescape(value: str, i: int, line: int) -> tuple[str, int]:
+    """The character of the escape starting at value[i] (just after the backslash), and its length."""
+    if i >= len(value):
+        raise SystemdSyntaxError(f"unit line {line}: ExecStart ends with a backslash")
+    ch = value[i]
+    if ch in _SIMPLE_ESCAPES:
+        return _SIMPLE_ESCAPES[ch], 1
+    for lead, digits, base in (("x", 2, 16), ("u", 4, 16), ("U", 8, 16)):
+        if ch == lead:
+            code = value[i + 1 : i + 1 + digits]
+            if len(code) == digits and re.fullmatch(r"[0-9A-Fa-f]+", code) and int(code, base) > 0:
+                return chr(int(code, base)), 1 + digits
+            raise SystemdSyntaxError(f"unit line {line}: ExecStart has an invalid \\{lead} escape")
+    if ch in "01234567":
+        code = value[i : i + 3]
+        if len(code) == 3 and re.fullmatch(r"[0-7]{3}", code) and int(code, 8) > 0:
+            return chr(int(code, 8)), 3
+    raise SystemdSyntaxError(f"unit line {line}: ExecStart has an escape systemd refuses")
+
+
+def _replace_env(word: str, line: int) -> str:
+    """`$$` -> `$`; a `$` starting a variable reference is an error (opsctl never means one)."""
+    out = []
+    i = 0
+    while i < len(word):
+        if word[i] == "$":
+            nxt = word[i + 1 : i + 2]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+                continue
+            if nxt == "{" or (nxt and (nxt.isalnum() or nxt == "_")):
+                raise SystemdSyntaxError(f"unit line {line}: ExecStart has a $variable opsctl did not mean")
+        out.append(word[i])
+        i += 1
+    return "".join(out)
+
+
+# --- reading EnvironmentFiles --------------------------------------------------------------------------------
+
+
+def parse_env_file(text: str) -> list[tuple[str, str]]:
+    """The variables systemd sets from an EnvironmentFile (env-file.c parse_env_file_internal): `#`/`;`
+    comment lines, KEY=VALUE with whitespace trimmed, single quotes literal, double quotes with \\ before
+    " \\ ` $ (other backslashes kept), backslash-newline continuations. Assignments with an invalid name
+    are dropped, as systemd drops them."""
+    pairs: list[tuple[str, str]] = []
+    state = "pre_key"
+    key: list[str] = []
+    value: list[str] = []
+    key_ws: int | None = None
+    value_ws: int | None = None
+
+    def push() -> None:
+        name = "".join(key if key_ws is None else key[:key_ws])
+        val = "".join(value if value_ws is None else value[:value_ws])
+        if _ENV_NAME.fullmatch(name):
+            pairs.append((name, val))
+
+    for c in text:
+        if state == "pre_key":
+            if c in "#;":
+                state = "comment"
+            elif c not in _WHITESPACE:
+                state, key, key_ws = "key", [c], None
+        elif state == "key":
+            if c in "\n\r":
+                state, key = "pre_key", []
+            elif c == "=":
+                state, value, value_ws = "pre_value", [], None
+            else:
+                if c not in _WHITESPACE:
+                    key_ws = None
+                elif key_ws is None:
+                    key_ws = len(key)
+                key.append(c)
+        elif state == "pre_value":
+            if c in "\n\r":
+                push()
+                state, key, value = "pre_key", [], []
+            elif c == "'":
+                state = "single"
+            elif c == '"':
+                state = "double"
+            elif c == "\\":
+                state = "value_escape"
+            elif c not in _WHITESPACE:
+                state = "value"
+                value.append(c)
+        elif state == "value":
+            if c in "\n\r":
+                push()
+                state, key, value = "pre_key", [], []
+            elif c == "\\":
+                state, value_ws = "value_escape", None
+            else:
+                if c not in _WHITESPACE:
+                    value_ws = None
+                elif value_ws is None:
+                    value_ws = len(value)
+                value.append(c)
+        elif state == "value_escape":
+            state = "value"
+            if c not in "\n\r":
+                value.append(c)
+        elif state == "single":
+            if c == "'":
+                state = "pre_value"
+            else:
+                value.append(c)
+        elif state == "double":
+            if c == '"':
+                state = "pre_value"
+            elif c == "\\":
+                state = "double_escape"
+            else:
+                value.append(c)
+        elif state == "double_escape":
+            state = "double"
+            if c in '"\\`$':
+                value.append(c)
+            elif c != "\n":
+                value += ["\\", c]
+        elif state == "comment":
+            if c == "\\":
+                state = "comment_escape"
+            elif c in "\n\r":
+                state = "pre_key"
+        elif state == "comment_escape":
+            state = "pre_key" if c in "\n\r" else "comment"
+    if state in ("pre_value", "value", "value_escape", "single", "double", "double_escape"):
+        push()
+    return pairs
+
+
+# --- checks --------------------------------------------------------------------------------------------------
+
+
+def check_unit(text: str, expected: list[tuple[str, str, str]], exec_start: tuple[str, ...], what: str) -> None:
+    """`text` holds exactly the `expected` (section, key, value) directives in order, and its ExecStart runs
+    exactly `exec_start`. `what` names the file in the error; no value is ever shown."""
+    directives = parse_unit(text)
+    got = [(d.section, d.key) for d in directives]
+    want = [(section, key) for section, key, _ in expected]
+    if got != want:
+        extra = next((f"{s}.{k}" for s, k in got if (s, k) not in want), None)
+        detail = f"an unexpected {extra}= line" if extra else "directives missing or out of order"
+        raise SystemdSyntaxError(f"{what}: systemd would read {detail}", "a bug in opsctl's rendering; report it")
+    for directive, (_, _, value) in zip(directives, expected, strict=True):
+        if directive.key == "ExecStart":
+            argv = exec_argv(directive.value, directive.line)
+            if argv != exec_start:
+                where = next(
+                    (i for i, (a, b) in enumerate(zip(argv, exec_start, strict=False)) if a != b),
+                    min(len(argv), len(exec_start)),
+                )
+                raise SystemdSyntaxError(
+                    f"{what}: systemd would run a different command (argument {where} differs; "
+                    f"{len(argv)} arguments, {len(exec_start)} intended)",
+                    "a bug in opsctl's rendering; report it",
+                )
+        elif directive.value != value:
+            raise SystemdSyntaxError(
+                f"{what}: systemd would read a different {directive.section}.{directive.key}=",
+                "a bug in opsctl's rendering; report it",
+            )
+
+
+def check_env_file(text: str, expected: list[tuple[str, str]], what: str) -> None:
+    """systemd would set exactly the `expected` variables, in order, from `text`. No value is ever shown."""
+    got = parse_env_file(text)
+    if got == expected:
+        return
+    names = [k for k, _ in got]
+    want = [k for k, _ in expected]
+    if names != want:
+        extra = next((k for k in names if k not in want), None)
+        detail = f"an unexpected variable {extra}" if extra and _ENV_NAME.fullmatch(extra) else "other variables"
+    else:
+        detail = f"a different value of {next(k for (k, a), (_, b) in zip(got, expected, strict=True) if a != b)}"
+    raise SystemdSyntaxError(f"{what}: systemd would set {detail}", "a bug in opsctl's rendering; report it")
