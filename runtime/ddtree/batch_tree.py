@@ -39,8 +39,6 @@ class BatchTrees:
     parents: Tensor  # [bs, N] int64; -1 for the root; parents[:, i] < i
     depths: Tensor  # [bs, N] int64
     scores: Tensor  # [bs, N] float32; root 0.0
-    slot_keys: Tensor  # [bs, N] int64, unique per request: ascending = SGLang's BFS slot order (depth, parent
-    #                    slot, id); root 0
 
     @property
     def num_nodes(self) -> int:
@@ -118,8 +116,8 @@ def build_trees_batched(draft_logprobs: Tensor, root_tokens: Tensor, budget: int
     root_tokens[b], budget, topk)` builds, for all b at once.
 
     draft_logprobs: [bs, R, V] (row d - 1 = depth d), root_tokens: [bs] int. Ops: one top-k scan over the
-    vocabulary, then per depth one stable sort of [bs, M_{d-1} * k] candidate scores and a few gathers, then one
-    stable sort of [bs, sum M_d] for the pop order.
+    vocabulary; per depth one add, one stable sort of [bs, M_{d-1} * k] candidate scores and one add; then one
+    stable sort of [bs, sum M_d] for the pop order and a fixed number of gathers.
     """
     if draft_logprobs.dim() != 3 or draft_logprobs.shape[2] < 1:
         raise ValueError(f"draft_logprobs must be [bs, R, V] with V >= 1, got {tuple(draft_logprobs.shape)}")
@@ -131,51 +129,69 @@ def build_trees_batched(draft_logprobs: Tensor, root_tokens: Tensor, budget: int
     device = draft_logprobs.device
     sizes = level_sizes(n_rows, budget, topk, vocab)
     roots = root_tokens.to(device=device, dtype=torch.int64).view(bs, 1)
+    zero = torch.zeros((bs, 1), dtype=torch.int64, device=device)
     if not sizes:  # budget 0 or no rows: the root alone
-        zeros = torch.zeros((bs, 1), dtype=torch.int64, device=device)
-        return BatchTrees(roots, zeros - 1, zeros, torch.zeros((bs, 1), device=device), zeros)
+        return BatchTrees(roots, zero - 1, zero, torch.zeros((bs, 1), device=device))
     depth_rows = len(sizes)
     k = min(topk, vocab)
     lp = draft_logprobs.detach()[:, :depth_rows].to(torch.float32)  # lp: [bs, R', V]
     vals, ids = batch_row_topk(lp.reshape(bs * depth_rows, vocab), k)
-    vals, ids = vals.view(bs, depth_rows, k), ids.view(bs, depth_rows, k)  # [bs, R', k]
+    vals = vals.view(bs, depth_rows, k)  # [bs, R', k]
 
-    level_scores, level_parent, level_tokens, level_keys = [], [], [], []
+    # A kept node's code packs (depth - 1, parent's flat index + 1, rank): flat = (depth asc, level position).
+    total = sum(sizes)
+    span = (total + 1) * k
+    level_scores, level_codes = [], []
     prev_scores = torch.zeros((bs, 1), device=device)  # the root
-    prev_bfs = torch.zeros((bs, 1), dtype=torch.int64, device=device)  # BFS rank inside the level
+    parent_base, start = 0, 0  # flat index + 1 of the parents' level's first node (the root: 0); level start
     for d, m in enumerate(sizes):  # depth d + 1
         cand = (prev_scores[:, :, None] + vals[:, d, None, :]).reshape(bs, -1)  # [bs, P * k] parent-major
-        order = torch.sort(cand, dim=1, descending=True, stable=True).indices[:, :m]  # (score desc, pos, rank)
-        parent, rank = order // k, order % k  # [bs, m]
-        # BFS inside the level: by (parent's BFS rank, rank); keys unique, so a node's rank = keys below it
-        key = prev_bfs.gather(1, parent) * k + rank  # [bs, m]
-        prev_bfs = (key[:, None, :] < key[:, :, None]).sum(-1)  # [bs, m]
-        prev_scores = cand.gather(1, order)
+        srt = torch.sort(cand, dim=1, descending=True, stable=True)  # (score desc, parent position, rank)
+        prev_scores = srt.values[:, :m]
         level_scores.append(prev_scores)
-        level_parent.append(parent)
-        level_tokens.append(ids[:, d].gather(1, rank))
-        level_keys.append(prev_bfs + (d + 1) * (budget + 1))  # slot key: (depth, BFS rank in the level)
-
-    offsets = [0]
-    for m in sizes[:-1]:
-        offsets.append(offsets[-1] + m)
-    total = offsets[-1] + sizes[-1]
-    scores = torch.cat(level_scores, dim=1)  # [bs, T] flat = (depth asc, position in the level asc)
-    parent_flat = torch.cat(  # parent as a flat index, -1 = the root
-        [level_parent[0] - 1] + [level_parent[d] + offsets[d - 1] for d in range(1, depth_rows)], dim=1
-    )  # [bs, T]
+        level_codes.append(srt.indices[:, :m] + (d * span + parent_base * k))
+        parent_base, start = start + 1, start + m
+    scores = torch.cat(level_scores, dim=1)  # [bs, T]
     n = min(budget, total)
-    sel = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]  # [bs, n] flat ids, pop order
+    sel = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]  # [bs, n] pop order
+    code = torch.cat(level_codes, dim=1).gather(1, sel)  # [bs, n]
+    depth0, rest = code // span, code % span  # depth - 1; (parent flat + 1) * k + rank
+    parent_flat, rank = rest // k, rest % k  # parent_flat: flat index + 1 (0 = the root)
     node_id = torch.zeros((bs, total + 1), dtype=torch.int64, device=device)  # flat + 1 -> node id (root: 0)
     node_id.scatter_(1, sel + 1, torch.arange(1, n + 1, device=device).expand(bs, n))
-    parents = node_id.gather(1, parent_flat.gather(1, sel) + 1)
-    slot_keys = torch.cat(level_keys, dim=1).gather(1, sel)  # [bs, n]
-    depths = torch.div(slot_keys, budget + 1, rounding_mode="floor")
-    zero = torch.zeros((bs, 1), dtype=torch.int64, device=device)
+    tokens = ids.view(bs, depth_rows * k).gather(1, depth0 * k + rank)
     return BatchTrees(
-        tokens=torch.cat([roots, torch.cat(level_tokens, dim=1).gather(1, sel)], dim=1),
-        parents=torch.cat([zero - 1, parents], dim=1),
-        depths=torch.cat([zero, depths], dim=1),
+        tokens=torch.cat([roots, tokens], dim=1),
+        parents=torch.cat([zero - 1, node_id.gather(1, parent_flat)], dim=1),
+        depths=torch.cat([zero, depth0 + 1], dim=1),
         scores=torch.cat([torch.zeros((bs, 1), device=device), scores.gather(1, sel)], dim=1),
-        slot_keys=torch.cat([zero, slot_keys], dim=1),
     )
+
+
+def ancestor_masks(parents: Tensor) -> Tensor:
+    """mask[b, i, j] = j is i or an ancestor of i. parents: [bs, N] (-1 for the root) -> [bs, N, N] bool.
+    Pointer doubling: ceil(log2(N - 1)) boolean matrix products (float bmm, exact for N <= 2048)."""
+    n = parents.shape[1]
+    ids = torch.arange(n, device=parents.device)
+    reach = (ids[:, None] == ids) | (parents[:, :, None] == ids)  # [bs, N, N] itself or its parent
+    for _ in range(max(n - 2, 0).bit_length()):  # 2^t >= N - 1 >= the deepest node
+        step = reach.float()
+        reach = torch.bmm(step, step) > 0
+    return reach
+
+
+def bfs_slot_order(parents: Tensor, depths: Tensor, ancestors: Tensor) -> Tensor:
+    """SGLang's slot order (`layout.bfs_order`: depth, then parent slot, then id) for every tree at once.
+
+    Inside one depth that order is the trees' pre-order (children by id), and a node's pre-order index is its
+    depth plus the sizes of the subtrees of every elder sibling of it or of one of its ancestors: a few [bs, N, N]
+    products, no loop over depths. parents, depths: [bs, N]; ancestors: `ancestor_masks(parents)`. -> [bs, N]
+    node id per slot."""
+    n = parents.shape[1]
+    ids = torch.arange(n, device=parents.device)
+    elder = (parents[:, :, None] == parents[:, None, :]) & (ids[None, :] < ids[:, None])  # [bs, N, N] y elder of x
+    anc = ancestors.to(torch.int64)
+    size = anc.sum(dim=1)  # [bs, N] subtree sizes (column sums)
+    before = (elder * size[:, None, :]).sum(-1)  # [bs, N] nodes in the elder siblings' subtrees
+    preorder = depths + (anc * before[:, None, :]).sum(-1)  # [bs, N] < N
+    return (depths * n + preorder).argsort(dim=1)

@@ -9,9 +9,17 @@ import math
 import ddtree.tree
 import pytest
 import torch
-from ddtree.batch_tree import batch_row_topk, build_trees_batched, first_true, level_sizes, tree_nodes
+from ddtree.batch_tree import (
+    ancestor_masks,
+    batch_row_topk,
+    bfs_slot_order,
+    build_trees_batched,
+    first_true,
+    level_sizes,
+    tree_nodes,
+)
 from ddtree.sglang.layout import bfs_order
-from ddtree.tree import build_tree_heap, build_tree_reference
+from ddtree.tree import ancestor_mask, build_tree_heap, build_tree_reference, depth_groups
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -56,8 +64,13 @@ def assert_same_as_heap(lp: torch.Tensor, roots: torch.Tensor, budget: int, topk
             x, y = getattr(ref, field), getattr(got, field)
             assert x.dtype == y.dtype, field
             assert torch.equal(x, y), f"request {b} {field}: {x.tolist()} != {y.tolist()}"
-        # slot keys sort the nodes in SGLang's BFS order (depth, parent slot, id)
-        assert torch.equal(trees.slot_keys[b].argsort(), bfs_order(ref.parents, ref.depths))
+    # SGLang's BFS slot order (depth, parent slot, id) and the ancestor masks, all trees at once
+    ancestors = ancestor_masks(trees.parents)
+    order = bfs_slot_order(trees.parents, trees.depths, ancestors)
+    for b in range(lp.shape[0]):
+        ref = build_tree_heap(lp[b], int(roots[b]), budget, topk)
+        assert torch.equal(order[b], bfs_order(ref.parents, ref.depths))
+        assert torch.equal(ancestors[b], ancestor_mask(ref.parents, depth_groups(ref.depths)))
 
 
 @PROPERTY

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ddtree.batch_tree import BatchTrees, build_trees_batched
+from ddtree.batch_tree import BatchTrees, ancestor_masks, bfs_slot_order, build_trees_batched
 from ddtree.metrics import MetricsLog, RoundStats
 
 STAT_FIELDS = ("accepted_len", "nodes", "depth", "off_spine", "width", "bad_path")
@@ -69,7 +69,8 @@ def layout_batch(trees: BatchTrees, prefix_lens: Tensor, num_slots: int) -> Batc
     if s < n:
         raise ValueError(f"num_slots={s} is smaller than the trees ({n} nodes, root included)")
     device = trees.tokens.device
-    order = trees.slot_keys.argsort(dim=1)  # [bs, N] node id per slot; keys are unique
+    ancestors = ancestor_masks(trees.parents)  # [bs, N, N] in node ids
+    order = bfs_slot_order(trees.parents, trees.depths, ancestors)  # [bs, N] node id per slot
     ar_n = torch.arange(n, device=device).expand(bs, n)
     slot_of = torch.empty_like(order).scatter_(1, order, ar_n)  # [bs, N] slot per node id
     node_parent = trees.parents.gather(1, order)  # [bs, N] parent node id per slot
@@ -80,12 +81,11 @@ def layout_batch(trees: BatchTrees, prefix_lens: Tensor, num_slots: int) -> Batc
     roots = trees.tokens[:, :1]
     tokens = torch.cat([trees.tokens.gather(1, order), roots.expand(bs, pad)], dim=1)
 
-    # Ancestor mask by doubling: reach[i, j] = j is within 2^t steps up from i (itself included).
+    # The ancestor mask in slots: real slots permuted, a padding slot sees itself and the root.
     slots = torch.arange(s, device=device)
-    reach = (slots[:, None] == slots[None, :]) | (parents[:, :, None] == slots[None, None, :])  # [bs, S, S]
-    for _ in range(max(n - 2, 0).bit_length()):  # 2^t >= N - 1 >= the deepest node
-        step = reach.float()
-        reach = torch.bmm(step, step) > 0
+    rows = ancestors.gather(1, order[:, :, None].expand(bs, n, n)).gather(2, order[:, None, :].expand(bs, n, n))
+    pad_pattern = (slots[:, None] >= n) & ((slots[None, :] == 0) | (slots[:, None] == slots[None, :]))  # [S, S]
+    reach = torch.nn.functional.pad(rows, (0, pad, 0, pad)) | pad_pattern
 
     # Links over real slots: siblings are contiguous in BFS order.
     same_as_next = parents[:, 1:n] == torch.cat([parents[:, 2:n], parents.new_full((bs, 1), -2)], dim=1)
