@@ -42,7 +42,7 @@ from torch import Tensor
 if __package__ in (None, ""):  # run as a script from a checkout: this checkout's runtime package, no install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddtree.sglang.batch_round import (  # noqa: E402
+from ddtree.sglang.batch_round import (
     BatchCommit,
     BatchPlan,
     commit_batch,
@@ -50,8 +50,8 @@ from ddtree.sglang.batch_round import (  # noqa: E402
     full_mask_numel,
     plan_batch,
 )
-from ddtree.sglang.layout import accept_tensors, greedy_accept  # noqa: E402
-from ddtree.sglang.tree_worker import TreeCommit, TreeRound, commit_round, plan_round  # noqa: E402
+from ddtree.sglang.layout import accept_tensors, greedy_accept
+from ddtree.sglang.tree_worker import TreeCommit, TreeRound, commit_round, plan_round
 
 COLUMNS = (
     ("bs", "bs"),
@@ -214,29 +214,32 @@ def run_config(args: argparse.Namespace, device: torch.device, bs: int, prefix: 
     row["commit_ms"] = median_ms(lambda: commit_batch(plan, index_d, num_d, predict_d), device, args.repeat)
     row["new_eager_ms"] = row["plan_ms"] + row["mask_ms"] + row["commit_ms"]
     if args.graphs:
-        floor_graph, _ = capture(lambda: lp.topk(k, dim=-1))
-        plan_graph, plan_static = capture(new_plan)
-        commit_graph, commit_static = capture(lambda: commit_batch(plan_static, index_d, num_d, predict_d))
-        plan_graph.replay()
-        commit_graph.replay()
-        sync(device)
-        replayed = [
-            ("tokens", plan.tokens, plan_static.tokens),
-            ("tree_mask", plan.tree_mask, plan_static.tree_mask),
-            ("retrieve_next_token", plan.retrieve_next_token, plan_static.retrieve_next_token),
-            ("retrieve_next_sibling", plan.retrieve_next_sibling, plan_static.retrieve_next_sibling),
-            ("positions", plan.positions, plan_static.positions),
-            ("perm", commit.perm, commit_static.perm),
-            ("out_tokens", commit.out_tokens, commit_static.out_tokens),
-            ("bonus", commit.bonus, commit_static.bonus),
-        ]
-        problems += [f"graph:{name}" for name, a, b in replayed if not torch.equal(a, b)]
-        row["floor_graph_ms"] = median_ms(floor_graph.replay, device, args.repeat)
-        row["plan_graph_ms"] = median_ms(plan_graph.replay, device, args.repeat)
-        row["commit_graph_ms"] = median_ms(commit_graph.replay, device, args.repeat)
-        row["new_graph_ms"] = row["plan_graph_ms"] + row["mask_ms"] + row["commit_graph_ms"]
-        row["graph_vs_floor"] = row["new_graph_ms"] / row["floor_ms"]
-        del plan_graph, commit_graph, floor_graph
+        try:
+            floor_graph, _ = capture(lambda: lp.topk(k, dim=-1))
+            plan_graph, plan_static = capture(new_plan)
+            commit_graph, commit_static = capture(lambda: commit_batch(plan_static, index_d, num_d, predict_d))
+            plan_graph.replay()
+            commit_graph.replay()
+            sync(device)
+            replayed = [
+                ("tokens", plan.tokens, plan_static.tokens),
+                ("tree_mask", plan.tree_mask, plan_static.tree_mask),
+                ("retrieve_next_token", plan.retrieve_next_token, plan_static.retrieve_next_token),
+                ("retrieve_next_sibling", plan.retrieve_next_sibling, plan_static.retrieve_next_sibling),
+                ("positions", plan.positions, plan_static.positions),
+                ("perm", commit.perm, commit_static.perm),
+                ("out_tokens", commit.out_tokens, commit_static.out_tokens),
+                ("bonus", commit.bonus, commit_static.bonus),
+            ]
+            problems += [f"graph:{name}" for name, a, b in replayed if not torch.equal(a, b)]
+            row["floor_graph_ms"] = median_ms(floor_graph.replay, device, args.repeat)
+            row["plan_graph_ms"] = median_ms(plan_graph.replay, device, args.repeat)
+            row["commit_graph_ms"] = median_ms(commit_graph.replay, device, args.repeat)
+            row["new_graph_ms"] = row["plan_graph_ms"] + row["mask_ms"] + row["commit_graph_ms"]
+            row["graph_vs_floor"] = row["new_graph_ms"] / row["floor_ms"]
+            del plan_graph, commit_graph, floor_graph
+        except RuntimeError as exc:  # a capture failure is a result too; eager parity still decides the exit
+            row["graph_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     row["eager_vs_floor"] = row["new_eager_ms"] / row["floor_ms"]
     row["old_vs_new_eager"] = (row["old_plan_ms"] + row["old_commit_ms"]) / row["new_eager_ms"]
     row["nodes"] = plan.num_nodes - 1
@@ -290,15 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=15)
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--block", type=int, default=16)
-    p.add_argument("--repeat", type=int, default=50)
-    p.add_argument("--old-repeat", type=int, default=15, help="repeats of the per-request reference path")
+    p.add_argument("--repeat", type=int, help="timed runs per arm (default 50; 5 with --quick)")
+    p.add_argument("--old-repeat", type=int, help="timed runs of the per-request path (default 15; 3 with --quick)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--no-graphs", dest="graphs", action="store_false", help="skip the CUDA-graph columns")
     p.add_argument("--json", type=Path, help="write the rows and the run's settings here")
     args = p.parse_args(argv)
     if args.quick:
         args.batches, args.prefixes, args.vocab = "1,4", "64,256", 4096
-        args.repeat, args.old_repeat = 5, 3
+    args.repeat = args.repeat or (5 if args.quick else 50)
+    args.old_repeat = args.old_repeat or (3 if args.quick else 15)
     device = torch.device(args.device)
     args.graphs = args.graphs and device.type == "cuda" and torch.cuda.is_available()
     if args.threads:
@@ -326,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# parity vs build_tree_heap / plan_round / commit_round on {device.type}: {verdict}")
     for problem in problems:
         print(f"#   mismatch: {problem}")
+    for row in rows:
+        if "graph_error" in row:
+            print(f"# bs={row['bs']} prefix={row['prefix']}: CUDA graph capture failed: {row['graph_error']}")
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k != "json"}
         report = {
