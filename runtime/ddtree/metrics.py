@@ -134,6 +134,12 @@ class MetricsLog:
             lines.append(self._flush_window())
         return lines
 
+    def records_until_line(self) -> int:
+        """How many more `record` calls until one emits a line (verify completed or metrics), >= 1."""
+        if self.rounds == 0:
+            return 1
+        return max(self.config.log_interval - len(self._window), 1)
+
     def flush(self) -> str | None:
         """Emit a metrics line for the rounds since the last one, if any (e.g. at shutdown)."""
         return self._flush_window() if self._window else None

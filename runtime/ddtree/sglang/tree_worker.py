@@ -6,17 +6,21 @@ One round, per decode batch (prefill and idle batches run DFLASH's own code, unc
 
 1. draft: DFLASH's draft block (bonus token + mask tokens at prefix_len .. prefix_len + B - 1, B = block
    size) through the drafter; the target's LM head on the drafter's hidden states gives B - 1 rows of
-   log-probs; `build_tree_heap` builds each request's tree (DDTREE_BUDGET nodes, DDTREE_TOPK per row);
-2. layout: `ddtree.sglang.layout` puts it in SGLang's EAGLE tree layout, padded to B slots, so the verify
-   has DFLASH's shape (B tokens per request) and writes DFLASH's KV window req_to_token[prefix_len :
-   prefix_len + B], which SGLang's spec-v2 scheduler has already reserved (2 * B per request);
+   log-probs; `ddtree.sglang.batch_round.plan_batch` builds every request's tree at once on the device
+   (DDTREE_BUDGET nodes, DDTREE_TOPK per row; the trees `build_tree_heap` builds);
+2. layout: the same call puts them in SGLang's EAGLE tree layout (`ddtree.sglang.layout` documents it), padded
+   to B slots, so the verify has DFLASH's shape (B tokens per request) and writes DFLASH's KV window
+   req_to_token[prefix_len : prefix_len + B], which SGLang's spec-v2 scheduler has already reserved (2 * B per
+   request);
 3. verify: one target forward (TARGET_VERIFY) with the FULL_MASK custom mask and positions prefix_len +
    depth; `verify_tree_greedy` walks the target's argmax over the tree links;
 4. commit (page_size 1): the window's req_to_token entries are permuted so the accepted path's slots come
    first (path order) and the others after: req_to_token[prefix_len : prefix_len + tau] = the accepted
    nodes' KV locations; the unaccepted locations stay in the request's reservation (as DFLASH's rejected
    slots do) and are rewritten next round. The verify's target hidden states of the accepted rows, in path
-   order, go to the drafter's KV at positions prefix_len .. prefix_len + tau - 1 (DFLASH's own writer).
+   order, go to the drafter's KV at positions prefix_len .. prefix_len + tau - 1 (DFLASH's own writer). The
+   commit (`commit_batch`) runs on the device too, and the statistics for the DDTREE lines stay there until a
+   line needs them (`StatsQueue`).
 
 Hybrid targets (Gated DeltaNet + attention, Qwen3.5/3.6): the verify hands SGLang's GDN backend the tree's
 links (retrieve_next_token / retrieve_next_sibling), so its tree kernels take each node's conv window from its
@@ -56,6 +60,15 @@ from torch import Tensor
 
 from ddtree.config import DDTreeConfig
 from ddtree.metrics import MetricsLog, RoundStats
+from ddtree.sglang.batch_round import (
+    BatchPlan,
+    StatsQueue,
+    commit_batch,
+    full_mask_batched,
+    full_mask_numel,
+    plan_batch,
+    stats_tensor,
+)
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
 from ddtree.tree import DraftTree, build_tree_heap, is_off_spine, tree_shape
 
@@ -63,7 +76,8 @@ logger = logging.getLogger("ddtree")
 
 
 # ---------------------------------------------------------------------------------------------------
-# Pure parts (CPU tensors; unit-tested without SGLang)
+# Pure parts (unit-tested without SGLang). plan_round / commit_round / round_stats are the per-request host
+# references of the round's device path (ddtree.sglang.batch_round), kept for parity tests and the benchmark.
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -265,6 +279,7 @@ def tree_worker_class() -> type:
             self._ddtree_config = config
             self._ddtree_exact_hybrid = False
             self._ddtree_log: MetricsLog | None = None
+            self._ddtree_stats: StatsQueue | None = None
             self._ddtree_warned_sampling = False
 
         def init_cuda_graphs(self) -> None:
@@ -298,6 +313,7 @@ def tree_worker_class() -> type:
             self._ddtree_exact_hybrid = hybrid is HybridMode.EXACT
             self._ddtree_log = MetricsLog(self._ddtree_config, int(self.block_size), hybrid)
             self._ddtree_log.start()
+            self._ddtree_stats = StatsQueue(self._ddtree_log)
 
         @staticmethod
         def _ddtree_dense_conv_windows(mamba_pool: Any) -> None:
@@ -341,15 +357,15 @@ def tree_worker_class() -> type:
                 return "log-prob requests"
             return ""
 
-        def _tree_verify(self, verify_input: Any, plan: TreeRound, batch: Any) -> Any:
+        def _tree_verify(self, verify_input: Any, plan: BatchPlan, batch: Any) -> Any:
             """Prepare and run the verify forward. On an exact hybrid target SGLang's GDN backend reads the tree
             links whenever it builds its metadata (in prepare_for_verify, and again inside the forward), so its
             top-k is raised for this verify only: DFLASH's own rounds (prefill, sampling batches) stay chains."""
             if not self._ddtree_exact_hybrid:
                 verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
                 return self._target_forward(verify_batch)
-            verify_input.retrieve_next_token = plan.retrieve_next_token.to(self.device)
-            verify_input.retrieve_next_sibling = plan.retrieve_next_sibling.to(self.device)
+            verify_input.retrieve_next_token = plan.retrieve_next_token
+            verify_input.retrieve_next_sibling = plan.retrieve_next_sibling
             linear, topk = self._ddtree_linear, self._ddtree_linear.topk
             linear.topk = max(2, int(topk))
             try:
@@ -369,6 +385,11 @@ def tree_worker_class() -> type:
         # -- one decode round -------------------------------------------------------------------------
 
         def _ddtree_round(self, batch: Any, on_publish: Any) -> Any:
+            # Device-to-host syncs of this round's own code (SGLang's forwards may add theirs), at most 2:
+            #   1. the prefix-length sum that sizes FULL_MASK, only when the batch has no host copy of seq_lens;
+            #   2. the statistics read in StatsQueue.push, only on a round that completes a DDTREE log line
+            #      (the first round, then once per DDTREE_LOG_INTERVAL request-rounds).
+            # Tree planning and commit never leave the device (batch_round.plan_batch / commit_batch).
             draft_input = batch.spec_info
             if not isinstance(draft_input, DFlashDraftInputV2):
                 raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch")
@@ -459,27 +480,24 @@ def tree_worker_class() -> type:
             else:
                 verify_positions_2d, verify_window_2d, verify_plan = kv_window(slots)  # [bs, S]
 
-            # --- 2) trees, in SGLang's layout
+            # --- 2) trees, in SGLang's layout, on the device
             with torch.inference_mode():
                 logits = draft_hidden.to(head.dtype) @ head.T  # [bs, B - 1, V]
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
-            plan = plan_round(
-                logprobs,
-                draft_input.bonus_tokens.tolist(),
-                prefix_lens.tolist(),
-                slots,
-                self._ddtree_config.budget,
-                self._ddtree_config.topk,
-            )
+            config = self._ddtree_config
+            plan = plan_batch(logprobs, draft_input.bonus_tokens, prefix_lens, slots, config.budget, config.topk)
+            host_lens = batch.seq_lens_cpu  # None: sync 1, the sum of the device's prefix lengths
+            prefix_sum = int((host_lens if host_lens is not None else prefix_lens).sum())
+            custom_mask = full_mask_batched(plan.tree_mask, prefix_lens, full_mask_numel(prefix_sum, bs, slots))
             t2 = time.perf_counter()
 
             # --- 3) one target forward over every tree
-            tokens = plan.tokens.to(device)
+            tokens = plan.tokens  # [bs, S]
             verify_input = DFlashVerifyInput(
                 draft_token=tokens.reshape(-1),
-                positions=plan.positions.to(device),
+                positions=plan.positions,
                 draft_token_num=slots,
-                custom_mask=plan.custom_mask.to(device),
+                custom_mask=custom_mask,
                 capture_hidden_mode=CaptureHiddenMode.FULL,
                 kv_loc_plan=verify_plan,
             )
@@ -513,18 +531,18 @@ def tree_worker_class() -> type:
                 accept_index=accept_index,
                 accept_token_num=accept_num,
                 candidates=tokens,
-                retrieve_index=plan.retrieve_index.to(device),
-                retrieve_next_token=plan.retrieve_next_token.to(device),
-                retrieve_next_sibling=plan.retrieve_next_sibling.to(device),
+                retrieve_index=plan.retrieve_index,
+                retrieve_next_token=plan.retrieve_next_token,
+                retrieve_next_sibling=plan.retrieve_next_sibling,
                 target_predict=target_predict,
                 topk=self._ddtree_config.topk,
             )
             t3 = time.perf_counter()
 
             # --- 4) commit: accepted slots first in the window, hidden states back to the drafter
-            commit = commit_round(plan, accept_index, accept_num, target_predict)
-            perm = commit.perm.to(device)
-            commit_lens = commit.commit_lens.to(device)
+            commit = commit_batch(plan, accept_index, accept_num, target_predict)
+            perm = commit.perm  # [bs, S]
+            commit_lens = commit.commit_lens  # [bs] int32
             new_window = verify_window_2d.gather(1, perm)  # [bs, S]
             rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand(bs, slots)
             req_to_token[rows, verify_positions_2d] = new_window.to(req_to_token.dtype)
@@ -562,14 +580,13 @@ def tree_worker_class() -> type:
                 "verify": (t3 - t2) * 1e3,
                 "commit": (t4 - t3) * 1e3,
             }
-            if self._ddtree_log is None:
+            if self._ddtree_stats is None:
                 raise RuntimeError("DDTREE: a decode round before init_cuda_graphs (SGLang's start-up order changed)")
-            for stats in round_stats(plan, commit, ms):
-                self._ddtree_log.record(stats)
-            bonus = commit.bonus.to(device)
+            self._ddtree_stats.push(stats_tensor(plan, commit), ms)  # sync 2, on a round that completes a line
+            bonus = commit.bonus
             return GenerationBatchResult(
                 logits_output=logits_output,
-                next_token_ids=commit.out_tokens[:, :block].to(device).reshape(-1),
+                next_token_ids=commit.out_tokens[:, :block].reshape(-1),
                 accept_lens=commit_lens,
                 can_run_cuda_graph=target_out.can_run_cuda_graph,
                 next_draft_input=dw.make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
