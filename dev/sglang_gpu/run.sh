@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# dev/sglang_gpu/run.sh [harness.py flags...]: SGLang 0.5.23's real Engine on the H200 dev machine (torch 2.11,
+# no sglang, no package index), baseline / DFLASH / DDTREE shadow / DDTREE tree on the tiny pairs; see harness.py.
+#
+# From the repository root, with the SGLang wheels in .whl/ (issue 18; /work/shared/notes/sglang-on-h200.md) and,
+# ideally, the tiny pairs pre-built into .cache/sglang_gpu (dev/sglang_gpu/prepare.sh); carry both:
+#     bash dev/sglang_gpu/run.sh --models dense,hybrid --modes baseline,dflash,shadow,tree
+# Steps:
+# 1. pip-installs .whl/*.whl into $SGLANG_GPU_SITE (default /tmp/site; skipped when already there);
+# 2. installs the ddtree runtime there with its entry-point metadata (a real wheel via `pip wheel` when
+#    setuptools is importable, else install_runtime.py writes the same files);
+# 3. PYTHONPATH = dev/sglang_gpu/standin (sitecustomize: the import-time patches, and the torch `sgl_kernel`
+#    stand-in), then the site dir; SGLANG_FORCE_FUSED_OP_BACKEND=torch, SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1;
+#    SGLANG_GPU_STANDIN=0 leaves the stand-in and patches out (a host with SGLang's real kernels);
+# 4. runs harness.py, JSON and logs under $OUT (or /tmp) unless --json / --log-dir say otherwise.
+# Exit status: harness.py's (1 when a DDTREE tree run differs from SGLang's baseline or a run failed).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-python3}
+SITE=${SGLANG_GPU_SITE:-/tmp/site}
+RESULTS=${OUT:-/tmp}
+
+if [ ! -f "$SITE/.sglang_gpu_wheels" ]; then
+    echo "installing $(ls .whl/*.whl | wc -l) wheels into $SITE" >&2
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+    touch "$SITE/.sglang_gpu_wheels"
+fi
+
+wheel_dir=$(mktemp -d)
+if "$PY" -c "import setuptools" 2>/dev/null \
+    && "$PY" -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$wheel_dir" ./runtime >&2; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "$wheel_dir"/ddtree_runtime-*.whl
+    echo "ddtree-runtime: wheel built and installed into $SITE" >&2
+else
+    "$PY" dev/sglang_gpu/install_runtime.py runtime "$SITE" >&2
+    echo "ddtree-runtime: no setuptools here; installed with install_runtime.py into $SITE" >&2
+fi
+rm -rf "$wheel_dir"
+
+if [ "${SGLANG_GPU_STANDIN:-1}" = 1 ]; then
+    export PYTHONPATH="$PWD/dev/sglang_gpu/standin:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+else
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export SGLANG_FORCE_FUSED_OP_BACKEND=torch SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
+
+"$PY" - <<'PY' >&2
+import importlib.metadata as md, sys
+import torch, triton, transformers, sgl_kernel, sglang
+plugins = [e.value for e in md.entry_points(group="sglang.srt.plugins")]
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, triton {triton.__version__}, "
+      f"transformers {transformers.__version__}, sglang {sglang.__version__}, sgl_kernel {sgl_kernel.__file__}, "
+      f"plugins {plugins}, {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA'}")
+PY
+
+exec "$PY" dev/sglang_gpu/harness.py --json "$RESULTS/sglang_gpu.json" --log-dir "$RESULTS/sglang_gpu_logs" "$@"
