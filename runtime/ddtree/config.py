@@ -7,6 +7,9 @@
 | DDTREE_TOPK                 | int >= 1        | 8       | candidate tokens per depth                          |
 | DDTREE_ALLOW_HYBRID_UNSAFE  | 0, 1            | 0       | allow flat-order tree verify on a hybrid target     |
 | DDTREE_LOG_INTERVAL         | int >= 1        | 50      | rounds between `DDTREE metrics` lines               |
+| DDTREE_SELFCHECK_EVERY      | int >= 0        | 0 (off) | SGLang tree verify: every Nth round, re-verify the  |
+|                             |                 |         | accepted paths as chains; a mismatch is an ERROR    |
+|                             |                 |         | and the process falls back to DFLASH's rounds       |
 
 An unset or empty variable takes its default (a systemd EnvironmentFile may write `KEY=`).
 """
@@ -47,12 +50,14 @@ class DDTreeConfig:
     topk: int = 8
     allow_hybrid_unsafe: bool = False
     log_interval: int = 50
+    selfcheck_every: int = 0  # 0: off
 
     def __post_init__(self) -> None:
-        for name in ("budget", "topk", "log_interval"):
+        for name in ("budget", "topk", "log_interval", "selfcheck_every"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"DDTreeConfig.{name} must be an int >= 1, got {value!r}")
+            least = 0 if name == "selfcheck_every" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"DDTreeConfig.{name} must be an int >= {least}, got {value!r}")
         if not isinstance(self.verify, VerifyMode):
             object.__setattr__(self, "verify", _parse_verify("DDTreeConfig.verify", str(self.verify)))
 
@@ -75,6 +80,9 @@ class DDTreeConfig:
             if unsafe is None
             else _parse_flag("DDTREE_ALLOW_HYBRID_UNSAFE", unsafe),
             log_interval=_parse_int("DDTREE_LOG_INTERVAL", get("DDTREE_LOG_INTERVAL"), defaults.log_interval),
+            selfcheck_every=_parse_int(
+                "DDTREE_SELFCHECK_EVERY", get("DDTREE_SELFCHECK_EVERY"), defaults.selfcheck_every, least=0
+            ),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -85,6 +93,7 @@ class DDTreeConfig:
             "DDTREE_TOPK": str(self.topk),
             "DDTREE_ALLOW_HYBRID_UNSAFE": "1" if self.allow_hybrid_unsafe else "0",
             "DDTREE_LOG_INTERVAL": str(self.log_interval),
+            "DDTREE_SELFCHECK_EVERY": str(self.selfcheck_every),
         }
 
 
@@ -96,15 +105,15 @@ def _parse_verify(key: str, raw: str) -> VerifyMode:
         raise ValueError(f"{key}={raw!r}: expected one of {choices}") from None
 
 
-def _parse_int(key: str, raw: str | None, default: int) -> int:
+def _parse_int(key: str, raw: str | None, default: int, least: int = 1) -> int:
     if raw is None:
         return default
     try:
         value = int(raw, 10)
     except ValueError:
-        raise ValueError(f"{key}={raw!r}: expected an integer >= 1") from None
-    if value < 1:
-        raise ValueError(f"{key}={raw!r}: expected an integer >= 1")
+        raise ValueError(f"{key}={raw!r}: expected an integer >= {least}") from None
+    if value < least:
+        raise ValueError(f"{key}={raw!r}: expected an integer >= {least}")
     return value
 
 

@@ -62,7 +62,9 @@ TREE_ENV = {
     "DDTREE_TOPK": str(TREE_TOPK),
     "DDTREE_LOG_INTERVAL": "4",
     "DDTREE_ALLOW_HYBRID_UNSAFE": "0",
+    "DDTREE_SELFCHECK_EVERY": "3",  # every third round also re-verified as a chain (ddtree.sglang.selfcheck)
 }
+SELFCHECK_OK = "the tree verify equals the chain verify"
 TREE_PROMPTS = ["tell me a story about a dog", "json for bob, age 31, from paris, with a list of 5 pets"]
 # the dense target's prompts (DENSE_TEXTS) by role: chat prompts, tree prompts, the tree batch (tree + a chat one)
 DENSE_TEXTS = PROMPTS + TREE_PROMPTS
@@ -394,6 +396,7 @@ def test_ddtree_tree_engine_matches_baseline_and_transformers_and_accepts_off_th
     assert_equals_baseline(batched + single + mixed[:1], baseline_outputs(engine_runs))
     assert len(mixed[1]["output_ids"]) == 6
     assert "DDTREE tree verify: batches with sampling requests take DFLASH's chain verify" in log
+    assert SELFCHECK_OK in log and "self-check FAILED" not in log
     assert all(length > 1 for length in accept_lengths(batched + single)), accept_lengths(batched + single)
     assert f"DDTREE init mode=tree budget={TREE_BUDGET} topk={TREE_TOPK} block={DRAFT_BLOCK} hybrid=none" in log
     lines = metrics_lines(log)
@@ -447,6 +450,7 @@ def test_hybrid_ddtree_tree_engine_is_exact_through_the_recurrent_layers(
     assert_equals_baseline(batched + single, baseline_outputs(hybrid_runs))
     assert all(length > 1 for length in accept_lengths(batched + single)), accept_lengths(batched + single)
     assert f"DDTREE init mode=tree budget={TREE_BUDGET} topk={TREE_TOPK} block={DRAFT_BLOCK} hybrid=exact" in log
+    assert SELFCHECK_OK in log and "self-check FAILED" not in log
     lines = metrics_lines(log)
     assert lines, f"no 'DDTREE metrics' line in the log:\n{log[-4000:]}"
     print("\n".join(m.group(0) for m in METRICS.finditer(log)))

@@ -47,11 +47,12 @@ sglang is imported only inside `tree_worker_class()`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,7 @@ from ddtree.sglang.batch_round import (
     stats_tensor,
 )
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
+from ddtree.sglang.selfcheck import ChainCheck, chain_accept_index, chain_check
 from ddtree.tree import DraftTree, build_tree_heap, is_off_spine, tree_shape
 
 logger = logging.getLogger("ddtree")
@@ -281,6 +283,8 @@ def tree_worker_class() -> type:
             self._ddtree_log: MetricsLog | None = None
             self._ddtree_stats: StatsQueue | None = None
             self._ddtree_warned_sampling = False
+            self._ddtree_rounds = 0
+            self._ddtree_fallback = ""  # set by a failed self-check: DFLASH's rounds from then on
 
         def init_cuda_graphs(self) -> None:
             """After the target's attention backend and CUDA graphs exist (SGLang initializes the target's before
@@ -339,7 +343,7 @@ def tree_worker_class() -> type:
                 # The tree walk is greedy, and a scheduler-side exception would take the whole server down.
                 logger.warning("DDTREE tree verify: batches with %s take DFLASH's chain verify", why)
                 self._ddtree_warned_sampling = True
-            if dflash_round or why:
+            if dflash_round or why or self._ddtree_fallback:
                 return super().forward_batch_generation(
                     batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
                 )
@@ -376,6 +380,66 @@ def tree_worker_class() -> type:
             if getattr(linear.forward_metadata, "retrieve_parent_token", None) is None:
                 raise RuntimeError("DDTREE: SGLang's GDN backend did not take its tree path for the verify")
             return target_out
+
+        @contextlib.contextmanager
+        def _verify_seq_lens(self, batch: Any, draft_input: Any, width: int) -> Iterator[None]:
+            """The batch's host-side sequence lengths as a verify of `width` tokens per request sees them."""
+            cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
+            if cpu_backup is not None:
+                batch.seq_lens_cpu = cpu_backup + width
+                batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            elif draft_input.nxt_kv_lens_cpu is not None:
+                batch.seq_lens_cpu = draft_input.nxt_kv_lens_cpu
+                batch.seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
+            try:
+                yield
+            finally:
+                batch.seq_lens_cpu, batch.seq_lens_sum = cpu_backup, sum_backup
+
+        def _chain_verify(
+            self, batch: Any, draft_input: Any, tokens: Tensor, positions: Tensor, window: Tensor, kv_plan: Any
+        ) -> tuple[Any, Tensor]:
+            """DFLASH's own verify (causal, chain metadata) of `tokens` [bs, B] in the draft window; returns the
+            logits output and the target's argmax [bs, B]."""
+            bs, width = tokens.shape
+            verify_input = DFlashVerifyInput(
+                draft_token=tokens.reshape(-1),
+                positions=positions.reshape(-1),
+                draft_token_num=width,
+                custom_mask=None,
+                capture_hidden_mode=CaptureHiddenMode.FULL,
+                kv_loc_plan=kv_plan,
+            )
+            batch.out_cache_loc = window.reshape(-1)
+            with self._verify_seq_lens(batch, draft_input, width):
+                verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+                out = self._target_forward(verify_batch).logits_output
+            return out, torch.argmax(out.next_token_logits, dim=-1).view(bs, width)
+
+        def _self_check_due(self) -> bool:
+            self._ddtree_rounds += 1
+            every = self._ddtree_config.selfcheck_every
+            return bool(every) and self._ddtree_rounds % every == 0
+
+        def _report_self_check(self, check: ChainCheck, tree_tokens: Tensor, chain_predict: Tensor) -> None:
+            """One host read per check round; on a mismatch an ERROR and DFLASH's rounds from now on."""
+            bad = (check.mismatch >= 0).nonzero().flatten().tolist()
+            if not bad:
+                logger.info("DDTREE self-check round %d: the tree verify equals the chain verify", self._ddtree_rounds)
+                return
+            b = bad[0]
+            at = int(check.mismatch[b])
+            self._ddtree_fallback = (
+                f"self-check round {self._ddtree_rounds}: request {b} path position {at}: tree verify "
+                f"{int(tree_tokens[b, at])}, chain verify {int(chain_predict[b, at])}"
+            )
+            logger.error(
+                "DDTREE self-check FAILED (%s; %d of %d requests differ): the tree verify is not exact on this "
+                "setup; this process runs DFLASH's rounds from now on",
+                self._ddtree_fallback,
+                len(bad),
+                tree_tokens.shape[0],
+            )
 
         def _target_forward(self, verify_batch: Any) -> Any:
             return self.target_worker.forward_batch_generation(
@@ -502,17 +566,8 @@ def tree_worker_class() -> type:
                 kv_loc_plan=verify_plan,
             )
             batch.out_cache_loc = verify_window_2d.reshape(-1)
-            cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
-            if cpu_backup is not None:
-                batch.seq_lens_cpu = cpu_backup + slots
-                batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-            elif draft_input.nxt_kv_lens_cpu is not None:
-                batch.seq_lens_cpu = draft_input.nxt_kv_lens_cpu
-                batch.seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
-            try:
+            with self._verify_seq_lens(batch, draft_input, slots):
                 target_out = self._tree_verify(verify_input, plan, batch)
-            finally:
-                batch.seq_lens_cpu, batch.seq_lens_sum = cpu_backup, sum_backup
             logits_output = target_out.logits_output
             target_lp = self._target_logits_processor
             if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
@@ -542,16 +597,32 @@ def tree_worker_class() -> type:
             # --- 4) commit: accepted slots first in the window, hidden states back to the drafter
             commit = commit_batch(plan, accept_index, accept_num, target_predict)
             perm = commit.perm  # [bs, S]
-            commit_lens = commit.commit_lens  # [bs] int32
-            new_window = verify_window_2d.gather(1, perm)  # [bs, S]
-            rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand(bs, slots)
-            req_to_token[rows, verify_positions_2d] = new_window.to(req_to_token.dtype)
+            commit_lens, out_tokens, bonus = commit.commit_lens, commit.out_tokens, commit.bonus  # [bs] int32, ...
+            if self._self_check_due():
+                # The accepted paths re-verified as chains in the draft window (path order: nothing to permute);
+                # the chain's results are what this round commits, so it is exact whatever the check finds.
+                path_tokens = tokens.gather(1, perm)[:, :block]  # [bs, B]: the path, then other nodes as filler
+                logits_output, chain_predict = self._chain_verify(
+                    batch, draft_input, path_tokens, positions_2d, window_2d, kv_loc_plan
+                )
+                check = chain_check(out_tokens, commit_lens, chain_predict)
+                self._report_self_check(check, out_tokens, chain_predict)
+                commit_lens, out_tokens, bonus = check.commit_lens, check.out_tokens, check.bonus
+                state_index, state_width = chain_accept_index(bs, block, device), block
+                hidden_rows, hidden_loc = None, self._draft_write_ids(kv_loc_plan).view(bs, block).to(torch.int64)
+            else:
+                new_window = verify_window_2d.gather(1, perm)  # [bs, S]
+                rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand(bs, slots)
+                req_to_token[rows, verify_positions_2d] = new_window.to(req_to_token.dtype)
+                state_index, state_width = accept_index, slots
+                hidden_rows = perm
+                hidden_loc = self._draft_write_ids(verify_plan).view(bs, slots).to(torch.int64).gather(1, perm)
             if self._ddtree_hybrid:
                 # The last accepted node's conv window and recurrent state become the request's (batch.seq_lens
                 # is still the pre-verify length, which the radix-cache tracking step needs).
                 commit_mamba_states_after_verify(
-                    self.target_worker, batch, accept_lens=commit_lens, accept_index=accept_index,
-                    draft_token_num=slots,
+                    self.target_worker, batch, accept_lens=commit_lens, accept_index=state_index,
+                    draft_token_num=state_width,
                 )  # fmt: skip
             new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
             if on_publish is not None:
@@ -560,10 +631,11 @@ def tree_worker_class() -> type:
             if hidden is None:
                 raise RuntimeError("DDTREE verify requires the target's hidden states, got None")
             # tau <= B (a tree is at most B - 1 deep): the drafter's window takes the first B slots in path order
-            hidden = hidden.view(bs, slots, -1)
-            hidden = hidden.gather(1, perm.unsqueeze(-1).expand(bs, slots, hidden.shape[-1]))[:, :block].contiguous()
-            draft_loc = self._draft_write_ids(verify_plan).view(bs, slots).to(torch.int64).gather(1, perm)
-            draft_loc = draft_loc[:, :block].contiguous()
+            hidden = hidden.view(bs, -1, hidden.shape[-1])
+            if hidden_rows is not None:
+                hidden = hidden.gather(1, hidden_rows.unsqueeze(-1).expand(bs, slots, hidden.shape[-1]))
+            hidden = hidden[:, :block].contiguous()
+            draft_loc = hidden_loc[:, :block].contiguous()
             self._append_target_hidden_to_draft_kv_by_loc(
                 target_hidden=hidden.reshape(-1, hidden.shape[-1]),
                 cache_loc=draft_loc.reshape(-1),
@@ -583,10 +655,9 @@ def tree_worker_class() -> type:
             if self._ddtree_stats is None:
                 raise RuntimeError("DDTREE: a decode round before init_cuda_graphs (SGLang's start-up order changed)")
             self._ddtree_stats.push(stats_tensor(plan, commit), ms)  # sync 2, on a round that completes a line
-            bonus = commit.bonus
             return GenerationBatchResult(
                 logits_output=logits_output,
-                next_token_ids=commit.out_tokens[:, :block].reshape(-1),
+                next_token_ids=out_tokens[:, :block].reshape(-1),
                 accept_lens=commit_lens,
                 can_run_cuda_graph=target_out.can_run_cuda_graph,
                 next_draft_input=dw.make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=new_seq_lens),

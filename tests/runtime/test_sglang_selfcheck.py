@@ -1,0 +1,43 @@
+"""ddtree.sglang.selfcheck: what a self-check round commits, and the mismatch it reports, from the tree round's
+tokens and a chain verify's argmax (planted agreements and disagreements)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ddtree.sglang.selfcheck import chain_accept_index, chain_check
+
+pytestmark = pytest.mark.runtime
+
+
+def test_agreement_commits_the_tree_tokens_and_reports_nothing() -> None:
+    tree = torch.tensor([[7, 8, 9, 0], [5, 0, 0, 0]])
+    lens = torch.tensor([3, 1], dtype=torch.int32)
+    chain = torch.tensor([[7, 8, 9, 4], [5, 6, 6, 6]])  # beyond each tree's length the chain may say anything
+    check = chain_check(tree, lens, chain)
+    assert check.mismatch.tolist() == [-1, -1]
+    assert check.commit_lens.tolist() == [3, 1] and check.commit_lens.dtype == torch.int32
+    assert check.out_tokens.tolist() == [[7, 8, 9, 0], [5, 0, 0, 0]]
+    assert check.bonus.tolist() == [9, 5]
+
+
+def test_a_disagreement_commits_the_chain_up_to_it_and_reports_the_first() -> None:
+    tree = torch.tensor([[7, 8, 9, 3], [5, 6, 0, 0], [1, 2, 3, 0]])
+    lens = torch.tensor([4, 2, 3], dtype=torch.int32)
+    chain = torch.tensor([[7, 1, 9, 2], [4, 6, 0, 0], [1, 2, 3, 9]])  # request 0 differs at 1 (and 3), 1 at 0
+    check = chain_check(tree, lens, chain)
+    assert check.mismatch.tolist() == [1, 0, -1]
+    assert check.commit_lens.tolist() == [2, 1, 3]
+    assert check.out_tokens.tolist() == [[7, 1, 0, 0], [4, 0, 0, 0], [1, 2, 3, 0]]
+    assert check.bonus.tolist() == [1, 4, 3]
+
+
+def test_wide_tree_tokens_are_compared_over_the_chain_width() -> None:
+    tree = torch.tensor([[7, 8, 0, 0, 0, 0, 0, 0]])  # a wide tree's [bs, 2B] tokens, B = 4
+    check = chain_check(tree, torch.tensor([2], dtype=torch.int32), torch.tensor([[7, 8, 5, 5]]))
+    assert check.mismatch.tolist() == [-1] and check.out_tokens.tolist() == [[7, 8, 0, 0]]
+
+
+def test_chain_accept_index_is_every_position_in_order() -> None:
+    index = chain_accept_index(2, 3, torch.device("cpu"))
+    assert index.tolist() == [[0, 1, 2], [3, 4, 5]] and index.dtype == torch.int32
