@@ -51,6 +51,8 @@ def assert_plan_equal(ref: TreeRound, lp: torch.Tensor, roots: torch.Tensor, pre
     }
     for name, (want, got) in pairs.items():
         assert want.shape == got.shape and torch.equal(want, got.cpu()), f"{name}:\n{want}\n{got}"
+        # SGLang's kernels take raw pointers and index [bs, S] rows by b * S: a strided view reads the wrong rows
+        assert got.is_contiguous(), f"{name} is not contiguous (strides {got.stride()})"
 
 
 def random_round(seed: int, bs: int, block: int, vocab: int, kinds: list[str]) -> tuple[torch.Tensor, ...]:

@@ -107,7 +107,7 @@ def layout_batch(trees: BatchTrees, prefix_lens: Tensor, num_slots: int) -> Batc
         positions=(prefix_lens.to(torch.int64)[:, None] + depths).reshape(-1),
         tree_mask=reach,
         retrieve_index=torch.arange(bs * s, device=device).view(bs, s),
-        retrieve_next_token=next_token[:, :s],
+        retrieve_next_token=next_token[:, :s].contiguous(),  # SGLang's kernels index [bs, S] rows by b * S
         retrieve_next_sibling=next_sibling,
         depth=trees.depths.max(dim=1).values,
         width=counts.max(dim=1).values if n > 1 else torch.zeros(bs, dtype=torch.int64, device=device),
