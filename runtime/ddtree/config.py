@@ -10,6 +10,9 @@
 | DDTREE_SELFCHECK_EVERY      | int >= 0        | 0 (off) | SGLang tree verify: every Nth round, re-verify the  |
 |                             |                 |         | accepted paths as chains; a mismatch is an ERROR    |
 |                             |                 |         | and the process falls back to DFLASH's rounds       |
+| DDTREE_ROUND_GRAPHS_MAX_BS  | int >= 0        | 8       | SGLang tree verify on CUDA: batches up to this size |
+|                             |                 |         | replay the tree plan + commit from CUDA graphs      |
+|                             |                 |         | (0: always eager)                                   |
 
 An unset or empty variable takes its default (a systemd EnvironmentFile may write `KEY=`).
 """
@@ -51,11 +54,12 @@ class DDTreeConfig:
     allow_hybrid_unsafe: bool = False
     log_interval: int = 50
     selfcheck_every: int = 0  # 0: off
+    round_graphs_max_bs: int = 8  # 0: off
 
     def __post_init__(self) -> None:
-        for name in ("budget", "topk", "log_interval", "selfcheck_every"):
+        for name in ("budget", "topk", "log_interval", "selfcheck_every", "round_graphs_max_bs"):
             value = getattr(self, name)
-            least = 0 if name == "selfcheck_every" else 1
+            least = 0 if name in ("selfcheck_every", "round_graphs_max_bs") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"DDTreeConfig.{name} must be an int >= {least}, got {value!r}")
         if not isinstance(self.verify, VerifyMode):
@@ -83,6 +87,9 @@ class DDTreeConfig:
             selfcheck_every=_parse_int(
                 "DDTREE_SELFCHECK_EVERY", get("DDTREE_SELFCHECK_EVERY"), defaults.selfcheck_every, least=0
             ),
+            round_graphs_max_bs=_parse_int(
+                "DDTREE_ROUND_GRAPHS_MAX_BS", get("DDTREE_ROUND_GRAPHS_MAX_BS"), defaults.round_graphs_max_bs, least=0
+            ),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -94,6 +101,7 @@ class DDTreeConfig:
             "DDTREE_ALLOW_HYBRID_UNSAFE": "1" if self.allow_hybrid_unsafe else "0",
             "DDTREE_LOG_INTERVAL": str(self.log_interval),
             "DDTREE_SELFCHECK_EVERY": str(self.selfcheck_every),
+            "DDTREE_ROUND_GRAPHS_MAX_BS": str(self.round_graphs_max_bs),
         }
 
 

@@ -71,6 +71,7 @@ from ddtree.sglang.batch_round import (
     stats_tensor,
 )
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
+from ddtree.sglang.round_graphs import RoundGraphs, clone_result
 from ddtree.sglang.selfcheck import ChainCheck, chain_accept_index, chain_check
 from ddtree.tree import DraftTree, build_tree_heap, is_off_spine, tree_shape
 
@@ -285,6 +286,9 @@ def tree_worker_class() -> type:
             self._ddtree_warned_sampling = False
             self._ddtree_rounds = 0
             self._ddtree_fallback = ""  # set by a failed self-check: DFLASH's rounds from then on
+            self._ddtree_graphs = RoundGraphs(
+                self._ddtree_slots, config.budget, config.topk, max_batch=config.round_graphs_max_bs
+            )
 
         def init_cuda_graphs(self) -> None:
             """After the target's attention backend and CUDA graphs exist (SGLang initializes the target's before
@@ -549,7 +553,11 @@ def tree_worker_class() -> type:
                 logits = draft_hidden.to(head.dtype) @ head.T  # [bs, B - 1, V]
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
             config = self._ddtree_config
-            plan = plan_batch(logprobs, draft_input.bonus_tokens, prefix_lens, slots, config.budget, config.topk)
+            graphed = self._ddtree_graphs.applies(bs, logprobs.device)  # small batches: replayed from CUDA graphs
+            if graphed:
+                plan = self._ddtree_graphs.plan(logprobs, draft_input.bonus_tokens, prefix_lens)
+            else:
+                plan = plan_batch(logprobs, draft_input.bonus_tokens, prefix_lens, slots, config.budget, config.topk)
             host_lens = batch.seq_lens_cpu  # None: sync 1, the sum of the device's prefix lengths
             prefix_sum = int((host_lens if host_lens is not None else prefix_lens).sum())
             custom_mask = full_mask_batched(plan.tree_mask, prefix_lens, full_mask_numel(prefix_sum, bs, slots))
@@ -595,7 +603,10 @@ def tree_worker_class() -> type:
             t3 = time.perf_counter()
 
             # --- 4) commit: accepted slots first in the window, hidden states back to the drafter
-            commit = commit_batch(plan, accept_index, accept_num, target_predict)
+            if graphed:  # copied out of the graph's buffers: the results outlive the round
+                commit = clone_result(self._ddtree_graphs.commit(plan, accept_index, accept_num, target_predict))
+            else:
+                commit = commit_batch(plan, accept_index, accept_num, target_predict)
             perm = commit.perm  # [bs, S]
             commit_lens, out_tokens, bonus = commit.commit_lens, commit.out_tokens, commit.bonus  # [bs] int32, ...
             if self._self_check_due():
