@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ddtree.sglang.selfcheck import chain_accept_index, chain_check
+from ddtree.sglang.selfcheck import TIE_TOLERANCE, chain_accept_index, chain_check, mismatch_gaps
 
 pytestmark = pytest.mark.runtime
 
@@ -41,3 +41,17 @@ def test_wide_tree_tokens_are_compared_over_the_chain_width() -> None:
 def test_chain_accept_index_is_every_position_in_order() -> None:
     index = chain_accept_index(2, 3, torch.device("cpu"))
     assert index.tolist() == [[0, 1, 2], [3, 4, 5]] and index.dtype == torch.int32
+
+
+def test_mismatch_gaps_measure_the_chain_logits_at_the_first_mismatch() -> None:
+    tree = torch.tensor([[7, 8, 9], [5, 6, 0]])
+    lens = torch.tensor([3, 2], dtype=torch.int32)
+    chain = torch.tensor([[7, 2, 9], [5, 6, 1]])  # request 0 differs at 1; request 1 agrees
+    check = chain_check(tree, lens, chain)
+    logits = torch.zeros(2, 3, 10)
+    logits[0, 1, 2], logits[0, 1, 8] = 3.0, 2.96  # the chain's 2 beats the tree's 8 by 0.04: a near-tie
+    gaps = mismatch_gaps(logits, check, tree)
+    assert gaps.tolist() == pytest.approx([0.04, 0.0], abs=1e-6)
+    assert gaps[0] < TIE_TOLERANCE[torch.float32]
+    logits[0, 1, 8] = -9.0  # now a real divergence
+    assert mismatch_gaps(logits, check, tree)[0] == pytest.approx(12.0)

@@ -43,6 +43,23 @@ def chain_check(tree_tokens: Tensor, tree_commit_lens: Tensor, chain_predict: Te
     return ChainCheck(commit_lens=lens.to(torch.int32), out_tokens=out, bonus=bonus, mismatch=mismatch)
 
 
+# Two verifies of the same path (tree mask vs causal chain, other attention kernels, maybe TF32 dots) round
+# differently; where the chain's top logits are this close, either token is a correct greedy answer. A tree verify
+# that is really wrong (the hybrid conv-window bug of issue 21) misses by logits of 10 and more.
+TIE_TOLERANCE = {torch.float32: 0.05, torch.bfloat16: 0.5, torch.float16: 0.25}
+
+
+def mismatch_gaps(chain_logits: Tensor, check: ChainCheck, tree_tokens: Tensor) -> Tensor:
+    """[bs] float: at each request's first mismatch, the chain's logit for its own token minus its logit for the
+    tree's token (>= 0); 0 where the two agree. chain_logits: [bs, B, V]."""
+    at = check.mismatch.clamp(min=0)  # [bs]
+    rows = chain_logits.gather(1, at.view(-1, 1, 1).expand(-1, 1, chain_logits.shape[-1])).squeeze(1).float()
+    chain_token = check.out_tokens.gather(1, at.unsqueeze(1))  # the chain's token at the mismatch (its bonus)
+    tree_token = tree_tokens.gather(1, at.unsqueeze(1))
+    gap = (rows.gather(1, chain_token) - rows.gather(1, tree_token)).squeeze(1)
+    return torch.where(check.mismatch >= 0, gap, torch.zeros_like(gap))
+
+
 def chain_accept_index(batch_size: int, width: int, device: torch.device) -> Tensor:
     """[bs, B] int32 flat rows b * B + j: a chain verify's accept index (every position, in order), for SGLang's
     commit of the hybrid states (which reads the row at commit_len - 1)."""

@@ -72,7 +72,7 @@ from ddtree.sglang.batch_round import (
 )
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
 from ddtree.sglang.round_graphs import RoundGraphs, clone_result
-from ddtree.sglang.selfcheck import ChainCheck, chain_accept_index, chain_check
+from ddtree.sglang.selfcheck import TIE_TOLERANCE, ChainCheck, chain_accept_index, chain_check, mismatch_gaps
 from ddtree.tree import DraftTree, build_tree_heap, is_off_spine, tree_shape
 
 logger = logging.getLogger("ddtree")
@@ -402,9 +402,9 @@ def tree_worker_class() -> type:
 
         def _chain_verify(
             self, batch: Any, draft_input: Any, tokens: Tensor, positions: Tensor, window: Tensor, kv_plan: Any
-        ) -> tuple[Any, Tensor]:
+        ) -> tuple[Any, Tensor, Tensor]:
             """DFLASH's own verify (causal, chain metadata) of `tokens` [bs, B] in the draft window; returns the
-            logits output and the target's argmax [bs, B]."""
+            logits output, the target's logits [bs, B, V] and its argmax [bs, B]."""
             bs, width = tokens.shape
             verify_input = DFlashVerifyInput(
                 draft_token=tokens.reshape(-1),
@@ -418,24 +418,38 @@ def tree_worker_class() -> type:
             with self._verify_seq_lens(batch, draft_input, width):
                 verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
                 out = self._target_forward(verify_batch).logits_output
-            return out, torch.argmax(out.next_token_logits, dim=-1).view(bs, width)
+            logits = out.next_token_logits.view(bs, width, -1)
+            return out, logits, torch.argmax(logits, dim=-1)
 
         def _self_check_due(self) -> bool:
             self._ddtree_rounds += 1
             every = self._ddtree_config.selfcheck_every
             return bool(every) and self._ddtree_rounds % every == 0
 
-        def _report_self_check(self, check: ChainCheck, tree_tokens: Tensor, chain_predict: Tensor) -> None:
-            """One host read per check round; on a mismatch an ERROR and DFLASH's rounds from now on."""
-            bad = (check.mismatch >= 0).nonzero().flatten().tolist()
+        def _report_self_check(
+            self, check: ChainCheck, tree_tokens: Tensor, chain_logits: Tensor, chain_predict: Tensor
+        ) -> None:
+            """One host read per check round. A mismatch at a near-tie of the chain's logits is rounding (INFO);
+            any other is an ERROR, and DFLASH's rounds from now on."""
+            gaps = mismatch_gaps(chain_logits, check, tree_tokens)
+            tolerance = TIE_TOLERANCE.get(chain_logits.dtype, TIE_TOLERANCE[torch.bfloat16])
+            differs = (check.mismatch >= 0).tolist()
+            gap_list = gaps.tolist()
+            bad = [b for b, d in enumerate(differs) if d and gap_list[b] >= tolerance]
+            ties = [b for b, d in enumerate(differs) if d and gap_list[b] < tolerance]
             if not bad:
-                logger.info("DDTREE self-check round %d: the tree verify equals the chain verify", self._ddtree_rounds)
+                near = f" (near-ties in {len(ties)} requests, max gap {max(gap_list[b] for b in ties):.3g})"
+                logger.info(
+                    "DDTREE self-check round %d: the tree verify equals the chain verify%s",
+                    self._ddtree_rounds,
+                    near if ties else "",
+                )
                 return
             b = bad[0]
             at = int(check.mismatch[b])
             self._ddtree_fallback = (
                 f"self-check round {self._ddtree_rounds}: request {b} path position {at}: tree verify "
-                f"{int(tree_tokens[b, at])}, chain verify {int(chain_predict[b, at])}"
+                f"{int(tree_tokens[b, at])}, chain verify {int(chain_predict[b, at])}, logit gap {gap_list[b]:.3g}"
             )
             logger.error(
                 "DDTREE self-check FAILED (%s; %d of %d requests differ): the tree verify is not exact on this "
@@ -613,11 +627,11 @@ def tree_worker_class() -> type:
                 # The accepted paths re-verified as chains in the draft window (path order: nothing to permute);
                 # the chain's results are what this round commits, so it is exact whatever the check finds.
                 path_tokens = tokens.gather(1, perm)[:, :block]  # [bs, B]: the path, then other nodes as filler
-                logits_output, chain_predict = self._chain_verify(
+                logits_output, chain_logits, chain_predict = self._chain_verify(
                     batch, draft_input, path_tokens, positions_2d, window_2d, kv_loc_plan
                 )
                 check = chain_check(out_tokens, commit_lens, chain_predict)
-                self._report_self_check(check, out_tokens, chain_predict)
+                self._report_self_check(check, out_tokens, chain_logits, chain_predict)
                 commit_lens, out_tokens, bonus = check.commit_lens, check.out_tokens, check.bonus
                 state_index, state_width = chain_accept_index(bs, block, device), block
                 hidden_rows, hidden_loc = None, self._draft_write_ids(kv_loc_plan).view(bs, block).to(torch.int64)
