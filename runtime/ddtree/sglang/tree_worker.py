@@ -421,6 +421,13 @@ def tree_worker_class() -> type:
             logits = out.next_token_logits.view(bs, width, -1)
             return out, logits, torch.argmax(logits, dim=-1)
 
+        def _snapshot_conv_states(self, batch: Any) -> list[tuple[Tensor, Tensor, Tensor]]:
+            """(conv state tensor [L, slots, ...], the batch's rows, a copy of them) per conv type."""
+            pool = self.target_worker.model_runner.req_to_token_pool
+            rows = self._ddtree_linear._translate_mamba_indices(pool.get_mamba_indices(batch.req_pool_indices))
+            rows = rows.to(torch.int64)
+            return [(conv, rows, conv[:, rows].clone()) for conv in pool.mamba_pool.mamba_cache.conv]
+
         def _self_check_due(self) -> bool:
             self._ddtree_rounds += 1
             every = self._ddtree_config.selfcheck_every
@@ -438,11 +445,11 @@ def tree_worker_class() -> type:
             bad = [b for b, d in enumerate(differs) if d and gap_list[b] >= tolerance]
             ties = [b for b, d in enumerate(differs) if d and gap_list[b] < tolerance]
             if not bad:
-                near = f" (near-ties in {len(ties)} requests, max gap {max(gap_list[b] for b in ties):.3g})"
+                near = ""
+                if ties:
+                    near = f" (near-ties in {len(ties)} requests, max gap {max(gap_list[b] for b in ties):.3g})"
                 logger.info(
-                    "DDTREE self-check round %d: the tree verify equals the chain verify%s",
-                    self._ddtree_rounds,
-                    near if ties else "",
+                    "DDTREE self-check round %d: the tree verify equals the chain verify%s", self._ddtree_rounds, near
                 )
                 return
             b = bad[0]
@@ -578,6 +585,10 @@ def tree_worker_class() -> type:
             t2 = time.perf_counter()
 
             # --- 3) one target forward over every tree
+            check_round = self._self_check_due()
+            # a verify forward slides each request's conv state in place (the commit overwrites it from the
+            # accepted step's window); the chain re-verify must start from the committed one
+            conv_snapshot = self._snapshot_conv_states(batch) if check_round and self._ddtree_hybrid else None
             tokens = plan.tokens  # [bs, S]
             verify_input = DFlashVerifyInput(
                 draft_token=tokens.reshape(-1),
@@ -623,10 +634,13 @@ def tree_worker_class() -> type:
                 commit = commit_batch(plan, accept_index, accept_num, target_predict)
             perm = commit.perm  # [bs, S]
             commit_lens, out_tokens, bonus = commit.commit_lens, commit.out_tokens, commit.bonus  # [bs] int32, ...
-            if self._self_check_due():
+            if check_round:
                 # The accepted paths re-verified as chains in the draft window (path order: nothing to permute);
                 # the chain's results are what this round commits, so it is exact whatever the check finds.
                 path_tokens = tokens.gather(1, perm)[:, :block]  # [bs, B]: the path, then other nodes as filler
+                if conv_snapshot is not None:
+                    for conv, rows, saved in conv_snapshot:
+                        conv[:, rows] = saved
                 logits_output, chain_logits, chain_predict = self._chain_verify(
                     batch, draft_input, path_tokens, positions_2d, window_2d, kv_loc_plan
                 )
