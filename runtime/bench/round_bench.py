@@ -50,7 +50,7 @@ from ddtree.sglang.batch_round import (
     full_mask_numel,
     plan_batch,
 )
-from ddtree.sglang.layout import accept_tensors, greedy_accept
+from ddtree.sglang.devcheck import random_path_verify
 from ddtree.sglang.tree_worker import TreeCommit, TreeRound, commit_round, plan_round
 
 COLUMNS = (
@@ -120,23 +120,6 @@ def tie_logprobs(kind: str, bs: int, rows: int, vocab: int, device: torch.device
     raise ValueError(kind)
 
 
-def verify_outputs(ref: TreeRound, vocab: int, seed: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(accept_index [bs, S] int32, accept_num [bs] int32, target_predict [bs, S] int64) of a greedy verify whose
-    target follows a random root-to-node path per request (host, from the reference layouts)."""
-    g = torch.Generator().manual_seed(seed)
-    bs, slots = ref.tokens.shape
-    predict = torch.randint(0, vocab, (bs, slots), generator=g)
-    for b, lay in enumerate(ref.layouts):
-        node = int(torch.randint(lay.num_nodes, (1,), generator=g))
-        parents = lay.parents.tolist()
-        while parents[node] >= 0:
-            predict[b, parents[node]] = lay.draft_tokens[node]
-            node = parents[node]
-    accepts = [greedy_accept(lay, predict[b]) for b, lay in enumerate(ref.layouts)]
-    index, num, _ = accept_tensors(accepts, list(predict), slots, slots)
-    return index.to(torch.int32), num.to(torch.int32), predict
-
-
 def plan_mismatches(ref: TreeRound, plan: BatchPlan, mask: Tensor) -> list[str]:
     pairs = {
         "tokens": (ref.tokens, plan.tokens),
@@ -191,7 +174,7 @@ def run_config(args: argparse.Namespace, device: torch.device, bs: int, prefix: 
         return plan_round(lp, roots_list, prefix_list, slots, budget, topk)
 
     ref = old_plan()
-    index, num, predict = verify_outputs(ref, args.vocab, seed)
+    index, num, predict = random_path_verify(ref, args.vocab, seed)
     ref_commit = commit_round(ref, index, num, predict)
     index_d, num_d, predict_d = index.to(device), num.to(device), predict.to(device)
 
@@ -264,7 +247,7 @@ def tie_parity(args: argparse.Namespace, device: torch.device) -> list[str]:
             plan = plan_batch(lp, roots, prefixes_host.to(device), slots, budget, args.topk)
             numel = full_mask_numel(int(prefixes_host.sum()), bs, slots)
             mask = full_mask_batched(plan.tree_mask, prefixes_host.to(device), numel)
-            index, num, predict = verify_outputs(ref, vocab, seed=i)
+            index, num, predict = random_path_verify(ref, vocab, seed=i)
             commit = commit_batch(plan, index.to(device), num.to(device), predict.to(device))
             bad = plan_mismatches(ref, plan, mask) + commit_mismatches(commit_round(ref, index, num, predict), commit)
             problems += [f"ties {kind} budget={budget}: {name}" for name in bad]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from ddtree.sglang.batch_round import commit_batch, plan_batch
+from ddtree.sglang.devcheck import random_path_verify
 from ddtree.sglang.round_graphs import RoundGraphs, clone_result
 from ddtree.sglang.tree_worker import plan_round
 
@@ -21,32 +22,6 @@ def round_inputs(seed: int, bs: int, device: torch.device) -> tuple[torch.Tensor
     lp = (torch.randn(bs, SLOTS - 1, VOCAB, generator=g) * 3).log_softmax(-1)
     roots, prefixes = torch.randint(0, VOCAB, (bs,), generator=g), torch.randint(1, 500, (bs,), generator=g)
     return lp.to(device), roots.to(device), prefixes.to(device)
-
-
-def verify_outputs(
-    seed: int, lp: torch.Tensor, roots: torch.Tensor, prefixes: torch.Tensor
-) -> tuple[torch.Tensor, ...]:
-    """accept_index / accept_num / target_predict of a greedy walk down a random path of each request's tree."""
-    ref = plan_round(lp.cpu(), roots.tolist(), prefixes.tolist(), SLOTS, BUDGET, TOPK)
-    g = torch.Generator().manual_seed(seed)
-    bs = lp.shape[0]
-    predict = torch.randint(0, VOCAB, (bs, SLOTS), generator=g)
-    index = torch.full((bs, SLOTS), -1, dtype=torch.int32)
-    num = torch.zeros(bs, dtype=torch.int32)
-    for b, lay in enumerate(ref.layouts):
-        parents, slot = lay.parents.tolist(), 0
-        index[b, 0] = b * SLOTS
-        while True:
-            children = [c for c in range(1, lay.num_nodes) if parents[c] == slot]
-            if not children or torch.rand((), generator=g) < 0.2:
-                break
-            child = children[int(torch.randint(len(children), (), generator=g))]
-            predict[b, slot] = ref.tokens[b, child]
-            slot = child
-            num[b] += 1
-            index[b, int(num[b])] = b * SLOTS + slot
-    device = lp.device
-    return index.to(device), num.to(device), predict.to(device)
 
 
 def test_graphs_apply_to_small_cuda_batches_only() -> None:
@@ -74,7 +49,8 @@ def test_replayed_rounds_equal_eager_rounds() -> None:
     graphs = RoundGraphs(SLOTS, BUDGET, TOPK)
     for seed, bs in [(1, 3), (2, 1), (3, 3), (4, 8), (5, 1)]:  # captures for 3, 1, 8; replays with new inputs
         lp, roots, prefixes = round_inputs(seed, bs, device)
-        index, num, predict = verify_outputs(seed, lp, roots, prefixes)
+        ref = plan_round(lp.cpu(), roots.tolist(), prefixes.tolist(), SLOTS, BUDGET, TOPK)
+        index, num, predict = (t.to(device) for t in random_path_verify(ref, VOCAB, seed))
         want_plan = plan_batch(lp, roots, prefixes, SLOTS, BUDGET, TOPK)
         want = commit_batch(want_plan, index, num, predict)
         plan = graphs.plan(lp, roots, prefixes)

@@ -20,7 +20,7 @@ from ddtree.sglang.batch_round import (
     plan_batch,
     stats_tensor,
 )
-from ddtree.sglang.layout import accept_tensors, greedy_accept
+from ddtree.sglang.devcheck import random_path_verify
 from ddtree.sglang.tree_worker import TreeRound, commit_round, plan_round, round_stats
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -110,8 +110,7 @@ def test_padding_requests_change_nothing_for_the_real_ones() -> None:
     ref = plan_round(lp_p, roots_p.tolist(), prefixes_p.tolist(), slots, budget, topk)
     assert_plan_equal(ref, lp_p, roots_p, prefixes_p, slots, budget, topk)
 
-    predict = follow_random_paths(ref, seed=3, vocab=50)
-    index, num = greedy_outputs(ref, predict, slots)
+    index, num, predict = random_path_verify(ref, 50, seed=3)
     index[3:], num[3:] = -1, 0  # padding requests: verify_tree_greedy's untouched outputs
     index[3:, 0] = torch.arange(3, 5) * slots
     commit = commit_batch(padded, index, num, predict)
@@ -119,26 +118,6 @@ def test_padding_requests_change_nothing_for_the_real_ones() -> None:
     for name in ("out_tokens", "commit_lens", "bonus", "perm", "off_spine"):
         assert torch.equal(getattr(commit, name)[:3], getattr(commit_alone, name)), name
     assert commit.commit_lens[3:].tolist() == [1, 1] and not commit.bad_path.any()
-
-
-def follow_random_paths(plan: TreeRound, seed: int, vocab: int) -> torch.Tensor:
-    """[bs, S] target tokens whose greedy walk follows a random root-to-node path (often off the spine)."""
-    g = torch.Generator().manual_seed(seed)
-    bs, slots = plan.tokens.shape
-    predict = torch.randint(0, vocab, (bs, slots), generator=g)
-    for b, lay in enumerate(plan.layouts):
-        node = int(torch.randint(lay.num_nodes, (1,), generator=g))
-        parents = lay.parents.tolist()
-        while parents[node] >= 0:
-            predict[b, parents[node]] = lay.draft_tokens[node]
-            node = parents[node]
-    return predict
-
-
-def greedy_outputs(plan: TreeRound, predict: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-    accepts = [greedy_accept(lay, predict[b]) for b, lay in enumerate(plan.layouts)]
-    index, num, _ = accept_tensors(accepts, list(predict), slots, slots)
-    return index.to(torch.int32), num.to(torch.int32)
 
 
 @pytest.mark.parametrize(("block", "slots", "budget", "topk"), [(8, 8, 7, 3), (8, 8, 1, 1), (8, 16, 15, 8)])
@@ -149,8 +128,7 @@ def test_commit_batch_equals_commit_round_including_off_spine(block: int, slots:
         lp, roots, prefixes = random_round(seed, bs, block, 40, [KINDS[seed % len(KINDS)]])
         ref = plan_round(lp, roots.tolist(), prefixes.tolist(), slots, budget, topk)
         plan = plan_batch(lp, roots, prefixes, slots, budget, topk)
-        predict = follow_random_paths(ref, seed=100 + seed, vocab=40)
-        index, num = greedy_outputs(ref, predict, slots)
+        index, num, predict = random_path_verify(ref, 40, seed=100 + seed)
         want = commit_round(ref, index, num, predict)
         got = commit_batch(plan, index, num, predict)
         assert torch.equal(got.out_tokens, want.out_tokens)
@@ -215,8 +193,7 @@ def test_stats_queue_emits_the_per_request_lines_reading_once_per_line(interval:
         lp, roots, prefixes = random_round(i, bs, 8, 30, ["continuous", "quantized"])
         ref = plan_round(lp, roots.tolist(), prefixes.tolist(), 8, 7, 3)
         plan = plan_batch(lp, roots, prefixes, 8, 7, 3)
-        predict = follow_random_paths(ref, seed=i, vocab=30)
-        index, num = greedy_outputs(ref, predict, 8)
+        index, num, predict = random_path_verify(ref, 30, seed=i)
         ms = {"draft": 1.0 + i, "build": 0.5, "verify": 3.0, "commit": 0.25 * i}
         for stats in round_stats(ref, commit_round(ref, index, num, predict), ms):
             direct.record(stats)
@@ -239,8 +216,7 @@ def test_cuda_plan_and_commit_equal_the_references_and_replay_in_a_graph() -> No
     dev = torch.device("cuda")
     lp_d, roots_d, prefixes_d = lp.to(dev), roots.to(dev), prefixes.to(dev)
     assert_plan_equal(ref, lp_d, roots_d, prefixes_d, slots, budget, topk)
-    predict = follow_random_paths(ref, seed=9, vocab=5000)
-    index, num = greedy_outputs(ref, predict, slots)
+    index, num, predict = random_path_verify(ref, 5000, seed=9)
     want = commit_round(ref, index, num, predict)
     index_d, num_d, predict_d = index.to(dev), num.to(dev), predict.to(dev)
 

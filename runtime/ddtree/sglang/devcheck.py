@@ -33,6 +33,7 @@ from ddtree.sglang.layout import (
     stack_links,
     to_sglang_layout,
 )
+from ddtree.sglang.tree_worker import TreeRound
 from ddtree.tree import DraftTree, build_tree, is_off_spine, walk_tree
 
 VOCAB = 50
@@ -62,6 +63,24 @@ def path_logits(tree: DraftTree, seed: int) -> Tensor:
     children = {int(tree.tokens[c]) for c in range(1, n) if parents[c] == node}
     logits[node, next(t for t in range(VOCAB) if t not in children)] = 100.0
     return logits
+
+
+def random_path_verify(plan: TreeRound, vocab: int, seed: int) -> tuple[Tensor, Tensor, Tensor]:
+    """What SGLang's greedy tree verify returns when the target follows a random root-to-node path per request
+    (often off the spine): (accept_index [bs, S] int32, accept_num [bs] int32, target_predict [bs, S] int64), from
+    the reference layouts on the host."""
+    g = torch.Generator().manual_seed(seed)
+    bs, slots = plan.tokens.shape
+    predict = torch.randint(0, vocab, (bs, slots), generator=g)
+    for b, lay in enumerate(plan.layouts):
+        node = int(torch.randint(lay.num_nodes, (1,), generator=g))
+        parents = lay.parents.tolist()
+        while parents[node] >= 0:
+            predict[b, parents[node]] = lay.draft_tokens[node]
+            node = parents[node]
+    accepts = [greedy_accept(lay, predict[b]) for b, lay in enumerate(plan.layouts)]
+    index, num, _ = accept_tensors(accepts, list(predict), slots, slots)
+    return index.to(torch.int32), num.to(torch.int32), predict
 
 
 def root_paths(layout: SGLangTreeLayout) -> list[list[int]]:
