@@ -143,6 +143,8 @@ def server_env(host: Host, service: Service, release_dir: str) -> list[tuple[str
             ("DDTREE_ALLOW_HYBRID_UNSAFE", "1" if knobs.allow_hybrid_unsafe else "0"),
             ("DDTREE_LOG_INTERVAL", str(knobs.log_interval)),
         ]
+        if knobs.selfcheck_every and service.engine is Engine.SGLANG and service.mode is Mode.TREE:
+            env.append(("DDTREE_SELFCHECK_EVERY", str(knobs.selfcheck_every)))
     env += list(service.extra_env)
     return env
 

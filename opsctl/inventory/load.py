@@ -315,13 +315,16 @@ def _detect_hybrid(local_source: str | None, dest: str) -> bool:
 
 
 def _ddtree(value: Any, path: str) -> DDTreeKnobs:
-    d = s.mapping(value, path, {"budget", "topk", "allow_hybrid_unsafe", "log_interval"})
+    d = s.mapping(value, path, {"budget", "topk", "allow_hybrid_unsafe", "log_interval", "selfcheck_every"})
     base = DDTreeKnobs()
     return DDTreeKnobs(
         budget=s.integer(d.get("budget", base.budget), f"{path}.budget", 1, 1024),
         topk=s.integer(d.get("topk", base.topk), f"{path}.topk", 1, 64),
         allow_hybrid_unsafe=s.boolean(d.get("allow_hybrid_unsafe", False), f"{path}.allow_hybrid_unsafe"),
         log_interval=s.integer(d.get("log_interval", base.log_interval), f"{path}.log_interval", 1, 1_000_000),
+        selfcheck_every=s.integer(
+            d.get("selfcheck_every", base.selfcheck_every), f"{path}.selfcheck_every", 0, 1_000_000
+        ),
     )
 
 
@@ -407,6 +410,11 @@ def _service(
             f"{path}: tree mode on hybrid target {model.name} with sglang runs its verify without CUDA graphs "
             "(opsctl adds --disable-cuda-graph); compare it with mode shadow using `opsctl bench`"
             + ("; ddtree.allow_hybrid_unsafe has no effect (the verify is exact)" if knobs.allow_hybrid_unsafe else "")
+        )
+    if knobs.selfcheck_every and not (service.engine is Engine.SGLANG and service.mode is Mode.TREE):
+        warnings.append(
+            f"{path}.ddtree.selfcheck_every has no effect: the self-check is part of SGLang's tree mode "
+            f"(this service: engine {service.engine.value}, mode {service.mode.value})"
         )
     if service.hybrid_unsafe:
         warnings.append(

@@ -86,6 +86,7 @@ class DDTreeKnobs:
     topk: int = 8  # candidates per depth
     allow_hybrid_unsafe: bool = False  # permit flat-order tree verify on hybrid targets (inexact; loud)
     log_interval: int = 50  # rounds between DDTREE metrics lines
+    selfcheck_every: int = 0  # SGLang tree mode: re-verify every Nth round's paths as chains (0: off)
 
 
 @dataclass(frozen=True)

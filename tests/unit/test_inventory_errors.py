@@ -274,3 +274,22 @@ def test_sglang_tree_budget_beyond_the_block_renders_an_eager_verify(tmp_path: P
     assert "does not fit SGLang's tree worker (budget <= 15 for 16-token DFlash drafters on a hybrid target)" in (
         result.stderr
     )
+
+
+def test_selfcheck_renders_for_sglang_tree_and_warns_where_it_does_nothing(tmp_path: Path) -> None:
+    tree = with_key(GOOD_SERVICE.replace("linear", "tree"), "ddtree: {budget: 7, selfcheck_every: 50}")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(host(svc(body=tree)))
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0 and "selfcheck_every" not in result.stderr, result.stderr
+    env = next((tmp_path / "out").rglob("env")).read_text()
+    assert "DDTREE_SELFCHECK_EVERY=50\n" in env and "DDTREE_VERIFY=tree\n" in env
+    shadow = with_key(GOOD_SERVICE.replace("linear", "shadow"), "ddtree: {selfcheck_every: 50}")
+    inv.write_text(host(svc(body=shadow)))
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out2"))
+    assert result.exit_code == 0, result.stderr
+    assert "ddtree.selfcheck_every has no effect" in result.stderr and "mode shadow" in result.stderr
+    assert "DDTREE_SELFCHECK_EVERY" not in next((tmp_path / "out2").rglob("env")).read_text()
+    inv.write_text(host(svc(body=with_key(GOOD_SERVICE, "ddtree: {selfcheck_every: -1}"))))
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out3"))
+    assert result.exit_code == 1 and "selfcheck_every" in result.stderr
