@@ -261,7 +261,7 @@ def test_sixteen_concurrent_requests(servers: Callable[..., ServeProcess]) -> No
         (b'{"messages": [', "Malformed JSON"),
         (chat_body("hi", max_tokens=-1), "max_tokens must be >= 1"),
         (chat_body("hi", max_tokens=10**9), "maximum context length"),
-        ({**chat_body("hi", max_tokens=4), "model": "gpt-4"}, "The model `gpt-4` does not exist"),
+        ({**chat_body("hi", max_tokens=4), "logprobs": True}, "logprobs is not supported"),
     ],
 )
 def test_bad_requests_get_400(servers: Callable[..., ServeProcess], body: Any, fragment: str) -> None:

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 from ddtree.serve.protocol import (
     RequestError,
-    check_model,
     parse_chat,
     parse_completion,
     parse_generate,
@@ -109,12 +108,30 @@ def test_max_tokens_against_context() -> None:
         resolve_max_tokens(1, 64, 64)
 
 
-def test_check_model() -> None:
-    check_model(None, "served", "/path")
-    check_model("served", "served", "/path")
-    check_model("/path", "served", "/path")
-    with pytest.raises(RequestError, match="The model `gpt-4` does not exist"):
-        check_model("gpt-4", "served", "/path")
+@pytest.mark.parametrize(
+    ("parse", "body", "param"),
+    [
+        (parse_chat, {**CHAT, "logprobs": True}, "logprobs"),
+        (parse_chat, {**CHAT, "logprobs": 0}, "logprobs"),  # a number is not the boolean off
+        (parse_chat, {**CHAT, "tools": [{"type": "function"}]}, "tools"),
+        (parse_chat, {**CHAT, "presence_penalty": 0.1}, "presence_penalty"),
+        (parse_chat, {**CHAT, "top_p": 0.9}, "top_p"),  # sampling at the default temperature 1
+        (parse_completion, {"prompt": "x", "logprobs": 0}, "logprobs"),
+        (parse_generate, {"text": "x", "sampling_params": {"top_k": 3}}, "sampling_params.top_k"),
+        (parse_chat, {**CHAT, "seed": 2**64}, "seed"),
+        (parse_generate, {"text": "x", "sampling_params": {"sampling_seed": -(2**63) - 1}}, "sampling_seed"),
+    ],
+)
+def test_unsupported_fields_and_seed_range(parse: Any, body: dict[str, Any], param: str) -> None:
+    with pytest.raises(RequestError) as exc:
+        parse(body)
+    assert exc.value.status == 400 and exc.value.param == param and param in exc.value.message
+
+
+def test_off_values_of_unsupported_fields_pass() -> None:
+    off = {"logprobs": False, "tools": [], "tool_choice": "auto", "repetition_penalty": 1.0, "top_k": -1}
+    r = parse_chat({**CHAT, **off, "model": "anything", "top_p": 0.5, "temperature": 0, "seed": 2**64 - 1})
+    assert r.model == "anything" and r.sampling.seed == 2**64 - 1 and r.sampling.temperature == 0.0
 
 
 def test_decode_batch_line_matches_sglang() -> None:

@@ -19,7 +19,6 @@ from ddtree.serve.chat import render_chat
 from ddtree.serve.protocol import (
     RequestError,
     Sampling,
-    check_model,
     parse_chat,
     parse_completion,
     parse_generate,
@@ -28,6 +27,7 @@ from ddtree.serve.protocol import (
     token_ids,
 )
 from ddtree.serve.reasoning import StreamingSplitter, forced_reasoning, split_reasoning
+from ddtree.serve.request_id import REQUEST_ID_HEADER, RequestIdMiddleware, request_id
 from ddtree.serve.service import EngineError, Outcome, run, run_all
 from ddtree.serve.state import AppState, Loaded, Phase
 from ddtree.serve.worker import GenParams
@@ -62,6 +62,16 @@ def create_app(state: AppState) -> FastAPI:
                 return await call_next(request)
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
 
+    app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 401 carries the id too
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        """A bug must still answer in SGLang's shape (Starlette's default is a plain-text 500)."""
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        response = error_response(500, f"Internal server error: {type(exc).__name__}")
+        response.headers[REQUEST_ID_HEADER] = request_id(request.scope)  # outside the middleware: set here
+        return response
+
     @app.exception_handler(RequestError)
     async def _bad_request(_: Request, exc: RequestError) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.param)
@@ -73,6 +83,16 @@ def create_app(state: AppState) -> FastAPI:
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
         return error_response(500, f"generation failed: {exc}")
+
+    def _model_card(name: str) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(state.started_wall),
+            "owned_by": "sglang",
+            "root": args.model_path,
+            "max_model_len": state.info.context_len,
+        }
 
     def ready() -> Loaded:
         if state.phase is not Phase.READY or state.loaded is None:
@@ -104,15 +124,20 @@ def create_app(state: AppState) -> FastAPI:
     # -- info ------------------------------------------------------------------------------------------------
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {
-            "id": args.served_model_name,
-            "object": "model",
-            "created": int(state.started_wall),
-            "owned_by": "sglang",
-            "root": args.model_path,
-            "max_model_len": state.info.context_len,
-        }
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [_model_card(args.served_model_name)]}
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> Response:
+        """OpenAI's models.retrieve: the served name only, SGLang's 404 body otherwise."""
+        if model != args.served_model_name:
+            error = {
+                "message": f"The model '{model}' does not exist",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }
+            return JSONResponse({"error": error}, status_code=404)
+        return JSONResponse(_model_card(model))
 
     @app.get("/server_info")
     @app.get("/get_server_info")
@@ -130,7 +155,6 @@ def create_app(state: AppState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         req = parse_chat(await _json(request))
-        check_model(req.model, args.served_model_name, args.model_path)
         loaded = ready()
         prompt = render_chat(loaded.tokenizer, req.messages, req.chat_template_kwargs)
         params = _params(state, loaded, prompt, req.sampling)
@@ -162,7 +186,6 @@ def create_app(state: AppState) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         req = parse_completion(await _json(request))
-        check_model(req.model, args.served_model_name, args.model_path)
         loaded = ready()
         if isinstance(req.prompt, str):
             prompt = list(loaded.tokenizer.encode(req.prompt, add_special_tokens=False))
@@ -206,7 +229,6 @@ def create_app(state: AppState) -> FastAPI:
     @app.post("/v1/tokenize")
     async def tokenize(request: Request) -> Response:
         req = parse_tokenize(await _json(request))
-        check_model(req.model, args.served_model_name, args.model_path)
         loaded = ready()
         if req.messages is not None:
             ids = render_chat(loaded.tokenizer, req.messages, req.chat_template_kwargs)
@@ -234,6 +256,8 @@ async def _json(request: Request) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"Malformed JSON in request body: {exc}") from None
+    except RecursionError:
+        raise RequestError("Malformed JSON in request body: nested too deeply") from None
 
 
 def _decoder(loaded: Loaded) -> Callable[[Any], str]:

@@ -76,6 +76,44 @@ class TokenizeRequest:
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+# Fields SGLang implements and this engine does not, with the values that mean "off" (None always does). A field
+# present with any other value is a 400 naming it: a request is never answered as if the field were not there.
+_SAMPLING_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "repetition_penalty": (1,),
+    "logit_bias": ({},),
+    "top_k": (-1, 0),
+    "min_p": (0,),
+    "min_tokens": (0,),
+    "regex": (),
+    "ebnf": (),
+    "json_schema": (),
+    "stop_regex": (),
+    "response_format": ({"type": "text"},),
+}
+CHAT_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    **_SAMPLING_UNSUPPORTED,
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
+    "functions": ([],),
+    "function_call": ("none", "auto"),
+}
+COMPLETION_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    **_SAMPLING_UNSUPPORTED,
+    "logprobs": (),
+    "suffix": ("",),
+    "best_of": (1,),
+}
+GENERATE_UNSUPPORTED: dict[str, tuple[Any, ...]] = {  # inside sampling_params
+    **{k: v for k, v in _SAMPLING_UNSUPPORTED.items() if k != "min_tokens"},
+    "min_new_tokens": (0,),
+    "n": (1,),
+}
 
 
 def _require_object(body: Any, what: str = "request body") -> Mapping[str, Any]:
@@ -95,6 +133,31 @@ def _opt_int(body: Mapping[str, Any], key: str, lo: int | None = None) -> int | 
             raise RequestError(f"{key} must be an integer, got {v!r}", key)
     if lo is not None and v < lo:
         raise RequestError(f"{key} must be >= {lo}, got {v}", key)
+    return v
+
+
+def _refuse_unsupported(body: Mapping[str, Any], table: Mapping[str, tuple[Any, ...]], prefix: str = "") -> None:
+    for key, off in table.items():
+        v = body.get(key)
+        if v is None or any(type(v) is type(o) or {type(v), type(o)} == {int, float} for o in off if v == o):
+            continue
+        hint = f"leave it out or send {off[0]!r}" if off else "leave it out"
+        raise RequestError(f"{prefix}{key} is not supported by the ddtree reference server ({hint})", prefix + key)
+
+
+def _top_p(body: Mapping[str, Any], temperature: float | None) -> None:
+    """top_p < 1 changes sampling, which this engine does not truncate; with greedy decoding it changes nothing."""
+    top_p = _opt_float(body, "top_p", 0.0, 1.0)
+    if top_p is not None and top_p < 1.0 and temperature != 0.0:
+        raise RequestError(
+            "top_p is not supported by the ddtree reference server below 1 (only with temperature 0)", "top_p"
+        )
+
+
+def _seed(body: Mapping[str, Any], key: str) -> int | None:
+    v = _opt_int(body, key)
+    if v is not None and not SEED_RANGE[0] <= v <= SEED_RANGE[1]:
+        raise RequestError(f"{key} must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (64 bits), got {v}", key)
     return v
 
 
@@ -167,12 +230,12 @@ def _openai_sampling(body: Mapping[str, Any], max_key_names: tuple[str, ...]) ->
         if v is not None:
             max_tokens = v
             break
-    _opt_float(body, "top_p", 0.0, 1.0)  # accepted, validated, ignored (greedy or full-distribution sampling)
     temperature = _opt_float(body, "temperature", 0.0, 2.0)
+    _top_p(body, temperature)
     return Sampling(
         max_tokens=max_tokens,
         temperature=1.0 if temperature is None else temperature,
-        seed=_opt_int(body, "seed"),
+        seed=_seed(body, "seed"),
         stop=_stop(body.get("stop")),
         stop_token_ids=token_ids(body["stop_token_ids"], "stop_token_ids") if body.get("stop_token_ids") else (),
         ignore_eos=_opt_bool(body, "ignore_eos"),
@@ -206,6 +269,7 @@ def parse_chat(body: Any) -> ChatRequest:
     if not isinstance(msgs, list) or not msgs:
         raise RequestError("messages must be a non-empty list", "messages")
     _n(body)
+    _refuse_unsupported(body, CHAT_UNSUPPORTED)
     raw_kwargs = body.get("chat_template_kwargs")
     kwargs = {} if raw_kwargs is None else dict(_require_object(raw_kwargs, "chat_template_kwargs"))
     stream, include_usage = _stream(body)
@@ -238,6 +302,7 @@ def parse_completion(body: Any) -> CompletionRequest:
     _n(body)
     if body.get("echo"):
         raise RequestError("echo is not supported", "echo")
+    _refuse_unsupported(body, COMPLETION_UNSUPPORTED)
     stream, include_usage = _stream(body)
     sampling = _openai_sampling(body, ("max_tokens",))
     if sampling.max_tokens is None:
@@ -259,13 +324,15 @@ def parse_generate(body: Any) -> GenerateRequest:
     if input_ids is not None and not input_ids:
         raise RequestError("input_ids must not be empty", "input_ids")
     sp = _require_object(body.get("sampling_params") or {}, "sampling_params")
+    _refuse_unsupported(sp, GENERATE_UNSUPPORTED, "sampling_params.")
+    _refuse_unsupported(body, {"return_logprob": (False,)})
     max_new = _opt_int(sp, "max_new_tokens", lo=1)
     temperature = _opt_float(sp, "temperature", 0.0, 2.0)
-    _opt_float(sp, "top_p", 0.0, 1.0)
+    _top_p(sp, temperature)
     sampling = Sampling(
         max_tokens=GENERATE_DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new,
         temperature=1.0 if temperature is None else temperature,
-        seed=_opt_int(sp, "seed") if sp.get("seed") is not None else _opt_int(sp, "sampling_seed"),
+        seed=_seed(sp, "seed") if sp.get("seed") is not None else _seed(sp, "sampling_seed"),
         stop=_stop(sp.get("stop")),
         stop_token_ids=token_ids(sp["stop_token_ids"], "stop_token_ids") if sp.get("stop_token_ids") else (),
         ignore_eos=_opt_bool(sp, "ignore_eos"),
@@ -318,9 +385,3 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, context_len: int)
             "max_tokens",
         )
     return requested
-
-
-def check_model(requested: str | None, served: str, model_path: str) -> None:
-    if requested is None or requested in (served, model_path):
-        return
-    raise RequestError(f"The model `{requested}` does not exist; this server serves `{served}`.", "model")
