@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ddtree.sglang.selfcheck import TIE_TOLERANCE, chain_accept_index, chain_check, mismatch_gaps
+from ddtree.sglang.selfcheck import (
+    STATE_TOLERANCE,
+    TIE_TOLERANCE,
+    accepted_states,
+    chain_accept_index,
+    chain_check,
+    mismatch_gaps,
+    state_gaps,
+)
 
 pytestmark = pytest.mark.runtime
 
@@ -55,3 +63,23 @@ def test_mismatch_gaps_measure_the_chain_logits_at_the_first_mismatch() -> None:
     assert gaps[0] < TIE_TOLERANCE[torch.float32]
     logits[0, 1, 8] = -9.0  # now a real divergence
     assert mismatch_gaps(logits, check, tree)[0] == pytest.approx(12.0)
+
+
+def test_accepted_states_read_each_requests_step_and_state_gaps_compare_them() -> None:
+    g = torch.Generator().manual_seed(0)
+    windows = torch.randn(2, 3, 8, 5, 3, generator=g)  # [L, rows, steps, dim, K - 1]
+    states = torch.randn(2, 3, 8, 4, 4, generator=g)  # [L, rows, steps, ...]
+    tree = accepted_states([windows], states, torch.tensor([2, 5, 0]))
+    assert torch.equal(tree.windows[0][:, 1], windows[:, 1, 5])
+    assert tree.state_norms.shape == (2, 3)
+    assert tree.state_norms[1, 2] == pytest.approx(float(states[1, 2, 0].norm()))
+    windows[:, 1, 5] = 99.0  # the buffer is overwritten by the next verify: the copy is not
+    assert not torch.equal(tree.windows[0][:, 1], windows[:, 1, 5])
+
+    same = accepted_states([tree.windows[0].unsqueeze(2).clone()], None, torch.zeros(3, dtype=torch.int64))
+    chain = accepted_states([tree.windows[0].unsqueeze(2).clone()], None, torch.zeros(3, dtype=torch.int64))
+    chain.windows[0][:, 1] += 0.001  # rounding between two forwards: within the tolerance
+    chain.windows[0][0, 2, 0, 0] = 50.0  # another node's inputs: far outside it
+    gaps = state_gaps(same, chain, torch.tensor([True, True, True]))
+    assert gaps[0] == 0 and 0 < gaps[1] < STATE_TOLERANCE and gaps[2] >= STATE_TOLERANCE
+    assert state_gaps(same, chain, torch.tensor([True, True, False]))[2] == 0  # unconfirmed paths are skipped

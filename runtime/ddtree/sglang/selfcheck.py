@@ -60,6 +60,50 @@ def mismatch_gaps(chain_logits: Tensor, check: ChainCheck, tree_tokens: Tensor) 
     return torch.where(check.mismatch >= 0, gap, torch.zeros_like(gap))
 
 
+# What the tree round would commit for a hybrid target (the last accepted node's conv window and recurrent
+# state) against what the chain verify holds at the same path position. Both come from separate forwards whose
+# layer inputs round differently (bf16), so the bound is relative; a window holding another node's inputs (the
+# chain-layout bug of issue 21) is off by O(1).
+STATE_TOLERANCE = 0.1
+
+
+@dataclass(frozen=True)
+class AcceptedStates:
+    """Per request, at one step of the verify's per-step buffers: conv windows and recurrent-state norms."""
+
+    windows: list[Tensor]  # per conv type [L, bs, ...]
+    state_norms: Tensor  # [L, bs] float32
+
+
+def accepted_states(windows: list[Tensor], states: Tensor | None, steps: Tensor) -> AcceptedStates:
+    """windows: SGLang's per-step conv-window buffers [L, rows, steps, ...] per conv type; states: its per-step
+    recurrent states [L, rows, steps, ...] (or None); request b's verify rows are row b; steps: [bs] the step to
+    read. Copies (the next verify overwrites the buffers); the states only as per-layer norms, one layer at a
+    time (a 27B-sized state is ~100 MB per request)."""
+    rows = torch.arange(steps.shape[0], device=steps.device)
+    picked = [window[:, rows, steps].clone() for window in windows]
+    if states is None:
+        norms = torch.zeros(0, steps.shape[0], device=steps.device)
+    else:
+        layers = range(states.shape[0])
+        norms = torch.stack([states[layer, rows, steps].float().flatten(1).norm(dim=1) for layer in layers])
+    return AcceptedStates(windows=picked, state_norms=norms)
+
+
+def state_gaps(tree: AcceptedStates, chain: AcceptedStates, confirmed: Tensor) -> Tensor:
+    """[bs] float: the largest relative difference between the tree's and the chain's states over conv types,
+    layers and state norms, for requests whose whole path the chain confirmed (`confirmed` [bs] bool); 0 else."""
+    gaps = torch.zeros(confirmed.shape[0], device=confirmed.device)
+    pairs = list(zip(tree.windows, chain.windows, strict=True))
+    if tree.state_norms.numel():
+        pairs.append((tree.state_norms.unsqueeze(-1), chain.state_norms.unsqueeze(-1)))
+    for a, b in pairs:
+        a, b = a.float().transpose(0, 1).flatten(1), b.float().transpose(0, 1).flatten(1)  # [bs, ...]
+        scale = b.abs().amax(dim=1).clamp(min=1e-6)
+        gaps = torch.maximum(gaps, (a - b).abs().amax(dim=1) / scale)
+    return torch.where(confirmed, gaps, torch.zeros_like(gaps))
+
+
 def chain_accept_index(batch_size: int, width: int, device: torch.device) -> Tensor:
     """[bs, B] int32 flat rows b * B + j: a chain verify's accept index (every position, in order), for SGLang's
     commit of the hybrid states (which reads the row at commit_len - 1)."""

@@ -72,7 +72,17 @@ from ddtree.sglang.batch_round import (
 )
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
 from ddtree.sglang.round_graphs import RoundGraphs, clone_result
-from ddtree.sglang.selfcheck import TIE_TOLERANCE, ChainCheck, chain_accept_index, chain_check, mismatch_gaps
+from ddtree.sglang.selfcheck import (
+    STATE_TOLERANCE,
+    TIE_TOLERANCE,
+    AcceptedStates,
+    ChainCheck,
+    accepted_states,
+    chain_accept_index,
+    chain_check,
+    mismatch_gaps,
+    state_gaps,
+)
 from ddtree.tree import DraftTree, build_tree_heap, is_off_spine, tree_shape
 
 logger = logging.getLogger("ddtree")
@@ -433,11 +443,36 @@ def tree_worker_class() -> type:
             every = self._ddtree_config.selfcheck_every
             return bool(every) and self._ddtree_rounds % every == 0
 
+        def _verify_states(self, steps: Tensor) -> AcceptedStates:
+            """The verify's per-step conv windows and recurrent-state norms at `steps` [bs] (hybrid targets)."""
+            caches = self.target_worker.model_runner.req_to_token_pool.mamba_pool.mamba_cache
+            return accepted_states(list(caches.intermediate_conv_window), caches.intermediate_ssm, steps)
+
         def _report_self_check(
-            self, check: ChainCheck, tree_tokens: Tensor, chain_logits: Tensor, chain_predict: Tensor
+            self,
+            check: ChainCheck,
+            tree_tokens: Tensor,
+            chain_logits: Tensor,
+            chain_predict: Tensor,
+            state_gap: Tensor | None = None,
         ) -> None:
-            """One host read per check round. A mismatch at a near-tie of the chain's logits is rounding (INFO);
-            any other is an ERROR, and DFLASH's rounds from now on."""
+            """One host read per check round. A token mismatch at a near-tie of the chain's logits is rounding
+            (INFO); any other, or a hybrid state the tree would commit that differs from the chain's by more than
+            STATE_TOLERANCE, is an ERROR, and DFLASH's rounds from now on."""
+            if state_gap is not None:
+                worst = int(state_gap.argmax())
+                gap = float(state_gap[worst])
+                if gap >= STATE_TOLERANCE:
+                    self._ddtree_fallback = (
+                        f"self-check round {self._ddtree_rounds}: request {worst}: the recurrent state the tree would "
+                        f"commit differs from the chain's by {gap:.3g} (relative)"
+                    )
+                    logger.error(
+                        "DDTREE self-check FAILED (%s): the tree verify is not exact on this setup; this process "
+                        "runs DFLASH's rounds from now on",
+                        self._ddtree_fallback,
+                    )
+                    return
             gaps = mismatch_gaps(chain_logits, check, tree_tokens)
             tolerance = TIE_TOLERANCE.get(chain_logits.dtype, TIE_TOLERANCE[torch.bfloat16])
             differs = (check.mismatch >= 0).tolist()
@@ -638,14 +673,21 @@ def tree_worker_class() -> type:
                 # The accepted paths re-verified as chains in the draft window (path order: nothing to permute);
                 # the chain's results are what this round commits, so it is exact whatever the check finds.
                 path_tokens = tokens.gather(1, perm)[:, :block]  # [bs, B]: the path, then other nodes as filler
-                if conv_snapshot is not None:
+                tree_states = None
+                if conv_snapshot is not None:  # hybrid: what the tree round would commit, before it is overwritten
+                    last = accept_index.to(torch.int64).gather(1, (commit_lens.to(torch.int64) - 1).unsqueeze(1))
+                    tree_states = self._verify_states(last.squeeze(1) - torch.arange(bs, device=device) * slots)
                     for conv, rows, saved in conv_snapshot:
                         conv[:, rows] = saved
                 logits_output, chain_logits, chain_predict = self._chain_verify(
                     batch, draft_input, path_tokens, positions_2d, window_2d, kv_loc_plan
                 )
                 check = chain_check(out_tokens, commit_lens, chain_predict)
-                self._report_self_check(check, out_tokens, chain_logits, chain_predict)
+                gaps = None
+                if tree_states is not None:
+                    chain_states = self._verify_states(commit_lens.to(torch.int64) - 1)
+                    gaps = state_gaps(tree_states, chain_states, check.mismatch < 0)
+                self._report_self_check(check, out_tokens, chain_logits, chain_predict, gaps)
                 commit_lens, out_tokens, bonus = check.commit_lens, check.out_tokens, check.bonus
                 state_index, state_width = chain_accept_index(bs, block, device), block
                 hidden_rows, hidden_loc = None, self._draft_write_ids(kv_loc_plan).view(bs, block).to(torch.int64)
