@@ -463,14 +463,9 @@ def tree_worker_class() -> type:
                 worst = int(state_gap.argmax())
                 gap = float(state_gap[worst])
                 if gap >= STATE_TOLERANCE:
-                    self._ddtree_fallback = (
-                        f"self-check round {self._ddtree_rounds}: request {worst}: the recurrent state the tree would "
-                        f"commit differs from the chain's by {gap:.3g} (relative)"
-                    )
-                    logger.error(
-                        "DDTREE self-check FAILED (%s): the tree verify is not exact on this setup; this process "
-                        "runs DFLASH's rounds from now on",
-                        self._ddtree_fallback,
+                    self._fail_self_check(
+                        f"request {worst}: the recurrent state the tree would commit differs from the chain's by "
+                        f"{gap:.3g} (relative)"
                     )
                     return
             gaps = mismatch_gaps(chain_logits, check, tree_tokens)
@@ -489,16 +484,19 @@ def tree_worker_class() -> type:
                 return
             b = bad[0]
             at = int(check.mismatch[b])
-            self._ddtree_fallback = (
-                f"self-check round {self._ddtree_rounds}: request {b} path position {at}: tree verify "
-                f"{int(tree_tokens[b, at])}, chain verify {int(chain_predict[b, at])}, logit gap {gap_list[b]:.3g}"
+            self._fail_self_check(
+                f"request {b} path position {at}: tree verify {int(tree_tokens[b, at])}, chain verify "
+                f"{int(chain_predict[b, at])}, logit gap {gap_list[b]:.3g}; {len(bad)} of {tree_tokens.shape[0]} "
+                "requests differ"
             )
+
+        def _fail_self_check(self, what: str) -> None:
+            """One ERROR line, and DFLASH's rounds for the rest of this process."""
+            self._ddtree_fallback = f"self-check round {self._ddtree_rounds}: {what}"
             logger.error(
-                "DDTREE self-check FAILED (%s; %d of %d requests differ): the tree verify is not exact on this "
-                "setup; this process runs DFLASH's rounds from now on",
+                "DDTREE self-check FAILED (%s): the tree verify is not exact on this setup; this process runs "
+                "DFLASH's rounds from now on",
                 self._ddtree_fallback,
-                len(bad),
-                tree_tokens.shape[0],
             )
 
         def _target_forward(self, verify_batch: Any) -> Any:
