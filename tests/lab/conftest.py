@@ -8,6 +8,8 @@ first: its hosts carry releases and half-finished states of some earlier run, an
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +27,20 @@ LAB_HOSTS = 2
 
 @pytest.fixture(scope="session")
 def lab_config() -> LabConfig:
-    return LabConfig(inventory_path=REPO / "inventory" / "lab.yaml")
+    """OPSCTL_LAB_SLOT=N (1-9): a lab of its own (names, subnet, dirs), so two checkouts can run this tier at once."""
+    config = LabConfig(inventory_path=REPO / "inventory" / "lab.yaml")
+    slot = os.environ.get("OPSCTL_LAB_SLOT", "")
+    if not slot:
+        return config
+    if slot not in {str(n) for n in range(1, 10)}:
+        raise pytest.UsageError(f"OPSCTL_LAB_SLOT must be one digit 1-9, got {slot[:20]!r}")
+    return dataclasses.replace(
+        config,
+        subnet=ipaddress.IPv4Network(f"10.{220 + int(slot)}.0.0/24"),
+        root_dir=config.root_dir.with_name(f"lab-{slot}"),
+        state_dir=config.state_dir.with_name(f"opsctl-lab-{slot}"),
+        prefix=f"olab{slot}",
+    )
 
 
 @pytest.fixture(scope="session")
