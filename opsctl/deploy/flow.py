@@ -70,6 +70,9 @@ class ServiceContext:
     cancel: threading.Event
     say: Callable[[str], None]  # progress line (already prefixed by the caller)
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # Called once staging passed, right before the switch: takes the service out of its routers
+    # (opsctl.router.rolling). An error there fails the deploy with nothing switched.
+    before_live: Callable[[], None] | None = None
 
     @property
     def paths(self) -> ServicePaths:
@@ -354,6 +357,15 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         result.outcome, result.message = Outcome.FAILED, f"staging failed, nothing switched: {exc.one_line()}"
         ctx.audit("deploy", new_id, "failed", result.message)
         return result
+
+    if ctx.before_live is not None:
+        try:
+            ctx.before_live()
+        except OpsctlError as exc:
+            _mark_bad(ctx, new_id, f"not switched: {exc.message}")
+            result.outcome, result.message = Outcome.FAILED, f"nothing switched: {exc.one_line()}"
+            ctx.audit("deploy", new_id, "failed", result.message)
+            return result
 
     # --- go live ---
     reason = ""

@@ -25,6 +25,7 @@ from opsctl.errors import ExitCode, OpsctlError, UnreachableError
 from opsctl.inventory.model import Host as InvHost
 from opsctl.inventory.model import Service
 from opsctl.remote.base import Host
+from opsctl.router.rolling import RouterGuard, Taken
 
 Connect = Callable[[InvHost], Host]
 
@@ -170,16 +171,16 @@ def deploy(
     options: RolloutOptions,
     say: Callable[[str], None],
     connect: Connect = remote.connect,
+    routers: RouterGuard | None = None,
 ) -> RunReport:
-    return run(
-        "deploy",
-        selection,
-        lambda ctx: deploy_service(ctx, wheel, settings),
-        options,
-        say,
-        connect,
-        take_lock=not settings.plan,
-    )
+    """Deploy each selected service; one that a router fronts is taken out of it first (`routers`)."""
+
+    def work(ctx: ServiceContext) -> ServiceResult:
+        if routers is None or settings.plan or not routers.fronted(ctx.inv_host.name, ctx.service.name):
+            return deploy_service(ctx, wheel, settings)
+        return behind_routers(ctx, routers, lambda: deploy_service(ctx, wheel, settings))
+
+    return run("deploy", selection, work, options, say, connect, take_lock=not settings.plan)
 
 
 def rollback(
@@ -199,6 +200,32 @@ def rollback(
         connect,
         take_lock=not settings.plan,
     )
+
+
+def behind_routers(ctx: ServiceContext, routers: RouterGuard, work: Callable[[], ServiceResult]) -> ServiceResult:
+    """`work` (a deploy) with the service out of its routers from the switch until it serves again."""
+    host, svc = ctx.inv_host.name, ctx.service.name
+    taken: list[Taken] = []
+
+    def take_out() -> None:
+        taken.extend(routers.take_out(host, svc, ctx.say, ctx.cancel.is_set))
+
+    ctx.before_live = take_out
+    result: ServiceResult | None = None
+    try:
+        result = work()
+        return result
+    finally:
+        if taken:
+            serving = (result is None or result.outcome not in _NOT_SERVING) and routers.serving(host, svc)
+            problem = routers.put_back(taken, serving, ctx.say)
+            if problem and result is not None:
+                if result.outcome in (Outcome.DEPLOYED, Outcome.UNCHANGED):
+                    result.outcome = Outcome.FAILED
+                result.message = f"{result.message}; {problem}"
+
+
+_NOT_SERVING = (Outcome.FAILED, Outcome.UNREACHABLE)
 
 
 def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:

@@ -114,6 +114,7 @@ class Artifacts:
     wheelhouses: Mapping[str, Path] = field(default_factory=dict)  # profile -> local wheel dir to push
     runtime_wheel: Path | None = None  # the ddtree-runtime wheel built from runtime/
     manifests: Mapping[str, Manifest] = field(default_factory=dict)  # control-side model source -> manifest
+    router_wheelhouses: Mapping[str, Path] = field(default_factory=dict)  # host name -> its routers' wheels
 
 
 @dataclass(frozen=True)
