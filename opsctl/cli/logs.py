@@ -16,6 +16,7 @@ from opsctl.cli.common import (
     HostOpt,
     InventoryOpt,
     JsonOpt,
+    RouterOpt,
     ServiceOpt,
     console,
     emit_json,
@@ -24,8 +25,8 @@ from opsctl.cli.common import (
     split_selector,
 )
 from opsctl.errors import ExitCode, SelectorError
-from opsctl.inventory.model import Host, Service
-from opsctl.inventory.select import select
+from opsctl.inventory.model import Host
+from opsctl.inventory.select import select, select_routers
 from opsctl.logs import METRICS_PATTERN, JournalQuery, Source, follow, journal_cmd, parse_journal, valid_grep
 
 
@@ -46,37 +47,43 @@ def register(app: typer.Typer) -> None:
         show_metrics: Annotated[
             bool, typer.Option("--metrics", help="Parse DDTREE / Decode batch lines into a table.")
         ] = False,
+        router: RouterOpt = None,
         forks: ForksOpt = 16,
         as_json: JsonOpt = False,
     ) -> None:
-        """Show the services' journal, each line prefixed with host/service."""
+        """Show the services' journal, each line prefixed with host/service (`--router NAME`: that router's,
+        prefixed host/router-NAME)."""
         from opsctl.remote import connect, run_parallel
 
         if grep is not None and not valid_grep(grep):
             raise SelectorError(f"--grep {grep!r} is not a valid regular expression", "fix the pattern")
         inv = load_inventory(inventory)
         services = [*(split_selector(service) or []), *([service_arg] if service_arg else [])] or None
-        pairs = [(h, s) for h, svcs in select(inv, split_selector(host), services) for s in svcs]
+        pairs: list[tuple[Host, str, str]] = []  # (host, label, unit)
+        if router is None or services is not None or host is not None:
+            pairs = [(h, s.name, s.unit_name) for h, svcs in select(inv, split_selector(host), services) for s in svcs]
+        if router is not None:
+            pairs += [(inv.host(r.host), r.unit_base, r.unit_name) for r in select_routers(inv, split_selector(router))]
         if not pairs:
             raise SelectorError("no services selected", "the inventory's hosts have no services")
         if show_metrics:
             grep = METRICS_PATTERN if grep is None else grep
             lines = max(lines, 20000) if since is None else lines
-        conns = {h.name: connect(h) for h, _ in pairs}
+        conns = {h.name: connect(h) for h, _, _ in pairs}
         try:
 
             def fetch_for(h: Host) -> Callable[[JournalQuery], str]:
                 return lambda q: conns[h.name].run(journal_cmd(q), timeout=120).stdout
 
-            def one(pair: tuple[Host, Service]) -> list[str]:
-                h, s = pair
-                out = conns[h.name].run(journal_cmd(JournalQuery(s.unit_name, since, lines, grep)), timeout=120)
+            def one(pair: tuple[Host, str, str]) -> list[str]:
+                h, _, unit = pair
+                out = conns[h.name].run(journal_cmd(JournalQuery(unit, since, lines, grep)), timeout=120)
                 return parse_journal(out.stdout)[0]
 
             if follow_ and not show_metrics:
                 sources = [
-                    Source(f"{h.name}/{s.name}", fetch_for(h), JournalQuery(s.unit_name, since, lines, grep))
-                    for h, s in pairs
+                    Source(f"{h.name}/{label}", fetch_for(h), JournalQuery(unit, since, lines, grep))
+                    for h, label, unit in pairs
                 ]
                 try:
                     for label, line in follow(sources, time.sleep):
@@ -84,7 +91,7 @@ def register(app: typer.Typer) -> None:
                 except KeyboardInterrupt:
                     raise typer.Exit(int(ExitCode.OK)) from None  # a clean stop, not an error
                 return
-            outcomes = run_parallel(pairs, key=lambda p: f"{p[0].name}/{p[1].name}", fn=one, forks=forks)
+            outcomes = run_parallel(pairs, key=lambda p: f"{p[0].name}/{p[1]}", fn=one, forks=forks)
         finally:
             for c in conns.values():
                 c.close()
