@@ -278,3 +278,26 @@ def test_router_status_view_names_members() -> None:
     listed, missing = members_view(inv, router, (Member("a", W1, True, 1), Member("z", "http://9.9.9.9:1", False, 0)))
     assert [(m.worker, m.healthy, m.load) for m in listed] == [("h1/ref", True, 1), ("http://9.9.9.9:1", False, 0)]
     assert missing == ["h2/ref"]
+
+
+def test_router_wheels_plan_pushes_only_when_the_stamp_differs(tmp_path: Any) -> None:
+    from opsctl.ops.router_wheels import REMOTE_ROUTER_WHEELHOUSE, plan_router_wheels
+
+    (tmp_path / "sglang_router-0.3.2-cp38-abi3-manylinux_2_17_x86_64.whl").write_bytes(b"x")
+    assert plan_router_wheels(None, "", None).notes == ("no router on this host",)
+    assert not plan_router_wheels(tmp_path, '{"a": 1}', '{"a": 1}\n').changes
+    plan = plan_router_wheels(tmp_path, '{"a": 1}', '{"a": 2}')
+    assert plan.commands() == [
+        f"sudo mkdir -p {REMOTE_ROUTER_WHEELHOUSE}",
+        f"push {tmp_path} -> {REMOTE_ROUTER_WHEELHOUSE}",
+    ]
+
+
+def test_router_lock_pins_everything_exactly() -> None:
+    from opsctl.ops.locks import router_lock
+
+    lock = router_lock("0.3.2")
+    names = {line.split("==")[0] for line in lock.requirements()}
+    assert all("==" in line for line in lock.requirements())
+    assert {"sglang-router", "setproctitle", "aiohttp", "orjson", "uvicorn", "fastapi"} <= names
+    assert ("sglang-router==0.3.2") in lock.requirements()
