@@ -1,6 +1,7 @@
-"""A bounded steady client: `rate` chat completions per second, open loop (a slow answer never delays the next
-request), for at most `max_s` seconds or until stopped. What a deploy looks like to a client: every request
-that did not get HTTP 200 with a completion, by cause, and the longest stretch without a successful answer.
+"""A bounded steady client: at most `rate` chat completions per second (one at a time, paced: the issue's
+"one chat completion every 100 ms"), for at most `max_s` seconds or until stopped. What a deploy looks like
+to a client: every request that did not get HTTP 200 with a completion, by cause, and the longest stretch
+without a successful answer.
 
 Used by the lab tests that deploy behind sglang-router (tests/lab/test_router.py) and, for contrast, straight
 against one service. Never raises for a failed request: failures are the measurement.
@@ -11,7 +12,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,18 +117,15 @@ class SteadyClient:
         return Reply(sent - t0, time.monotonic() - sent, cause == "ok", cause)
 
     def run(self) -> SteadyReport:
-        """Send until stopped or max_s; then wait for the answers still due."""
-        futures: list[Future[Reply]] = []
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
-        with httpx.Client(limits=limits) as http, ThreadPoolExecutor(max_workers=64) as pool:
+        """One request at a time, the next sent 1/rate after the previous one was (or at once, when it took
+        longer): at most `rate` per second, never a queue the servers cannot work off. Until stopped or max_s."""
+        with httpx.Client() as http:
             t0 = time.monotonic()
-            n = 0
             while not self.stop.is_set() and time.monotonic() - t0 < self.max_s:
-                futures.append(pool.submit(self._one, http, t0))
-                n += 1
-                self.stop.wait(max(0.0, t0 + n / self.rate - time.monotonic()))
+                sent = time.monotonic()
+                self.report.replies.append(self._one(http, t0))
+                self.stop.wait(max(0.0, sent + 1.0 / self.rate - time.monotonic()))
             self.report.duration_s = time.monotonic() - t0
-            self.report.replies = [f.result() for f in futures]
         return self.report
 
     def start(self) -> None:

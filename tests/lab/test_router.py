@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -108,15 +109,17 @@ def test_rolling_deploy_behind_the_router_drops_nothing(router_inventory: Path) 
     assert set(_members(router_inventory).values()) == {True} and len(_members(router_inventory)) == 2
     for mode in ("shadow", "tree"):
         before = {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")}
+        t0 = time.monotonic()
         with steady(router) as client:
             result = opsctl("deploy", "-i", inv, "--service", "ref", "--mode", mode, timeout=1500)
+            deploy_s = time.monotonic() - t0
         report = client.report
-        _record(f"router_{mode}", report, deploy_rc=result.returncode)
+        _record(f"router_{mode}", report, deploy_rc=result.returncode, deploy_s=round(deploy_s, 1))
         assert result.returncode == 0, result.stderr[-4000:]
         assert "lab1/ref: deployed" in result.stderr and "lab2/ref: deployed" in result.stderr
         assert "out of router front" in result.stderr and "back in router front" in result.stderr
         assert "drained in" in result.stderr or "still in flight" in result.stderr
-        assert report.sent >= 100, report.summary()
+        assert report.sent >= 20, report.summary()
         assert report.failed == 0, report.summary()
         for h in ("lab1", "lab2"):
             assert current_release(router_inventory, h, "ref") != before[h]
