@@ -301,3 +301,69 @@ def test_router_lock_pins_everything_exactly() -> None:
     assert all("==" in line for line in lock.requirements())
     assert {"sglang-router", "setproctitle", "aiohttp", "orjson", "uvicorn", "fastapi"} <= names
     assert ("sglang-router==0.3.2") in lock.requirements()
+
+
+class StubGuard:
+    def __init__(self, serving: bool = True, problem: str = "") -> None:
+        self.events: list[str] = []
+        self._serving = serving
+        self.problem = problem
+
+    def take_out(self, host: str, service: str, say: Any, cancelled: Any) -> list[str]:
+        self.events.append(f"out {host}/{service}")
+        return ["taken"]
+
+    def serving(self, host: str, service: str) -> bool:
+        return self._serving
+
+    def put_back(self, taken: list[str], serving: bool, say: Any) -> str:
+        self.events.append(f"back serving={serving}")
+        return self.problem
+
+
+def _ctx() -> Any:
+    from opsctl.deploy.flow import ServiceContext
+
+    inv = inventory()
+    host = inv.host("h1")
+    return ServiceContext(host, host.service("ref"), None, None, threading.Event(), say=lambda _: None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "serving", "problem", "put_back", "final"),
+    [
+        ("deployed", True, "", "back serving=True", "deployed"),
+        ("rolled-back", True, "", "back serving=True", "rolled-back"),  # old release restored: back in
+        ("failed", False, "", "back serving=False", "failed"),  # nothing healthy: stays out
+        ("deployed", True, "not back in router front: timed out", "back serving=True", "failed"),
+    ],
+)
+def test_behind_routers_puts_back_what_serves(
+    outcome: str, serving: bool, problem: str, put_back: str, final: str
+) -> None:
+    from opsctl.deploy.flow import ServiceResult
+    from opsctl.deploy.rollout import Outcome
+    from opsctl.deploy.runner import behind_routers
+
+    ctx = _ctx()
+    guard = StubGuard(serving, problem)
+
+    def work() -> ServiceResult:
+        assert ctx.before_live is not None
+        ctx.before_live()  # what deploy_service does right before the switch
+        guard.events.append("switch, gates")
+        return ServiceResult("h1", "ref", Outcome(outcome), message="m")
+
+    result = behind_routers(ctx, guard, work)  # type: ignore[arg-type]
+    assert guard.events == ["out h1/ref", "switch, gates", put_back]
+    assert result.outcome.value == final and (problem in result.message)
+
+
+def test_behind_routers_never_touches_the_router_when_nothing_goes_live() -> None:
+    from opsctl.deploy.flow import ServiceResult
+    from opsctl.deploy.rollout import Outcome
+    from opsctl.deploy.runner import behind_routers
+
+    guard = StubGuard()
+    result = behind_routers(_ctx(), guard, lambda: ServiceResult("h1", "ref", Outcome.UNCHANGED))  # type: ignore[arg-type]
+    assert result.outcome is Outcome.UNCHANGED and guard.events == []
