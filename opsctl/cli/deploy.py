@@ -220,6 +220,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Back to the previous good release (bad ones skipped), health gated. `--router NAME`: that router."""
         from opsctl.deploy import runner
+        from opsctl.router.rolling import RouterGuard
         from opsctl.router.run import run_routers
 
         if router is not None:
@@ -234,7 +235,15 @@ def register(app: typer.Typer) -> None:
         selection = _selection(inventory, host, services, None, health_timeout, readiness_delay)
         settings = DeploySettings(plan=plan)
         options = RolloutOptions(lock_wait=lock_wait, forks=forks)
-        report = runner.rollback(selection, settings, options, say=lambda m: console.print(m, markup=False), to=to)
+        inv = load_inventory(inventory)
+        guard = RouterGuard(inv) if inv.routers else None
+        try:
+            report = runner.rollback(
+                selection, settings, options, say=lambda m: console.print(m, markup=False), to=to, routers=guard
+            )
+        finally:
+            if guard is not None:
+                guard.close()
         print_report(report, as_json, plan)
         raise typer.Exit(int(report.exit_code(plan)))
 

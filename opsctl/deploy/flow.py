@@ -499,6 +499,8 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
     if settings.plan:
         result.outcome, result.message = Outcome.PLANNED, f"would roll back {facts.current} -> {target}"
         return result
+    if ctx.before_live is not None:
+        ctx.before_live()  # out of its routers first (an error: nothing was switched)
     ctx.say(f"rolling back {facts.current} -> {target}")
     baseline = _restart(ctx, target)
     gate = _gate(ctx, settings, baseline)

@@ -173,6 +173,34 @@ class RouterGuard:
                 slot.slots.release()
         return "; ".join(problems)
 
+    def ensure_in(self, host: str, service: str, say: Callable[[str], None]) -> str:
+        """A serving worker that a router does not list (left out earlier) is added back; "" or the problem."""
+        if not self.serving(host, service):
+            return ""
+        url = self._url(host, service)
+        problems = []
+        for router in self.inventory.routers_of(host, service):
+            try:
+                client = self._client(router)
+                if not client.health().ok or client.member(url) is not None:
+                    continue
+            except Exception as exc:  # a RouterError: reported, never fatal for an unchanged service
+                problems.append(f"router {router.name}: {getattr(exc, 'message', type(exc).__name__)}")
+                continue
+            say(f"not in router {router.name}: adding it")
+            problem = self._add(Taken(router, url, False), say)
+            if problem:
+                problems.append(problem)
+        return "; ".join(problems)
+
+    def plan_line(self, host: str, service: str) -> str:
+        names = ", ".join(r.name for r in self.inventory.routers_of(host, service))
+        limit = min(r.drain_timeout for r in self.inventory.routers_of(host, service))
+        return (
+            f"before the switch: out of router {names}, drained (at most {limit:g}s); "
+            "back in once healthy and smoke-tested"
+        )
+
     def _add(self, item: Taken, say: Callable[[str], None]) -> str:
         try:
             client = self._client(item.router)

@@ -320,6 +320,10 @@ class StubGuard:
         self.events.append(f"back serving={serving}")
         return self.problem
 
+    def ensure_in(self, host: str, service: str, say: Any) -> str:
+        self.events.append(f"ensure {host}/{service}")
+        return self.problem
+
 
 def _ctx() -> Any:
     from opsctl.deploy.flow import ServiceContext
@@ -359,11 +363,32 @@ def test_behind_routers_puts_back_what_serves(
     assert result.outcome.value == final and (problem in result.message)
 
 
-def test_behind_routers_never_touches_the_router_when_nothing_goes_live() -> None:
+def test_behind_routers_takes_nothing_out_when_nothing_goes_live() -> None:
+    """Unchanged: never taken out; only made sure it is in its routers (a worker left out earlier goes back)."""
     from opsctl.deploy.flow import ServiceResult
     from opsctl.deploy.rollout import Outcome
     from opsctl.deploy.runner import behind_routers
 
     guard = StubGuard()
     result = behind_routers(_ctx(), guard, lambda: ServiceResult("h1", "ref", Outcome.UNCHANGED))  # type: ignore[arg-type]
-    assert result.outcome is Outcome.UNCHANGED and guard.events == []
+    assert result.outcome is Outcome.UNCHANGED and guard.events == ["ensure h1/ref"]
+    guard = StubGuard(problem="not back in router front: timed out")
+    result = behind_routers(_ctx(), guard, lambda: ServiceResult("h1", "ref", Outcome.UNCHANGED))  # type: ignore[arg-type]
+    assert result.outcome is Outcome.FAILED and "not back in router front" in result.message
+
+
+def test_ensure_in_adds_a_serving_worker_the_router_lost() -> None:
+    fake = FakeRouter([Member("b", W2, True, 0)])
+    said: list[str] = []
+    g = guard(fake, [0], [0.0])
+    g.serving = lambda host, service: True  # type: ignore[method-assign]
+    assert g.ensure_in("h1", "ref", said.append) == ""
+    assert fake.calls == [f"add {W1}"] and said[0] == "not in router front: adding it"
+    assert g.ensure_in("h1", "ref", said.append) == "" and fake.calls == [f"add {W1}"]  # already in: nothing
+
+
+def test_plan_line_names_the_router_and_the_bound() -> None:
+    g = guard(FakeRouter([]), [0], [0.0])
+    assert g.plan_line("h1", "ref") == (
+        "before the switch: out of router front, drained (at most 5s); back in once healthy and smoke-tested"
+    )
