@@ -196,8 +196,9 @@ def register(app: typer.Typer) -> None:
             finally:
                 if guard is not None:
                     guard.close()
+        # --force restarts a router only when named (--router): a forced service deploy must not cut its clients.
         router_results = [] if report.interrupted else run_routers(
-            inv, routers, "deploy", say, force=force, plan=plan, keep=keep, lock_wait=lock_wait
+            inv, routers, "deploy", say, force=force and router is not None, plan=plan, keep=keep, lock_wait=lock_wait
         )  # fmt: skip
         print_report(report, as_json, plan, router_results)
         raise typer.Exit(int(_exit(report, router_results, plan)))

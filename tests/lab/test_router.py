@@ -178,6 +178,7 @@ def test_last_healthy_worker_is_never_taken_out(router_inventory: Path) -> None:
     from tests.lab.test_deploy_support import remote_run
 
     before = current_release(router_inventory, "lab1", "ref")
+    router_before = current_release(router_inventory, "lab1", "router-front")
     remote_run(router_inventory, "lab2", Cmd.of("systemctl", "stop", "opsctl-ref.service"))
     try:
         done = threading.Event()
@@ -191,5 +192,6 @@ def test_last_healthy_worker_is_never_taken_out(router_inventory: Path) -> None:
         assert result.returncode == 1
         assert "last healthy worker" in result.stderr and "nothing switched" in result.stderr, result.stderr[-3000:]
         assert current_release(router_inventory, "lab1", "ref") == before
+        assert current_release(router_inventory, "lab1", "router-front") == router_before  # --force: services only
     finally:
         remote_run(router_inventory, "lab2", Cmd.of("systemctl", "start", "opsctl-ref.service"))
