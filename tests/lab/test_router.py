@@ -195,3 +195,26 @@ def test_last_healthy_worker_is_never_taken_out(router_inventory: Path) -> None:
         assert current_release(router_inventory, "lab1", "router-front") == router_before  # --force: services only
     finally:
         remote_run(router_inventory, "lab2", Cmd.of("systemctl", "start", "opsctl-ref.service"))
+
+
+def test_router_release_that_cannot_start_is_rolled_back(router_inventory: Path, tmp_path: Path) -> None:
+    """The router's own deploy is gated too: listening on an address lab1 does not have makes the new release
+    crash-loop; the previous router release comes back and serves. Then `opsctl rollback --router` works."""
+
+    def elsewhere(doc: dict[str, Any]) -> None:
+        _with_router(doc)
+        doc["routers"]["front"]["bind"] = doc["hosts"]["lab2"]["address"]
+
+    bad = derived_inventory(tmp_path / "bad-router.yaml", elsewhere)
+    before = current_release(router_inventory, "lab1", "router-front")
+    result = opsctl("deploy", "-i", str(bad), "--router", "front")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "lab1/router front: rolled-back" in result.stderr, result.stderr[-3000:]
+    assert current_release(router_inventory, "lab1", "router-front") == before
+    through = opsctl("smoke", "-i", str(router_inventory), "--router", "front", "--json")
+    assert through.returncode == 0 and json.loads(through.stdout)[0]["ok"], through.stderr[-2000:]
+    back = opsctl("rollback", "-i", str(router_inventory), "--router", "front")
+    assert back.returncode == 0 and "lab1/router front: reverted" in back.stderr, back.stderr[-3000:]
+    assert current_release(router_inventory, "lab1", "router-front") != before
+    again = opsctl("deploy", "-i", str(router_inventory), "--router", "front")  # back to the inventory's config
+    assert again.returncode == 0, again.stderr[-3000:]
