@@ -4,6 +4,7 @@ SGLang `Decode batch` lines into a table or --json."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Annotated
@@ -78,7 +79,7 @@ def register(app: typer.Typer) -> None:
             def one(pair: tuple[Host, str, str]) -> list[str]:
                 h, _, unit = pair
                 out = conns[h.name].run(journal_cmd(JournalQuery(unit, since, lines, grep)), timeout=120)
-                return parse_journal(out.stdout)[0]
+                return [_ANSI.sub("", line) for line in parse_journal(out.stdout)[0]]
 
             if follow_ and not show_metrics:
                 sources = [
@@ -113,6 +114,10 @@ def register(app: typer.Typer) -> None:
                     typer.echo(f"{label} | {line}")
         if failed:
             raise typer.Exit(int(ExitCode.ERROR))
+
+
+# sglang-router colours its log lines (tracing's ANSI codes, whatever NO_COLOR says): shown plain.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _metrics(collected: dict[str, list[str]], as_json: bool) -> None:

@@ -106,7 +106,6 @@ def router_env(host: Host, release_dir: str) -> list[tuple[str, str]]:
         ("PATH", f"{host.venv}/bin:{SYSTEM_PATH}"),
         ("PYTHONPATH", f"{release_dir}/site"),
         ("PYTHONUNBUFFERED", "1"),
-        ("NO_COLOR", "1"),  # plain journal lines (the router colours its log otherwise)
     ]
 
 
