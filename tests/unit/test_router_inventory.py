@@ -177,3 +177,21 @@ def test_routers_section_of_a_file(tmp_path: Path) -> None:
     file = tmp_path / "inv.yaml"
     file.write_text(json.dumps(inv(services=["h1/a", "h2/a"])))
     assert [str(w) for w in load_inventory(file).router("front").workers] == ["h1/a", "h2/a"]
+
+
+def test_render_router_json_and_text_never_show_the_key(tmp_path: Path) -> None:
+    file = tmp_path / "inv.yaml"
+    file.write_text(json.dumps(inv(api_key="env:ROUTER_KEY")))
+    env = {"ROUTER_KEY": SECRET}
+    shown = run_cli("render", "-i", str(file), "--router", "front", "--json", env=env)
+    assert shown.exit_code == 0, shown.stderr
+    (item,) = json.loads(shown.stdout)
+    assert item["argv"][-2:] == ["--api-key", "***"] and set(item["files"]) == {
+        "unit",
+        "env",
+        "router.json",
+        "launch.py",
+    }
+    text = run_cli("render", "-i", str(file), env=env)
+    assert text.exit_code == 0 and "# ==> h1/router-front/router.json (mode 600)" in text.stdout
+    assert SECRET not in shown.stdout + shown.stderr + text.stdout + text.stderr
