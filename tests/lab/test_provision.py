@@ -78,7 +78,7 @@ class Pinned:
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory: pytest.TempPathFactory) -> Pinned:
     from opsctl import wheelhouse
-    from opsctl.deploy.wheel import runtime_wheel
+    from opsctl.artifact import runtime_wheel
     from opsctl.ops.locks import Lock, Profile, locks_dir
 
     root = tmp_path_factory.mktemp("pinned")

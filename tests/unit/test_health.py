@@ -2,7 +2,8 @@ import httpx
 import pytest
 
 from opsctl import health
-from opsctl.deploy.gate import GateConfig, Interrupted, UnitState, health_gate, parse_show, show_cmd
+from opsctl.deploy.gate import GateConfig, Interrupted, health_gate
+from opsctl.systemd import UnitState, parse_show, show_cmd
 from opsctl.errors import DeployError
 from opsctl.health import HealthProbe
 
