@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from opsctl import layout
 from opsctl.cli.common import (
     ForksOpt,
     HostOpt,
@@ -104,7 +105,7 @@ def _print_result(r: ServiceResult, plan: bool) -> None:
     for line in r.plan:
         console.print(f"    {line}", markup=False)
     if r.journal_tail:
-        console.print(f"    --- journal tail of opsctl-{r.service}.service on {r.host} ---", markup=False)
+        console.print(f"    --- journal tail of {layout.unit_name(r.service)} on {r.host} ---", markup=False)
         for line in r.journal_tail.splitlines():
             console.print(f"    {line}", markup=False)
     if r.timings and not plan:
