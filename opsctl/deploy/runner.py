@@ -80,7 +80,7 @@ def run(
     now = datetime.now(UTC)
 
     def on_host(host_name: str, group: list[Target]) -> list[ServiceResult]:
-        inv_host = hosts[host_name]
+        host = hosts[host_name]
         out: list[ServiceResult] = []
 
         def rest(outcome: Outcome, message: str) -> list[ServiceResult]:
@@ -91,7 +91,7 @@ def run(
 
         try:
             with ExitStack() as stack:
-                conn = conns.setdefault(host_name, connect(inv_host))
+                conn = conns.setdefault(host_name, connect(host))
                 if take_lock:
                     names = ",".join(t.service for t in group)
                     stack.enter_context(
@@ -103,7 +103,7 @@ def run(
                         out.append(ServiceResult(host_name, target.service, Outcome.SKIPPED, message="interrupted"))
                         continue
                     svc = services[(host_name, target.service)]
-                    ctx = ServiceContext(inv_host, svc, conn, http, cancel, say=_prefixed(say, str(target)), now=now)
+                    ctx = ServiceContext(host, svc, conn, http, cancel, say=_prefixed(say, str(target)), now=now)
                     try:
                         out.append(work(ctx))
                     except UnreachableError as exc:
