@@ -321,8 +321,9 @@ def _write_release(
         ctx.conn.put_text(f.text, paths.release_file(new_id, f.name), f.mode)
     if facts.current:
         ctx.conn.put_text(facts.current + "\n", paths.release_file(new_id, release.PREVIOUS), 0o644)
-    if staged.secrets:
-        ctx.conn.put_text(secret_fp.fingerprint(staged.secrets), paths.release_file(new_id, secret_fp.FP_FILE), 0o600)
+    secrets = staged.checked_secrets()
+    if secrets:
+        ctx.conn.put_text(secret_fp.fingerprint(secrets), paths.release_file(new_id, secret_fp.FP_FILE), 0o600)
     artifact.ensure_on_host(ctx.conn, wheel)
     ctx.check_cancel()
     ctx.run(release.pip_install_cmd(ctx.host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)

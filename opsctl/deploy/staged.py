@@ -20,6 +20,7 @@ from opsctl.deploy import release
 from opsctl.errors import OpsctlError
 from opsctl.inventory.model import Host, Service
 from opsctl.render import Secrets, render_service
+from opsctl.secrets import SecretError
 
 PLACEHOLDER_ID = release.PLACEHOLDER_ID
 
@@ -39,7 +40,8 @@ class StagedRelease:
     argv: tuple[str, ...]  # the unit's ExecStart
     flags: tuple[str, ...]  # the server's flags in argv form (API key as ***)
     secrets: Mapping[str, str] = field(repr=False)  # name -> value, for the fingerprint; {} when none
-    reveal_error: OpsctlError | None = field(default=None, repr=False)  # why the secrets are not at hand
+    reveal_error: OpsctlError | None = field(default=None, repr=False)  # why the files cannot be revealed
+    secrets_error: SecretError | None = field(default=None, repr=False)  # why the secrets are not at hand
     # (masked files by name, argv) as rendered with PLACEHOLDER_ID: what the config hash covers
     hash_inputs: tuple[tuple[tuple[str, str], ...], tuple[str, ...]] = field(default=((), ()), repr=False)
 
@@ -47,15 +49,20 @@ class StagedRelease:
     def render(host: Host, service: Service) -> StagedRelease:
         """The service's release, not yet bound to an id (its files name PLACEHOLDER_ID)."""
         masked = render_service(host, service, PLACEHOLDER_ID, Secrets.MASK)
+        try:  # a plan may be made without the secret at hand; staging needs it
+            secrets, secrets_error = _secrets(service), None
+        except SecretError as exc:
+            secrets, secrets_error = {}, exc
         try:
             revealed = render_service(host, service, PLACEHOLDER_ID, Secrets.REVEAL)
-            secrets = {"api_key": service.api_key.reveal()} if service.api_key is not None else {}
             texts, error = {f.name: f.text for f in revealed.files}, None
-        except OpsctlError as exc:  # a plan may be made without the secret at hand; staging needs it
-            secrets, texts, error = {}, {}, exc
+        except OpsctlError as exc:
+            texts, error = {}, exc
         files = tuple(StagedFile(f.name, texts.get(f.name, ""), f.text, f.mode) for f in masked.files)
         inputs = (tuple((f.name, f.masked) for f in files), masked.exec_start)
-        return StagedRelease(PLACEHOLDER_ID, files, masked.exec_start, masked.flags, secrets, error, inputs)
+        return StagedRelease(
+            PLACEHOLDER_ID, files, masked.exec_start, masked.flags, secrets, error, secrets_error, inputs
+        )
 
     def bind(self, release_id: str) -> StagedRelease:
         """The same release under its real id (the id appears in the files as their release dir)."""
@@ -66,7 +73,9 @@ class StagedRelease:
 
         files = tuple(StagedFile(f.name, put(f.text), put(f.masked), f.mode) for f in self.files)
         argv = tuple(put(a) for a in self.argv)
-        return StagedRelease(release_id, files, argv, self.flags, self.secrets, self.reveal_error, self.hash_inputs)
+        return StagedRelease(
+            release_id, files, argv, self.flags, self.secrets, self.reveal_error, self.secrets_error, self.hash_inputs
+        )
 
     # ------------------------------------------------------------ what each step reads
 
@@ -83,8 +92,9 @@ class StagedRelease:
         return self.files
 
     def checked_secrets(self) -> Mapping[str, str]:
-        if self.reveal_error is not None:
-            raise self.reveal_error
+        """The secrets; raises the SecretError when one could not be read."""
+        if self.secrets_error is not None:
+            raise self.secrets_error
         return self.secrets
 
     @property
@@ -94,3 +104,7 @@ class StagedRelease:
 
     def digests(self) -> dict[str, str]:
         return release.file_digests({f.name: f.masked for f in self.files})
+
+
+def _secrets(service: Service) -> dict[str, str]:
+    return {"api_key": service.api_key.reveal()} if service.api_key is not None else {}
