@@ -3,7 +3,6 @@ health and the last DDTREE metrics."""
 
 from __future__ import annotations
 
-import httpx
 import typer
 
 from opsctl.cli.common import (
@@ -19,9 +18,8 @@ from opsctl.cli.common import (
     split_selector,
 )
 from opsctl.errors import ExitCode
-from opsctl.inventory.model import Host, Service
 from opsctl.inventory.select import select
-from opsctl.status import ServiceStatus, collect
+from opsctl.status import ServiceStatus, collect_all
 
 
 def register(app: typer.Typer) -> None:
@@ -35,17 +33,12 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Unit state, restarts, current release, health and last DDTREE metrics of every selected service."""
-        from opsctl.remote import connect, run_parallel
+        from opsctl.remote import connect
 
         inv = load_inventory(inventory)
         selection = [(h, svcs) for h, svcs in select(inv, split_selector(host), split_selector(service)) if svcs]
 
-        def one(item: tuple[Host, list[Service]]) -> list[ServiceStatus]:
-            h, svcs = item
-            with connect(h) as conn, httpx.Client() as http:
-                return [collect(conn, h, s, http) for s in svcs]
-
-        outcomes = run_parallel(selection, key=lambda item: item[0].name, fn=one, forks=forks)
+        outcomes = collect_all(selection, connect, forks)
         rows: list[ServiceStatus] = []
         errors = []
         for outcome in outcomes:

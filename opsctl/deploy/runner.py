@@ -17,16 +17,13 @@ from datetime import UTC, datetime
 import httpx
 
 from opsctl import remote
+from opsctl.artifact import RuntimeWheel
 from opsctl.deploy.flow import DeploySettings, ServiceContext, ServiceResult, deploy_service, rollback_service
 from opsctl.deploy.lock import LockHeld, host_lock
 from opsctl.deploy.rollout import Outcome, Target, count_failures, group_by_host, plan_batches, should_continue
-from opsctl.deploy.wheel import RuntimeWheel
 from opsctl.errors import ExitCode, OpsctlError, UnreachableError
-from opsctl.inventory.model import Host as InvHost
-from opsctl.inventory.model import Service
-from opsctl.remote.base import Host
-
-Connect = Callable[[InvHost], Host]
+from opsctl.inventory.model import Host, Service
+from opsctl.remote.base import Connect, Connection
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,7 @@ Work = Callable[[ServiceContext], ServiceResult]
 
 def run(
     action: str,
-    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    selection: Sequence[tuple[Host, Sequence[Service]]],
     work: Work,
     options: RolloutOptions,
     say: Callable[[str], None],
@@ -78,12 +75,12 @@ def run(
     targets = [Target(h.name, s.name) for h, svcs in selection for s in svcs]
     batches = plan_batches(targets, options.canary, options.batch)
     cancel = threading.Event()
-    conns: dict[str, Host] = {}
+    conns: dict[str, Connection] = {}
     results: dict[Target, ServiceResult] = {}
     now = datetime.now(UTC)
 
     def on_host(host_name: str, group: list[Target]) -> list[ServiceResult]:
-        inv_host = hosts[host_name]
+        host = hosts[host_name]
         out: list[ServiceResult] = []
 
         def rest(outcome: Outcome, message: str) -> list[ServiceResult]:
@@ -94,7 +91,7 @@ def run(
 
         try:
             with ExitStack() as stack:
-                conn = conns.setdefault(host_name, connect(inv_host))
+                conn = conns.setdefault(host_name, connect(host))
                 if take_lock:
                     names = ",".join(t.service for t in group)
                     stack.enter_context(
@@ -106,7 +103,7 @@ def run(
                         out.append(ServiceResult(host_name, target.service, Outcome.SKIPPED, message="interrupted"))
                         continue
                     svc = services[(host_name, target.service)]
-                    ctx = ServiceContext(inv_host, svc, conn, http, cancel, say=_prefixed(say, str(target)), now=now)
+                    ctx = ServiceContext(host, svc, conn, http, cancel, say=_prefixed(say, str(target)), now=now)
                     try:
                         out.append(work(ctx))
                     except UnreachableError as exc:
@@ -164,7 +161,7 @@ def run(
 
 
 def deploy(
-    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    selection: Sequence[tuple[Host, Sequence[Service]]],
     wheel: RuntimeWheel,
     settings: DeploySettings,
     options: RolloutOptions,
@@ -183,7 +180,7 @@ def deploy(
 
 
 def rollback(
-    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    selection: Sequence[tuple[Host, Sequence[Service]]],
     settings: DeploySettings,
     options: RolloutOptions,
     say: Callable[[str], None],
