@@ -16,7 +16,8 @@ Models (config dirs written under `--cache`/real_shapes):
   weights).
 
 Per (model, mode, CUDA graphs) one Engine in its own process; Engines of one model start together and are then
-measured one at a time (`--parallel`; hybrid Engines one at a time). Each runs every batch size once unmeasured
+measured one at a time (`--parallel`, default 1: Engines started together race SGLang's memory profiling).
+Each runs every batch size once unmeasured
 (graphs, Triton compiles), then per batch size `bs` requests of `--prefix` random prompt tokens decoding
 `--new-tokens` tokens (greedy, ignore_eos). `standin/round_timer.py` times every decode round with CUDA events
 (draft / build / verify / commit; see there); the report takes medians over the rounds of each batch size
@@ -291,7 +292,8 @@ def summarize(timer: Path, batches: list[int], skip: int) -> dict[str, Any]:
             out[str(bs)] = {"rounds": 0}
             continue
         row: dict[str, Any] = {"rounds": len(recs)}
-        for key in ("draft_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "host_ms"):
+        for key in ("draft_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "host_ms", "head_ms", "plan_ms",
+                    "mask_ms", "prep_ms"):  # fmt: skip
             vals = [r[key] for r in recs if key in r]
             if vals:
                 row[key] = statistics.median(vals)
@@ -350,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=4, help="rounds skipped at the start of each batch")
     p.add_argument("--budget", type=int, default=15)
     p.add_argument("--topk", type=int, default=8)
-    p.add_argument("--parallel", type=int, default=4, help="dense Engines started at once (hybrid: 1)")
-    p.add_argument("--mem-fraction-dense", type=float, default=0.22)
+    p.add_argument("--parallel", type=int, default=1, help="Engines started at once (>1 races SGLang's profiling)")
+    p.add_argument("--mem-fraction-dense", type=float, default=0.5)
     p.add_argument("--mem-fraction-hybrid", type=float, default=0.88)
     p.add_argument("--timeout", type=int, default=420, help="seconds an Engine may take to start or to run")
     p.add_argument("--cache", type=Path, default=TINY)
@@ -428,9 +430,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_tables(report: dict[str, Any], args: argparse.Namespace) -> None:
-    keys = ("draft_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "step_ms")
-    print("| run | bs | draft | build | verify | commit | round | step | tau | graph |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    keys = ("draft_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "step_ms", "head_ms", "plan_ms", "mask_ms",
+            "prep_ms")  # fmt: skip
+    print("| run | bs | draft | build | verify | commit | round | step | head | plan | mask | prep | tau | graph |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, entry in report["runs"].items():
         for bs, row in (entry.get("rounds") or {}).items():
             cells = [f"{row[k]:.2f}" if k in row else "-" for k in keys]

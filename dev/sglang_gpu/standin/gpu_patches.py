@@ -179,6 +179,14 @@ def _patch_round_timer(module: ModuleType) -> None:
     APPLIED.append("T1")
 
 
+def _patch_tree_timer(module: ModuleType) -> None:
+    """T2: round_timer.patch_tree_worker (DDTREE's build cut into head / plan / mask / prep)."""
+    import round_timer
+
+    round_timer.patch_tree_worker(module)
+    APPLIED.append("T2")
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "sglang.kernels.jit.utils.compile.loader": _patch_jit_loader,
     "sglang.srt.models.utils": _patch_models_utils,
@@ -218,6 +226,7 @@ def install() -> None:
         return
     if os.environ.get("DDTREE_ROUND_TIMER"):
         PATCHES["sglang.srt.speculative.dflash_worker_v2"] = _patch_round_timer
+        PATCHES["ddtree.sglang.tree_worker"] = _patch_tree_timer
     sys.meta_path.insert(0, _PatchFinder(cpu_engine_patches()._PatchingLoader))
     for name, patch in PATCHES.items():
         if name in sys.modules:

@@ -14,6 +14,10 @@ forward (`draft_model_runner.forward`), one before and one after the target's ve
 - commit: verify done -> exit (acceptance: DFLASH's argmax compare, DDTREE's tree walk; KV / state commit; the
   target hidden states into the drafter's KV).
 
+DDTREE's build is cut further (`patch_tree_worker`): head (drafter done -> the planner starts: LM head,
+log_softmax), plan (`plan_batch` or its graph replay), mask (FULL_MASK, with the prefix-length sum) and prep
+(verify inputs up to the forward).
+
 Event-to-event times are on the GPU's timeline, so host launch gaps inside a segment count (what a round costs),
 and the four add up to the round. Each round appends one JSON line: mode, bs, the four segments and the round in
 ms, host timestamps at entry and exit (the step interval between consecutive rounds includes the scheduler's own
@@ -35,20 +39,25 @@ def _is_decode(batch: Any) -> bool:
     return not (mode.is_extend() or batch.is_extend_in_batch or mode.is_idle())
 
 
+ACTIVE: dict[str, Any] = {}  # the current round's events (one speculative worker per scheduler process)
+
+
+def mark(name: str) -> None:
+    """Record event `name` once per round (no-op outside a timed round)."""
+    if ACTIVE and name not in ACTIVE:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        ACTIVE[name] = event
+
+
 def instrument(worker: Any) -> None:
     """Wrap this worker's round, its drafter's forward and its target's verify forward (instance attributes)."""
-    import torch
-
     path = os.environ[ENV]
     mode = type(worker).__name__
     sink = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the scheduler process
-    active: dict[str, Any] = {}
-
-    def mark(name: str) -> None:
-        if active and name not in active:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            active[name] = event
+    active = ACTIVE
 
     round_fn = worker.forward_batch_generation
 
@@ -72,6 +81,10 @@ def instrument(worker: Any) -> None:
         record: dict[str, Any] = {"mode": mode, "bs": len(batch.seq_lens), "host_start": host_start}
         if all(c in events for c in cuts):
             for name, a, b in zip(("draft", "build", "verify", "commit"), cuts, cuts[1:], strict=False):
+                record[f"{name}_ms"] = events[a].elapsed_time(events[b])
+        sub = ["draft_end", "plan_start", "plan_end", "mask_end", "verify_start"]
+        if all(c in events for c in sub):
+            for name, a, b in zip(("head", "plan", "mask", "prep"), sub, sub[1:], strict=False):
                 record[f"{name}_ms"] = events[a].elapsed_time(events[b])
         record["round_ms"] = events["start"].elapsed_time(events["end"])
         record["host_ms"] = (host_end - host_start) * 1e3
@@ -114,3 +127,20 @@ def patch_worker_class(module: Any) -> None:
         instrument(self)
 
     cls.__init__ = __init__
+
+
+def patch_tree_worker(module: Any) -> None:
+    """`ddtree.sglang.tree_worker`: marks around the planner (plan_batch / RoundGraphs.plan) and FULL_MASK."""
+
+    def around(fn: Any, before: str, after: str) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            mark(before)
+            out = fn(*args, **kwargs)
+            mark(after)
+            return out
+
+        return wrapped
+
+    module.plan_batch = around(module.plan_batch, "plan_start", "plan_end")
+    module.RoundGraphs.plan = around(module.RoundGraphs.plan, "plan_start", "plan_end")
+    module.full_mask_batched = around(module.full_mask_batched, "mask_start", "mask_end")
