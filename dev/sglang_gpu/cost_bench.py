@@ -359,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=TINY)
     p.add_argument("--json", type=Path, default=Path("cost.json"))
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/cost_logs"))
+    p.add_argument("--only", default="", help="comma list of run names (e.g. hybrid-tree-eager); default all")
     p.add_argument("--configs-only", action="store_true")
     args = p.parse_args(argv)
     if args.engine:
@@ -378,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             for g in args.graphs.split(","):
                 graphs = g == "on"
                 name = f"{model}-{mode}-{'graph' if graphs else 'eager'}"
+                if args.only and name not in args.only.split(","):
+                    continue
                 if model == "hybrid" and mode == "tree" and graphs:
                     report["runs"][name] = {"skipped": "DDTREE tree on a hybrid target refuses CUDA graphs"}
                     continue
