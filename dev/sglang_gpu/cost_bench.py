@@ -361,9 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/cost_logs"))
     p.add_argument("--only", default="", help="comma list of run names (e.g. hybrid-tree-eager); default all")
     p.add_argument("--configs-only", action="store_true")
+    p.add_argument("--report", nargs="+", type=Path, help="print the comparison tables of these JSON files")
     args = p.parse_args(argv)
     if args.engine:
         engine_child(*args.engine)
+        return 0
+    if args.report:
+        print(report_tables([json.loads(path.read_text()) for path in args.report]))
         return 0
     args.batches = [int(x) for x in args.batches.split(",")]
     configs = write_configs(args.cache / "real_shapes")
@@ -445,6 +449,46 @@ def print_tables(report: dict[str, Any], args: argparse.Namespace) -> None:
     for name, entry in report["runs"].items():
         if "error" in entry or "skipped" in entry:
             print(f"# {name}: {entry.get('error') or entry.get('skipped')}")
+
+
+def report_tables(reports: list[dict[str, Any]]) -> str:
+    """DDTREE vs DFLASH per model and batch size (round, step, their ratios), and tok/s per request for the DDTree
+    paper's tau values (Qwen3-8B, temperature 0), from cost_bench JSON files."""
+    runs = {name: entry for rep in reports for name, entry in rep["runs"].items() if entry.get("rounds")}
+    out = [
+        "| model | bs | DFLASH | DDTREE | DFLASH round | DDTREE round | ratio | DFLASH step | DDTREE step | ratio |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    pairs = []
+    for model in ("dense", "hybrid"):
+        for dname, tname in ((f"{model}-dflash-graph", f"{model}-tree-graph"),
+                             (f"{model}-dflash-graph", f"{model}-tree-eager"),
+                             (f"{model}-dflash-eager", f"{model}-tree-eager")):  # fmt: skip
+            if dname in runs and tname in runs:
+                pairs.append((model, dname, tname))
+    for model, dname, tname in pairs:
+        for bs, d in runs[dname]["rounds"].items():
+            t = runs[tname]["rounds"].get(bs)
+            if not t or "round_ms" not in d or "round_ms" not in t:
+                continue
+            out.append(
+                f"| {model} | {bs} | {dname.split('-')[-1]} | {tname.split('-')[-1]} | {d['round_ms']:.2f} | "
+                f"{t['round_ms']:.2f} | {t['round_ms'] / d['round_ms']:.3f} | {d['step_ms']:.2f} | "
+                f"{t['step_ms']:.2f} | {t['step_ms'] / d['step_ms']:.3f} |"
+            )
+    out += ["", "tok/s per request = tau / step (DDTree paper's tau, Qwen3-8B, T=0; its DDTree tau is at the best "
+            "budget of 16..1024, above this run's 15):", ""]  # fmt: skip
+    head = " | ".join(f"{k} {a:g} / {b:g}" for k, (a, b) in PAPER_TAU.items())
+    out += [f"| model | bs | pair | {head} |", "|---|---:|---|" + "---:|" * len(PAPER_TAU)]
+    for model, dname, tname in pairs:
+        for bs, d in runs[dname]["rounds"].items():
+            t = runs[tname]["rounds"].get(bs)
+            if not t or "step_ms" not in d or "step_ms" not in t:
+                continue
+            cells = [f"{1e3 * a / d['step_ms']:.0f} / {1e3 * b / t['step_ms']:.0f}" for a, b in PAPER_TAU.values()]
+            pair = f"{dname.split('-')[-1]} / {tname.split('-')[-1]}"
+            out.append(f"| {model} | {bs} | {pair} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
