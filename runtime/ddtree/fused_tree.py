@@ -10,7 +10,7 @@ included (tests/runtime/test_fused_tree.py; on a GPU, runtime/bench/round_bench.
    candidate by (score desc, depth asc, parent id asc, rank asc), push its first child and next sibling, the
    candidates in registers, float32 scores `parent + log-prob` as the reference adds them.
 
-CUDA only (and Triton's interpreter, `TRITON_INTERPRET=1`, for tests on a CPU); `fused_available` says where.
+CUDA only (and Triton's interpreter for tests on a CPU, asked for explicitly); `fused_available` says where.
 Static shapes and no host sync, so the build can be captured in a CUDA graph. `DDTREE_FUSED_BUILD=0` turns it
 off (`ddtree.sglang.batch_round.plan_batch` then builds with `build_trees_batched`).
 """
@@ -41,10 +41,13 @@ def kernels() -> ModuleType | None:
 
 
 def fused_available(device: torch.device, topk: int) -> bool:
-    """The fused build runs here: a CUDA device (or Triton's interpreter), triton importable, topk small."""
-    if os.environ.get("DDTREE_FUSED_BUILD", "1") == "0" or topk > MAX_TOPK:
+    """The fused build runs here: on a CUDA device unless `DDTREE_FUSED_BUILD=0`; on a CPU only under Triton's
+    interpreter and when asked for (`TRITON_INTERPRET=1` and `DDTREE_FUSED_BUILD=1`: the parity tests; the CPU
+    engine tests, which interpret SGLang's own kernels, keep the torch planner); triton importable; topk small."""
+    flag = os.environ.get("DDTREE_FUSED_BUILD", "")
+    if flag == "0" or topk > MAX_TOPK:
         return False
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1" and flag == "1"
     return (device.type == "cuda" or interpreted) and kernels() is not None
 
 

@@ -83,9 +83,10 @@ for i, (kind, bs, vocab, budget, topk, slots) in enumerate(cases):
             problems.append(f"case {i} layout.{f.name}")
     numel = br.full_mask_numel(int(prefix.sum()), bs, slots)
     import os
+    flag = os.environ.get("DDTREE_FUSED_BUILD", "")
     os.environ["DDTREE_FUSED_BUILD"] = "0"
     mask_torch = br.full_mask_batched(want.tree_mask, prefix, numel)
-    os.environ["DDTREE_FUSED_BUILD"] = "1"
+    os.environ["DDTREE_FUSED_BUILD"] = flag
     if not same(br.full_mask_batched(got.tree_mask, prefix, numel), mask_torch):
         problems.append(f"case {i} full_mask")
     if budget and topk <= vocab:
@@ -101,7 +102,7 @@ print("\n".join(problems) or "PASS")
 def run_script(device: str, interpret: bool) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")])}
     if interpret:
-        env["TRITON_INTERPRET"] = "1"
+        env.update(TRITON_INTERPRET="1", DDTREE_FUSED_BUILD="1")
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, device], env=env, capture_output=True, text=True, timeout=1200, check=False
     )
