@@ -1,4 +1,4 @@
-"""Where opsctl puts things on a host (DESIGN.md, "On the host"). One place, so every module agrees."""
+"""Where opsctl puts things on a host (docs/architecture.md, "On the host"). One place, so every module agrees."""
 
 from __future__ import annotations
 

@@ -106,11 +106,15 @@ def shadow_worker_class() -> type:
     from sglang.srt.configs.hybrid_arch import mambaish_config
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
+    from ddtree.sglang.compat import attribute_refusal
     from ddtree.sglang.gates import hybrid_mode
 
     class DDTreeShadowWorker(DFlashWorkerV2):  # type: ignore[misc]
         def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
+            refusal = attribute_refusal(self)
+            if refusal:
+                raise ValueError(refusal)
             self._ddtree_config = DDTreeConfig.from_env(os.environ)
             is_hybrid = mambaish_config(target_worker.model_runner.model_config) is not None
             hybrid = hybrid_mode(self._ddtree_config, is_hybrid=is_hybrid, exact_tree_path=False)
