@@ -286,11 +286,16 @@ padded.shard_indices = Shard(
     padded_added_vocab_end_index=48, org_vocab_start_index=0, org_vocab_end_index=40,
     added_vocab_start_index=48, added_vocab_end_index=48,
 )
-from ddtree.sglang.worker import dense_head_rows
-rows = dense_head_rows(padded)
-padded.tp_size = 2
-out["padded_head"] = {"rows": list(rows.shape) if not isinstance(rows, str) else rows,
-                      "tp2": dense_head_rows(padded), "quantized": dense_head_rows(torch.nn.Identity())}
+from types import SimpleNamespace
+from ddtree.sglang.vocab_parallel import head_shard
+rows = head_shard(padded)
+padded.tp_size = 2  # rank 0 of 2: SGLang's head also carries its group and the whole vocabulary's size
+no_group = head_shard(padded)
+padded.tp_group, padded.org_vocab_size = SimpleNamespace(world_size=2, rank_in_group=0), 80
+tp2 = head_shard(padded)
+out["padded_head"] = {"rows": list(rows.weight.shape) if not isinstance(rows, str) else rows, "no_group": no_group,
+                      "tp2": [list(tp2.weight.shape), tp2.start, tp2.vocab, tp2.rank, tp2.tp_size],
+                      "quantized": head_shard(torch.nn.Identity())}
 out["shadow_head"] = {"same_tokens": bool(torch.equal(tokens, expected)), "enabled": w._ddtree_enabled,
                       "nodes": obs.nodes if obs else None, "spine_matches": obs.spine_matches if obs else None}
 
@@ -474,10 +479,12 @@ def test_sglang_creates_the_shadow_and_tree_workers_on_dflash(probe: dict[str, A
 
 def test_shadow_head_returns_dflash_tokens_and_builds_the_trees(probe: dict[str, Any]) -> None:
     assert probe["shadow_head"] == {"same_tokens": True, "enabled": True, "nodes": [9, 9], "spine_matches": True}
-    # SGLang's head at TP=1 keeps statistics on, over the real vocabulary only (padding rows cut)
+    # SGLang's head keeps statistics on, over the real vocabulary only (padding rows cut); at TP 2 over this
+    # rank's shard, gathered through the head's group (ddtree.sglang.vocab_parallel)
     assert probe["padded_head"] == {
         "rows": [40, 16],
-        "tp2": "the LM head is sharded over tensor-parallel ranks (TP=1 only)",
+        "no_group": "the LM head is sharded over 2 ranks without a matching tensor-parallel group",
+        "tp2": [[40, 16], 0, 80, 0, 2],
         "quantized": "the LM head is quantized (dense heads only)",
     }
 

@@ -133,6 +133,8 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "capture_hidden_mode",
         "return_kv_loc_plan",
     ),
+    # TP > 1: the vocab-parallel head's group gathers each rank's top-k (ddtree.sglang.vocab_parallel)
+    "sglang.srt.distributed.parallel_state:GroupCoordinator.all_gather_into_tensor": ("self", "output", "input"),
     "sglang.srt.layers.logits_processor:LogitsProcessor.is_deferred_shard": ("self", "logits"),
     "sglang.srt.layers.logits_processor:LogitsProcessor.deferred_argmax": ("self", "logits"),
     # the tree layout (ddtree.sglang.layout) is written for these; the tree worker calls the last two
@@ -235,6 +237,12 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "num_token_non_padded",
         "global_num_token_non_padded_cpu",
         "can_run_decode_cuda_graph",
+    ),
+    "sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbeddingShardIndices": (
+        "org_vocab_start_index",
+        "org_vocab_end_index",
+        "added_vocab_start_index",
+        "added_vocab_end_index",
     ),
     "sglang.srt.speculative.dflash_info:DFlashVerifyInput": (
         "draft_token",

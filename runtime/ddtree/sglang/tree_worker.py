@@ -72,6 +72,7 @@ from ddtree.sglang.batch_round import (
     full_mask_batched,
     full_mask_numel,
     plan_batch,
+    plan_batch_topk,
     stats_tensor,
 )
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
@@ -87,6 +88,7 @@ from ddtree.sglang.selfcheck import (
     mismatch_gaps,
     state_gaps,
 )
+from ddtree.sglang.vocab_parallel import HeadShard, head_shard, head_topk
 from ddtree.tree import DraftTree, build_tree_heap, is_off_spine, tree_shape
 
 logger = logging.getLogger("ddtree")
@@ -333,7 +335,6 @@ def tree_worker_class() -> type:
     from ddtree.config import HybridMode
     from ddtree.sglang.compat import attribute_refusal
     from ddtree.sglang.gates import GateError, hybrid_mode
-    from ddtree.sglang.worker import dense_head_rows
 
     class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
         def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
@@ -359,6 +360,8 @@ def tree_worker_class() -> type:
             if self.use_compact_draft_cache:
                 raise ValueError("DDTREE: tree verify does not support a windowed (compact) DFLASH draft cache")
             self._ddtree_config = config
+            head = self._ddtree_head()  # refused here, not in the first decode round
+            self._ddtree_rank = head.rank  # rank 0 of a tensor-parallel group writes the DDTREE lines
             self._ddtree_exact_hybrid = False
             self._ddtree_log: MetricsLog | None = None
             self._ddtree_stats: StatsQueue | None = None
@@ -399,7 +402,8 @@ def tree_worker_class() -> type:
                     logger.warning("DDTREE HYBRID UNSAFE: tree verify in flat order (%s); outputs may differ", why)
             self._ddtree_exact_hybrid = hybrid is HybridMode.EXACT
             self._ddtree_log = MetricsLog(self._ddtree_config, int(self.block_size), hybrid)
-            self._ddtree_log.start()
+            if self._ddtree_rank == 0:
+                self._ddtree_log.start()
             self._ddtree_stats = StatsQueue(self._ddtree_log)
 
         @staticmethod
@@ -597,7 +601,8 @@ def tree_worker_class() -> type:
             ms["commit"] = (t4 - t3) * 1e3
             if self._ddtree_stats is None:
                 raise RuntimeError("DDTREE: a decode round before init_cuda_graphs (SGLang's start-up order changed)")
-            self._ddtree_stats.push(stats_tensor(planned.plan, commit), ms)  # sync 2, on a round completing a line
+            if self._ddtree_rank == 0:  # sync 2, on a round that completes a line
+                self._ddtree_stats.push(stats_tensor(planned.plan, commit), ms)
             block = int(self.block_size)
             return GenerationBatchResult(
                 logits_output=kept.logits_output,
@@ -610,6 +615,13 @@ def tree_worker_class() -> type:
                 routed_experts_output=verified.output.routed_experts_output,
                 indexer_topk_output=verified.output.indexer_topk_output,
             )
+
+        def _ddtree_head(self) -> HeadShard:
+            """The target's LM head rows on this rank (all of them at TP 1), or a start-up error."""
+            head = head_shard(dw.unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None)))
+            if isinstance(head, str):
+                raise ValueError(f"DDTREE: tree verify needs a dense LM head: {head}")
+            return head
 
         def _kv_window(self, batch: Any, draft_input: Any, prefix_lens: Tensor, width: int) -> KVWindow:
             """The first `width` KV slots SGLang reserved after each request's prefix, and their KV-location plan."""
@@ -682,24 +694,27 @@ def tree_worker_class() -> type:
         def _plan(self, batch: Any, draft_input: Any, draft: DraftBlock) -> PlannedRound:
             """Step 2. The target's LM head on the drafter's hidden states gives log-probs [bs, B - 1, V]; every
             request's tree, in SGLang's layout and S slots, with FULL_MASK and the verify's KV window."""
-            head = dense_head_rows(
-                dw.unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
-            )
-            if isinstance(head, str):
-                raise RuntimeError(f"DDTREE tree verify needs a dense LM head: {head}")
-            slots, config, prefix_lens = self._ddtree_slots, self._ddtree_config, draft.prefix_lens
+            head, config = self._ddtree_head(), self._ddtree_config
+            slots, prefix_lens = self._ddtree_slots, draft.prefix_lens
             bs = int(prefix_lens.shape[0])
             window = draft.window  # a tree that fits the draft block's window, or twice as wide
             if slots != int(self.block_size):
                 window = self._kv_window(batch, draft_input, prefix_lens, slots)
-            with torch.inference_mode():
-                logits = draft.hidden.to(head.dtype) @ head.T  # [bs, B - 1, V]
-                logprobs = torch.log_softmax(logits.float(), dim=-1)
-            graphed = self._ddtree_graphs.applies(bs, logprobs.device)  # small batches: replayed from CUDA graphs
-            if graphed:
-                plan = self._ddtree_graphs.plan(logprobs, draft_input.bonus_tokens, prefix_lens)
+            graphed = False
+            if head.tp_size > 1:  # a vocab-parallel head: each rank's top-k, gathered (the same trees everywhere)
+                vals, ids = head_topk(draft.hidden, head, config.topk)  # [bs, B - 1, k]
+                plan = plan_batch_topk(vals, ids, draft_input.bonus_tokens, prefix_lens, slots, config.budget)
             else:
-                plan = plan_batch(logprobs, draft_input.bonus_tokens, prefix_lens, slots, config.budget, config.topk)
+                with torch.inference_mode():
+                    logits = draft.hidden.to(head.weight.dtype) @ head.weight.T  # [bs, B - 1, V]
+                    logprobs = torch.log_softmax(logits.float(), dim=-1)
+                graphed = self._ddtree_graphs.applies(bs, logprobs.device)  # small batches: replayed from graphs
+                if graphed:
+                    plan = self._ddtree_graphs.plan(logprobs, draft_input.bonus_tokens, prefix_lens)
+                else:
+                    plan = plan_batch(
+                        logprobs, draft_input.bonus_tokens, prefix_lens, slots, config.budget, config.topk
+                    )
             host_lens = batch.seq_lens_cpu  # None: sync 1, the sum of the device's prefix lengths
             prefix_sum = int((host_lens if host_lens is not None else prefix_lens).sum())
             custom_mask = full_mask_batched(plan.tree_mask, prefix_lens, full_mask_numel(prefix_sum, bs, slots))
