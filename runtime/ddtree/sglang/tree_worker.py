@@ -552,9 +552,12 @@ def tree_worker_class() -> type:
                 near = ""
                 if ties:
                     near = f" (near-ties in {len(ties)} requests, max gap {max(gap_list[b] for b in ties):.3g})"
-                logger.info(
-                    "DDTREE self-check round %d: the tree verify equals the chain verify%s", self._ddtree_rounds, near
-                )
+                if self._ddtree_rank == 0:  # every tensor-parallel rank checks the same data
+                    logger.info(
+                        "DDTREE self-check round %d: the tree verify equals the chain verify%s",
+                        self._ddtree_rounds,
+                        near,
+                    )
                 return
             b = bad[0]
             at = int(check.mismatch[b])
