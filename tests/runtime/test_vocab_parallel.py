@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import torch
 from ddtree.batch_tree import batch_row_topk, build_trees_batched, build_trees_from_topk
-from ddtree.sglang.vocab_parallel import Gather, merge_topk, shard_logprobs, shard_topk
+from ddtree.config import DDTreeConfig, VerifyMode
+from ddtree.sglang.vocab_parallel import Gather, HeadShard, merge_topk, shard_logprobs, shard_topk
+from ddtree.sglang.worker import observe_draft, observe_draft_sharded
 from ddtree.tree import row_topk
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -178,3 +180,35 @@ def test_real_processes_plan_the_same_trees_as_tp1(tmp_path: Path, split: str) -
     assert torch.equal(first["ids"].reshape(-1, 4), want_ids)
     torch.testing.assert_close(first["vals"].reshape(-1, 4), want_vals, atol=1e-5, rtol=0)
     assert (first["ids"] < sum(int(x) for x in split.split(","))).all()  # no padding candidate survives
+
+
+class ThreadGroup:
+    """The two members of SGLang's GroupCoordinator the plugin uses, over `Lockstep` threads."""
+
+    def __init__(self, gather: Gather, rank: int, world: int) -> None:
+        self.gather, self.rank_in_group, self.world_size = gather, rank, world
+
+    def all_gather_into_tensor(self, output: torch.Tensor, local: torch.Tensor) -> None:
+        output.copy_(self.gather(local).reshape(output.shape))
+
+
+def test_shadow_statistics_from_a_sharded_head_equal_the_unsharded_ones() -> None:
+    """observe_draft_sharded (TP > 1, through group_gather) builds the trees observe_draft builds from the whole
+    head, on every rank; the spine check compares with DFLASH's argmax."""
+    g = torch.Generator().manual_seed(1)
+    bs, block, hidden, vocab = 3, 6, 8, 37
+    config = DDTreeConfig(verify=VerifyMode.SHADOW, budget=9, topk=3)
+    weight = torch.randint(-2, 3, (vocab, hidden), generator=g).float()  # integer logits: exact, with ties
+    states = torch.randint(-1, 2, (bs * (block - 1), hidden), generator=g).float()
+    argmax = (states @ weight.T).argmax(-1)  # DFLASH's tokens (first maximum: the smallest id)
+    want = observe_draft(states, weight, argmax, block, config)
+    parts = [(0, 20), (20, 17)]
+
+    def rank(r: int, gather: Gather) -> Any:
+        start, size = parts[r]
+        head = HeadShard(weight[start : start + size], start, vocab, 2, r, ThreadGroup(gather, r, 2))
+        return observe_draft_sharded(states, head, argmax, block, config)
+
+    for got in on_ranks(2, rank):
+        assert (got.nodes, got.depth, got.width) == (want.nodes, want.depth, want.width)
+        assert got.spine_matches and want.spine_matches
