@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ddtree.batch_tree import BatchTrees, ancestor_masks, bfs_slot_order, build_trees_batched
+from ddtree.batch_tree import BatchTrees, ancestor_masks, bfs_slot_order, build_trees_batched, build_trees_from_topk
 from ddtree.fused_tree import build_trees_fused, fused_available, kernels
 from ddtree.metrics import MetricsLog, RoundStats
 
@@ -100,6 +100,17 @@ def layout_batch_fused(trees: BatchTrees, prefix_lens: Tensor, num_slots: int) -
         depth=depth,
         width=width,
     )
+
+
+def plan_batch_topk(
+    top_vals: Tensor, top_ids: Tensor, root_tokens: Tensor, prefix_lens: Tensor, num_slots: int, budget: int
+) -> BatchPlan:
+    """`plan_batch` from each drafter row's top-k already taken, top_vals / top_ids [bs, R, k] (a vocab-parallel
+    head at TP > 1: `ddtree.sglang.vocab_parallel.head_topk`)."""
+    if budget + 1 > num_slots:
+        raise ValueError(f"budget {budget} does not fit {num_slots} slots (budget + 1 <= slots)")
+    trees = build_trees_from_topk(top_vals, top_ids, root_tokens, budget)
+    return layout_batch(trees, prefix_lens.to(top_vals.device), num_slots)
 
 
 def layout_batch(trees: BatchTrees, prefix_lens: Tensor, num_slots: int) -> BatchPlan:
