@@ -1,6 +1,6 @@
 """Pure parsers for the runtime's `DDTREE ...` log lines and SGLang's `Decode batch` lines.
 
-Both engines print these (DESIGN.md, "The DDTREE log contract"). Lines are parsed field by field: keys may be
+Both engines print these (docs/architecture.md, "The DDTREE log contract"). Lines are parsed field by field: keys may be
 added by newer versions and are kept in `extra`; a line that carries the marker but misses a required key or
 has a non-numeric value becomes a `Malformed` record instead of an exception, so one bad line never hides
 the rest of a journal.

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from opsctl import wheelhouse
+from opsctl import artifact, wheelhouse
 from opsctl.errors import ExitCode, OpsctlError
-from opsctl.inventory.model import Host as HostSpec
-from opsctl.inventory.model import ModelSourceKind, Router
-from opsctl.ops.base import Artifacts, Context, Operation, Options, Plan, RemoteHost
+from opsctl.inventory.model import Host, ModelSourceKind, Router
+from opsctl.ops.base import Artifacts, Context, Operation, Options, Plan
 from opsctl.ops.cuda_toolkit import CudaToolkit
 from opsctl.ops.errors import ProvisionError
 from opsctl.ops.facts.manifest import Manifest, build_local_manifest
@@ -29,7 +28,8 @@ from opsctl.ops.locks import lock_for, router_lock
 from opsctl.ops.model_sync import ModelSync, models_of
 from opsctl.ops.python_venv import PythonVenv
 from opsctl.ops.router_wheels import RouterWheels
-from opsctl.ops.runtime_wheel import RuntimeWheel
+from opsctl.ops.runtime_wheel import PushRuntimeWheel
+from opsctl.remote.base import Connect, Connection
 
 PLAYBOOK = Path(__file__).resolve().parents[1] / "playbooks" / "provision.yaml"
 MANIFEST_CACHE = Path("/var/cache/opsctl/manifests")
@@ -38,7 +38,7 @@ OPERATIONS: dict[str, Callable[[], Operation]] = {
     "gpu_driver": GpuDriver,
     "cuda_toolkit": CudaToolkit,
     "python_venv": PythonVenv,
-    "runtime_wheel": RuntimeWheel,
+    "runtime_wheel": PushRuntimeWheel,
     "router_wheels": RouterWheels,
     "model_sync": ModelSync,
 }
@@ -138,7 +138,7 @@ def load_playbook(path: Path) -> tuple[str, ...]:
 
 
 def prepare(
-    hosts: Sequence[HostSpec], steps: Sequence[str], settings: Settings, routers: Sequence[Router] = ()
+    hosts: Sequence[Host], steps: Sequence[str], settings: Settings, routers: Sequence[Router] = ()
 ) -> Artifacts:
     """Build what every host shares, once, on the control machine (also for --plan: caches only)."""
     wheelhouses: dict[str, Path] = {}
@@ -149,11 +149,7 @@ def prepare(
                 wheelhouses[lock.profile] = wheelhouse.given(settings.wheelhouse).path
             elif host.wheelhouse is not None and lock.profile not in wheelhouses:
                 wheelhouses[lock.profile] = wheelhouse.ensure(lock, Path(host.wheelhouse)).path
-    runtime = None
-    if "runtime_wheel" in steps:
-        from opsctl.deploy.wheel import runtime_wheel
-
-        runtime = runtime_wheel(settings.runtime_wheel).path
+    runtime = artifact.runtime_wheel(settings.runtime_wheel) if "runtime_wheel" in steps else None
     manifests: dict[str, Manifest] = {}
     if "model_sync" in steps:
         for host in hosts:
@@ -191,8 +187,8 @@ def control_manifest(source: Path) -> Manifest:
 
 
 def provision_host(
-    spec: HostSpec,
-    remote: RemoteHost,
+    spec: Host,
+    remote: Connection,
     steps: Sequence[str],
     settings: Settings,
     artifacts: Artifacts,
@@ -242,9 +238,9 @@ def run_step(op: Operation, ctx: Context, plan_only: bool) -> StepReport:
 
 
 def provision(
-    hosts: Sequence[HostSpec],
+    hosts: Sequence[Host],
     settings: Settings,
-    connect: Callable[[HostSpec], RemoteHost] | None = None,
+    connect: Connect | None = None,
     progress: Callable[[str, StepReport], None] | None = None,
     routers: Sequence[Router] = (),
 ) -> Result:
@@ -253,9 +249,9 @@ def provision(
 
     steps = load_playbook(settings.playbook)
     artifacts = prepare(hosts, steps, settings, routers)
-    opener: Callable[[HostSpec], RemoteHost] = connect or ssh_connect
+    opener: Connect = connect or ssh_connect
 
-    def one(spec: HostSpec) -> HostReport:
+    def one(spec: Host) -> HostReport:
         remote = opener(spec)
         try:
             return provision_host(spec, remote, steps, settings, artifacts, progress)

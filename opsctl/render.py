@@ -94,6 +94,10 @@ def server_options(host: Host, service: Service, secrets: Secrets = Secrets.MASK
         options.append(("served-model-name", service.served_model_name))
     if service.engine is Engine.SGLANG:
         options.append(("enable-metrics", True))
+        # Several GPUs (opsctl.inventory.parallel); single-GPU services keep SGLang's defaults, unrendered.
+        options += [(flag, n) for flag, n in (("tp-size", service.tp), ("dp-size", service.dp)) if n > 1]
+        if service.nccl_port is not None:
+            options.append(("nccl-port", service.nccl_port))
     else:
         options.append(("device", service.device))
     if service.mode.speculative:

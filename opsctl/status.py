@@ -3,25 +3,24 @@ last DDTREE metrics. Reads only."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
-from opsctl import health, metrics
-from opsctl.commands import Cmd, sh
+from opsctl import health, metrics, systemd
 from opsctl.deploy import release
-from opsctl.deploy.gate import UnitState, parse_show, show_cmd
 from opsctl.errors import OpsctlError
-from opsctl.inventory.model import Host as InvHost
-from opsctl.inventory.model import Service
-from opsctl.remote.base import Host
+from opsctl.inventory.model import Host, Service
+from opsctl.remote.base import Connect, Connection
+from opsctl.remote.pool import HostOutcome, run_parallel
 
 
 @dataclass(frozen=True)
 class ServiceStatus:
     host: str
     service: str
-    unit: UnitState | None
+    unit: systemd.UnitState | None
     current: str | None
     mode: str | None  # from the current release's manifest (what runs), not the inventory
     released_at: str | None
@@ -37,16 +36,9 @@ class ServiceStatus:
     error: str | None = None
 
 
-def last_ddtree_cmd(unit: str) -> Cmd:
-    return sh(
-        f"journalctl -u {unit} --no-pager -o cat -n 20000 | grep -E 'DDTREE (init|metrics) ' | tail -n 50 || true",
-        sudo=True,
-    )
-
-
-def collect(conn: Host, inv_host: InvHost, service: Service, http: httpx.Client) -> ServiceStatus:
+def collect(conn: Connection, host: Host, service: Service, http: httpx.Client) -> ServiceStatus:
     paths = release.ServicePaths(service.name)
-    unit = parse_show(conn.run(show_cmd(paths.unit_name)).stdout)
+    unit = systemd.parse_show(conn.run(systemd.show_cmd(paths.unit_name)).stdout)
     facts = release.parse_release_facts(conn.run(release.facts_cmd(paths)).stdout)
     manifest: release.Manifest | None = None
     if facts.current:
@@ -54,11 +46,11 @@ def collect(conn: Host, inv_host: InvHost, service: Service, http: httpx.Client)
             manifest = release.Manifest.from_json(conn.get_text(f"{paths.release(facts.current)}/{release.MANIFEST}"))
         except OpsctlError:
             manifest = None
-    probe = health.probe(http, health.health_url(inv_host, service), timeout=5.0)
-    journal = conn.run(last_ddtree_cmd(paths.unit_name), check=False).stdout
+    probe = health.probe(http, health.health_url(host, service), timeout=5.0)
+    journal = conn.run(systemd.ddtree_lines_cmd(paths.unit_name), check=False).stdout
     summary = metrics.summarize(metrics.parse_lines(journal.splitlines()))
     return ServiceStatus(
-        host=inv_host.name,
+        host=host.name,
         service=service.name,
         unit=unit,
         current=facts.current,
@@ -74,3 +66,20 @@ def collect(conn: Host, inv_host: InvHost, service: Service, http: httpx.Client)
         init=summary.init,
         missing_models=release.missing_models(conn, service),
     )
+
+
+def collect_all(
+    selection: Sequence[tuple[Host, Sequence[Service]]], connect: Connect, forks: int = 16
+) -> list[HostOutcome[list[ServiceStatus]]]:
+    """`collect` for every selected service, one connection per host, hosts in parallel."""
+
+    def one(item: tuple[Host, Sequence[Service]]) -> list[ServiceStatus]:
+        h, svcs = item
+        conn = connect(h)
+        try:
+            with httpx.Client() as http:
+                return [collect(conn, h, s, http) for s in svcs]
+        finally:
+            conn.close()
+
+    return run_parallel(selection, key=lambda item: item[0].name, fn=one, forks=forks)

@@ -202,7 +202,10 @@ def engine_kwargs(pair: Path, dtype: str, args: argparse.Namespace, max_batch: i
         "log_level": "info",
         "port": port,
         "nccl_port": port + 1,  # explicit: several Engines start at once
+        "tp_size": args.tp,
     }
+    if args.tp > 1:
+        kwargs["disable_custom_all_reduce"] = True  # its kernels are sgl_kernel's, which the stand-in lacks
     if args.cuda_graph:
         # decode / verify graphs only (what DFLASH and DDTREE replay every round); prefill stays eager
         kwargs["cuda_graph_max_bs_decode"] = max(8, max_batch)
@@ -411,6 +414,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tree-budget", type=int, default=0, help="DDTREE_BUDGET (0: drafter block - 1)")
     p.add_argument("--log-interval", type=int, default=4, help="DDTREE_LOG_INTERVAL")
     p.add_argument("--cuda-graph", action="store_true", help="enable CUDA graphs (off by default)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per Engine (GPUs 0 .. tp - 1)")
     p.add_argument("--parallel", type=int, default=4, help="Engine launches at once on the GPU")
     p.add_argument("--mem-fraction", type=float, default=0.08, help="mem_fraction_static per Engine")
     p.add_argument("--timeout", type=int, default=420, help="seconds per Engine launch")

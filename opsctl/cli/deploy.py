@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from opsctl import layout
 from opsctl.cli.common import (
     ForksOpt,
     HostOpt,
@@ -30,6 +31,7 @@ from opsctl.errors import DeployError, ExitCode
 from opsctl.inventory.load import Override
 from opsctl.inventory.model import Host, Mode, Service
 from opsctl.inventory.select import select, select_routers
+from opsctl.remote.base import Connect
 from opsctl.router.deploy import RouterResult
 
 ModeOpt = Annotated[
@@ -115,12 +117,12 @@ def _exit(report: RunReport, routers: Sequence[RouterResult], plan: bool) -> int
 def _print_result(r: ServiceResult | RouterResult, plan: bool) -> None:
     style = _STYLE.get(r.outcome, "bold red")
     name = r.service if isinstance(r, ServiceResult) else f"router {r.router}"
-    unit = f"opsctl-{r.service}" if isinstance(r, ServiceResult) else f"opsctl-router-{r.router}"
+    unit = layout.unit_name(r.service if isinstance(r, ServiceResult) else f"router-{r.router}")
     console.print(f"[{style}]{r.host}/{name}: {r.outcome.value}[/] {r.message}", markup=True)
     for line in r.plan:
         console.print(f"    {line}", markup=False)
     if r.journal_tail:
-        console.print(f"    --- journal tail of {unit}.service on {r.host} ---", markup=False)
+        console.print(f"    --- journal tail of {unit} on {r.host} ---", markup=False)
         for line in r.journal_tail.splitlines():
             console.print(f"    {line}", markup=False)
     if r.timings and not plan:
@@ -165,8 +167,8 @@ def register(app: typer.Typer) -> None:
         """Deploy a release per service: stage, verify, switch, restart, health + smoke gates, auto-rollback.
         A service behind a router is taken out of it first, drained, and put back once it passes its gates;
         then the routers themselves (`--router NAME` alone: only those routers)."""
+        from opsctl.artifact import runtime_wheel as build_wheel
         from opsctl.deploy import runner
-        from opsctl.deploy.wheel import runtime_wheel as build_wheel
         from opsctl.router.rolling import RouterGuard
         from opsctl.router.run import run_routers
 
@@ -249,11 +251,14 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(int(report.exit_code(plan)))
 
 
-def _break_locks(selection: list[tuple[Host, list[Service]]]) -> None:
-    from opsctl.remote import connect
+def _break_locks(selection: list[tuple[Host, list[Service]]], connect: Connect | None = None) -> None:
+    from opsctl.remote import connect as ssh_connect
 
     for h, _ in selection:
-        with connect(h) as conn:
+        conn = (connect or ssh_connect)(h)
+        try:
             holder = conn.run(lock.read_cmd()).stdout.strip()
             conn.run(lock.break_cmd())
+        finally:
+            conn.close()
         console.print(f"{h.name}: lock cleared" + (f" (was: {' '.join(holder.split())})" if holder else " (none held)"))

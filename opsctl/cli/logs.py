@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -26,9 +25,9 @@ from opsctl.cli.common import (
     split_selector,
 )
 from opsctl.errors import ExitCode, SelectorError
-from opsctl.inventory.model import Host
 from opsctl.inventory.select import select, select_routers
-from opsctl.logs import METRICS_PATTERN, JournalQuery, Source, follow, journal_cmd, parse_journal, valid_grep
+from opsctl.logs import METRICS_PATTERN, Pair, Unit, follow_logs, read_logs, valid_grep
+from opsctl.systemd import JournalQuery
 
 
 def register(app: typer.Typer) -> None:
@@ -52,50 +51,33 @@ def register(app: typer.Typer) -> None:
         forks: ForksOpt = 16,
         as_json: JsonOpt = False,
     ) -> None:
-        """Show the services' journal, each line prefixed with host/service (`--router NAME`: that router's,
-        prefixed host/router-NAME)."""
-        from opsctl.remote import connect, run_parallel
+        """Show the services' journal, each line prefixed with host/service."""
+        from opsctl.remote import connect
 
         if grep is not None and not valid_grep(grep):
             raise SelectorError(f"--grep {grep!r} is not a valid regular expression", "fix the pattern")
         inv = load_inventory(inventory)
         services = [*(split_selector(service) or []), *([service_arg] if service_arg else [])] or None
-        pairs: list[tuple[Host, str, str]] = []  # (host, label, unit)
+        pairs: list[Pair] = []
         if router is None or services is not None or host is not None:
-            pairs = [(h, s.name, s.unit_name) for h, svcs in select(inv, split_selector(host), services) for s in svcs]
+            pairs = [(h, s) for h, svcs in select(inv, split_selector(host), services) for s in svcs]
         if router is not None:
-            pairs += [(inv.host(r.host), r.unit_base, r.unit_name) for r in select_routers(inv, split_selector(router))]
+            routers = select_routers(inv, split_selector(router))
+            pairs += [(inv.host(r.host), Unit(r.unit_base, r.unit_name)) for r in routers]
         if not pairs:
             raise SelectorError("no services selected", "the inventory's hosts have no services")
         if show_metrics:
             grep = METRICS_PATTERN if grep is None else grep
             lines = max(lines, 20000) if since is None else lines
-        conns = {h.name: connect(h) for h, _, _ in pairs}
-        try:
-
-            def fetch_for(h: Host) -> Callable[[JournalQuery], str]:
-                return lambda q: conns[h.name].run(journal_cmd(q), timeout=120).stdout
-
-            def one(pair: tuple[Host, str, str]) -> list[str]:
-                h, _, unit = pair
-                out = conns[h.name].run(journal_cmd(JournalQuery(unit, since, lines, grep)), timeout=120)
-                return [_ANSI.sub("", line) for line in parse_journal(out.stdout)[0]]
-
-            if follow_ and not show_metrics:
-                sources = [
-                    Source(f"{h.name}/{label}", fetch_for(h), JournalQuery(unit, since, lines, grep))
-                    for h, label, unit in pairs
-                ]
-                try:
-                    for label, line in follow(sources, time.sleep):
-                        typer.echo(f"{label} | {line}")
-                except KeyboardInterrupt:
-                    raise typer.Exit(int(ExitCode.OK)) from None  # a clean stop, not an error
-                return
-            outcomes = run_parallel(pairs, key=lambda p: f"{p[0].name}/{p[1]}", fn=one, forks=forks)
-        finally:
-            for c in conns.values():
-                c.close()
+        query = JournalQuery("", since, lines, grep)
+        if follow_ and not show_metrics:
+            try:
+                for label, line in follow_logs(pairs, query, connect, time.sleep):
+                    typer.echo(f"{label} | {_ANSI.sub('', line)}")
+            except KeyboardInterrupt:
+                raise typer.Exit(int(ExitCode.OK)) from None  # a clean stop, not an error
+            return
+        outcomes = read_logs(pairs, query, connect, forks)
         failed = False
         collected: dict[str, list[str]] = {}
         for outcome in outcomes:
@@ -103,7 +85,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[bold red]{outcome.host}: {outcome.error.one_line()}[/]", markup=True)
                 failed = True
                 continue
-            collected[outcome.host] = outcome.value or []
+            collected[outcome.host] = [_ANSI.sub("", line) for line in outcome.value or []]
         if show_metrics:
             _metrics(collected, as_json)
         elif as_json:

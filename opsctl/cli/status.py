@@ -20,10 +20,10 @@ from opsctl.cli.common import (
     split_selector,
 )
 from opsctl.errors import ExitCode
-from opsctl.inventory.model import Host, Inventory, Router, Service
+from opsctl.inventory.model import Inventory, Router
 from opsctl.inventory.select import select, select_routers
 from opsctl.router.status import RouterStatus, collect_router
-from opsctl.status import ServiceStatus, collect
+from opsctl.status import ServiceStatus, collect_all
 
 
 def register(app: typer.Typer) -> None:
@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Unit state, restarts, current release, health and last DDTREE metrics of every selected service; each
         router's unit, release, health and members as the router sees them."""
-        from opsctl.remote import connect, run_parallel
+        from opsctl.remote import connect
 
         inv = load_inventory(inventory)
         routers_only = router is not None and host is None and service is None
@@ -48,12 +48,7 @@ def register(app: typer.Typer) -> None:
         ]  # fmt: skip
         picked = select_routers(inv, split_selector(router), split_selector(host)) if service is None else []
 
-        def one(item: tuple[Host, list[Service]]) -> list[ServiceStatus]:
-            h, svcs = item
-            with connect(h) as conn, httpx.Client() as http:
-                return [collect(conn, h, s, http) for s in svcs]
-
-        outcomes = run_parallel(selection, key=lambda item: item[0].name, fn=one, forks=forks)
+        outcomes = collect_all(selection, connect, forks)
         rows: list[ServiceStatus] = []
         errors = []
         for outcome in outcomes:

@@ -17,17 +17,14 @@ from datetime import UTC, datetime
 import httpx
 
 from opsctl import remote
+from opsctl.artifact import RuntimeWheel
 from opsctl.deploy.flow import DeploySettings, ServiceContext, ServiceResult, deploy_service, rollback_service
 from opsctl.deploy.lock import LockHeld, host_lock
 from opsctl.deploy.rollout import Outcome, Target, count_failures, group_by_host, plan_batches, should_continue
-from opsctl.deploy.wheel import RuntimeWheel
 from opsctl.errors import ExitCode, OpsctlError, UnreachableError
-from opsctl.inventory.model import Host as InvHost
-from opsctl.inventory.model import Service
-from opsctl.remote.base import Host
+from opsctl.inventory.model import Host, Service
+from opsctl.remote.base import Connect, Connection
 from opsctl.router.rolling import RouterGuard, Taken
-
-Connect = Callable[[InvHost], Host]
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,7 @@ Work = Callable[[ServiceContext], ServiceResult]
 
 def run(
     action: str,
-    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    selection: Sequence[tuple[Host, Sequence[Service]]],
     work: Work,
     options: RolloutOptions,
     say: Callable[[str], None],
@@ -79,12 +76,12 @@ def run(
     targets = [Target(h.name, s.name) for h, svcs in selection for s in svcs]
     batches = plan_batches(targets, options.canary, options.batch)
     cancel = threading.Event()
-    conns: dict[str, Host] = {}
+    conns: dict[str, Connection] = {}
     results: dict[Target, ServiceResult] = {}
     now = datetime.now(UTC)
 
     def on_host(host_name: str, group: list[Target]) -> list[ServiceResult]:
-        inv_host = hosts[host_name]
+        host = hosts[host_name]
         out: list[ServiceResult] = []
 
         def rest(outcome: Outcome, message: str) -> list[ServiceResult]:
@@ -95,7 +92,7 @@ def run(
 
         try:
             with ExitStack() as stack:
-                conn = conns.setdefault(host_name, connect(inv_host))
+                conn = conns.setdefault(host_name, connect(host))
                 if take_lock:
                     names = ",".join(t.service for t in group)
                     stack.enter_context(
@@ -107,7 +104,7 @@ def run(
                         out.append(ServiceResult(host_name, target.service, Outcome.SKIPPED, message="interrupted"))
                         continue
                     svc = services[(host_name, target.service)]
-                    ctx = ServiceContext(inv_host, svc, conn, http, cancel, say=_prefixed(say, str(target)), now=now)
+                    ctx = ServiceContext(host, svc, conn, http, cancel, say=_prefixed(say, str(target)), now=now)
                     try:
                         out.append(work(ctx))
                     except UnreachableError as exc:
@@ -165,7 +162,7 @@ def run(
 
 
 def deploy(
-    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    selection: Sequence[tuple[Host, Sequence[Service]]],
     wheel: RuntimeWheel,
     settings: DeploySettings,
     options: RolloutOptions,
@@ -176,12 +173,12 @@ def deploy(
     """Deploy each selected service; one that a router fronts is taken out of it first (`routers`)."""
 
     def work(ctx: ServiceContext) -> ServiceResult:
-        if routers is None or not routers.fronted(ctx.inv_host.name, ctx.service.name):
+        if routers is None or not routers.fronted(ctx.host.name, ctx.service.name):
             return deploy_service(ctx, wheel, settings)
         if settings.plan:
             result = deploy_service(ctx, wheel, settings)
             if result.outcome is Outcome.PLANNED:
-                result.plan.append(routers.plan_line(ctx.inv_host.name, ctx.service.name))
+                result.plan.append(routers.plan_line(ctx.host.name, ctx.service.name))
             return result
         return behind_routers(ctx, routers, lambda: deploy_service(ctx, wheel, settings))
 
@@ -189,7 +186,7 @@ def deploy(
 
 
 def rollback(
-    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    selection: Sequence[tuple[Host, Sequence[Service]]],
     settings: DeploySettings,
     options: RolloutOptions,
     say: Callable[[str], None],
@@ -200,7 +197,7 @@ def rollback(
     """Roll back each selected service; one behind a router is taken out and drained first, like a deploy."""
 
     def work(ctx: ServiceContext) -> ServiceResult:
-        if routers is None or settings.plan or not routers.fronted(ctx.inv_host.name, ctx.service.name):
+        if routers is None or settings.plan or not routers.fronted(ctx.host.name, ctx.service.name):
             return rollback_service(ctx, settings, to)
         return behind_routers(ctx, routers, lambda: rollback_service(ctx, settings, to), (Outcome.UNREACHABLE,))
 
@@ -216,7 +213,7 @@ def behind_routers(
     """`work` (a deploy or rollback) with the service out of its routers from the switch until it serves again.
     It goes back in when its /health answers and its outcome is not one of `not_serving` (a deploy's `failed`
     means nothing healthy serves; a rollback's `failed` restored the release that served before)."""
-    host, svc = ctx.inv_host.name, ctx.service.name
+    host, svc = ctx.host.name, ctx.service.name
     taken: list[Taken] = []
 
     def take_out() -> None:

@@ -31,6 +31,7 @@ from opsctl.inventory.model import (
     Service,
     SshConfig,
 )
+from opsctl.inventory.parallel import check_port_clashes, parallel
 from opsctl.inventory.reader import MAX_DEPTH, read_file
 from opsctl.inventory.routers import parse_routers
 from opsctl.inventory.rules import SECRET_HINT, Kind, clean, excerpt, secret_flag, token_kind
@@ -80,8 +81,11 @@ SERVICE_KEYS = {
     "extra_env",
     "health_timeout",
     "readiness_delay",
+    "tp",
+    "dp",
+    "nccl_port",
 }
-SERVICE_DEFAULT_KEYS = SERVICE_KEYS - {"gpus", "port", "model", "draft_model"}
+SERVICE_DEFAULT_KEYS = SERVICE_KEYS - {"gpus", "port", "model", "draft_model", "nccl_port"}
 # Environment variables opsctl renders itself; extra_env may not override them.
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "PYTHONPATH", "CUDA_HOME", "PATH", "SGLANG_API_KEY"}
 SECRET_HINTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
@@ -369,11 +373,13 @@ def _service(
         for i, a in enumerate(s.string_list(d.get("extra_args", []), f"{path}.extra_args"))
     )
     extra_env = _extra_env(d.get("extra_env"), f"{path}.extra_env")
+    port = s.integer(d["port"], f"{path}.port", 1024, 65535)
+    ways = parallel(d, len(gpus), engine is Engine.SGLANG, port, path, warnings)
     service = Service(
         name=name,
         host=host,
         gpus=gpus,
-        port=s.integer(d["port"], f"{path}.port", 1024, 65535),
+        port=port,
         mode=mode,
         engine=engine,
         model=model,
@@ -391,6 +397,9 @@ def _service(
         extra_env=extra_env,
         health_timeout=s.number(d.get("health_timeout", 600), f"{path}.health_timeout", 1, 7200),
         readiness_delay=s.number(d.get("readiness_delay", 10), f"{path}.readiness_delay", 0, 600),
+        tp=ways.tp,
+        dp=ways.dp,
+        nccl_port=ways.nccl_port,
     )
     if service.sglang_wide_tree:
         block = SGLANG_DRAFT_BLOCK
@@ -474,3 +483,4 @@ def _check_clashes(services: tuple[Service, ...], gpu_count: int, path: str) -> 
             owner = gpus.setdefault(index, svc.name)
             if owner != svc.name:
                 raise InventoryError(f"{where}.gpus", f"GPU {index} already used by {owner}")
+    check_port_clashes(services, path)

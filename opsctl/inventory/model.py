@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from opsctl import layout
 from opsctl.secrets import SecretRef
 
 
@@ -110,10 +111,13 @@ class Service:
     extra_env: tuple[tuple[str, str], ...] = ()
     health_timeout: float = 600.0  # seconds the deploy health gate waits for /health
     readiness_delay: float = 10.0  # seconds between the first healthy answer and the crash-loop re-check
+    tp: int = 1  # SGLang tensor-parallel ranks per replica (opsctl.inventory.parallel)
+    dp: int = 1  # SGLang data-parallel replicas; tp * dp = len(gpus)
+    nccl_port: int | None = None  # rendered --nccl-port (tp > 1, dp 1); None: SGLang picks
 
     @property
     def unit_name(self) -> str:
-        return f"opsctl-{self.name}.service"
+        return layout.unit_name(self.name)
 
     @property
     def hybrid_unsafe(self) -> bool:

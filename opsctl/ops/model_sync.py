@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.commands import Cmd
-from opsctl.inventory.model import Host as HostSpec
-from opsctl.inventory.model import ModelSourceKind, ModelSpec
-from opsctl.ops.base import Action, Context, Plan, Push, PutText, RemoteHost, Verify, execute, read
+from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
+from opsctl.ops.base import Action, Context, Plan, Push, PutText, Verify, execute, read
 from opsctl.ops.errors import ManifestMismatchError, ProvisionError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
@@ -37,6 +36,7 @@ from opsctl.ops.facts.manifest import (
     parse_manifest_json,
 )
 from opsctl.ops.facts.system import DiskSpace, gib, parse_df
+from opsctl.remote.base import Connection
 
 NAME = "model_sync"
 
@@ -68,7 +68,7 @@ class ModelFacts:
     space: DiskSpace  # of the filesystem holding the final path
 
 
-def models_of(host: HostSpec) -> list[ModelSpec]:
+def models_of(host: Host) -> list[ModelSpec]:
     """Distinct models (by destination) of the host's services, in service order."""
     seen: dict[str, ModelSpec] = {}
     for svc in host.services:
@@ -165,7 +165,7 @@ def _verify_judge(name: str, manifest: Manifest) -> Callable[[int, str, str], No
     return judge
 
 
-def read_facts(remote: RemoteHost, spec: ModelSpec) -> ModelFacts:
+def read_facts(remote: Connection, spec: ModelSpec) -> ModelFacts:
     p = ModelPaths.of(spec.path)
     final_exists = read(remote, Cmd.of("test", "-d", p.final)).exit_code == 0
     staging_exists = read(remote, Cmd.of("test", "-d", p.staging)).exit_code == 0
@@ -185,14 +185,14 @@ def read_facts(remote: RemoteHost, spec: ModelSpec) -> ModelFacts:
     )
 
 
-def _listing(remote: RemoteHost, directory: str) -> dict[str, FileEntry]:
+def _listing(remote: Connection, directory: str) -> dict[str, FileEntry]:
     result = read(remote, hash_listing_cmd(directory), timeout=3600.0)
     if result.exit_code != 0:
         raise ProvisionError(f"hashing {directory} failed: {result.stderr.strip()[-200:]}")
     return parse_hash_listing(result.stdout)
 
 
-def host_source_manifest(remote: RemoteHost, spec: ModelSpec) -> Manifest:
+def host_source_manifest(remote: Connection, spec: ModelSpec) -> Manifest:
     if read(remote, Cmd.of("test", "-d", spec.source)).exit_code != 0:
         raise ProvisionError(f"model source {spec.source} does not exist on the host", "fix models.source")
     return Manifest(_listing(remote, spec.source))

@@ -22,10 +22,10 @@ from datetime import UTC, datetime
 
 import httpx
 
-from opsctl import __version__
+from opsctl import __version__, systemd
 from opsctl.commands import Cmd, sh
 from opsctl.deploy import audit, release
-from opsctl.deploy.gate import GateConfig, health_gate, parse_show, show_cmd
+from opsctl.deploy.gate import GateConfig, health_gate
 from opsctl.deploy.preflight import looks_like_help, unknown_flags
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
@@ -34,7 +34,7 @@ from opsctl.health import probe
 from opsctl.inventory.model import Inventory, Router
 from opsctl.ops.locks import router_lock
 from opsctl.ops.router_wheels import REMOTE_ROUTER_WHEELHOUSE
-from opsctl.remote.base import Host
+from opsctl.remote.base import Connection
 from opsctl.render import Secrets
 from opsctl.router.render import render_router, router_url, worker_urls
 
@@ -76,7 +76,12 @@ class RouterDeploy:
     """One router on one connected host."""
 
     def __init__(
-        self, inventory: Inventory, router: Router, remote: Host, http: httpx.Client, say: Callable[[str], None] = print
+        self,
+        inventory: Inventory,
+        router: Router,
+        remote: Connection,
+        http: httpx.Client,
+        say: Callable[[str], None] = print,
     ) -> None:
         self.inventory = inventory
         self.router = router
@@ -117,7 +122,7 @@ class RouterDeploy:
             poll_s=0.5,
         )
         gate = health_gate(
-            read_unit=lambda: parse_show(self._run(show_cmd(self.paths.unit_name))),
+            read_unit=lambda: systemd.parse_show(self._run(systemd.show_cmd(self.paths.unit_name))),
             probe=lambda: probe(self.http, url + "/health", timeout=5.0),
             baseline_restarts=baseline,
             config=config,
@@ -143,15 +148,14 @@ class RouterDeploy:
         p = self.paths
         self._run(release.switch_cmd(p, release_id))
         self._run(release.install_unit_cmd(p, release_id))
-        self._run(Cmd.of("systemctl", "daemon-reload", sudo=True))
-        self._run(Cmd.of("systemctl", "enable", "--quiet", "--", p.unit_name, sudo=True), check=False)
-        self._run(Cmd.of("systemctl", "restart", "--", p.unit_name, sudo=True))
-        return parse_show(self._run(show_cmd(p.unit_name))).n_restarts
+        self._run(systemd.daemon_reload_cmd())
+        self._run(systemd.enable_cmd(p.unit_name), check=False)
+        self._run(systemd.restart_cmd(p.unit_name))
+        return systemd.parse_show(self._run(systemd.show_cmd(p.unit_name))).n_restarts
 
     def journal_tail(self, lines: int = 30) -> str:
-        cmd = Cmd.of("journalctl", "-u", self.paths.unit_name, "-n", str(lines), "--no-pager", "-o", "cat", sudo=True)
         try:
-            return self._run(cmd, check=False, timeout=30).rstrip()
+            return self._run(systemd.journal_tail_cmd(self.paths.unit_name, lines), check=False, timeout=30).rstrip()
         except OpsctlError:
             return ""
 
@@ -248,7 +252,7 @@ class RouterDeploy:
             files=release.file_digests({k: v for k, (v, _) in masked.files.items()}),
         )  # fmt: skip
         self.remote.put_text(manifest.to_json(), f"{self.paths.release(new_id)}/{release.MANIFEST}", 0o644)
-        verify = self.remote.run(release.verify_unit_cmd(self.paths, new_id), check=False)
+        verify = self.remote.run(systemd.verify_cmd(self.paths.release_unit(new_id)), check=False)
         if not verify.ok or verify.stdout.strip():
             raise DeployError(f"systemd-analyze verify rejected the router unit: {verify.stdout.strip()[:300]}")
 
@@ -256,9 +260,9 @@ class RouterDeploy:
         self.say(f"FAILED: {reason}")
         if previous is None:
             p = self.paths
-            self._run(Cmd.of("systemctl", "disable", "--now", "--quiet", "--", p.unit_name, sudo=True), check=False)
+            self._run(systemd.disable_now_cmd(p.unit_name), check=False)
             self._run(Cmd.of("rm", "-f", "--", p.current, p.installed_unit, sudo=True), check=False)
-            self._run(Cmd.of("systemctl", "daemon-reload", sudo=True), check=False)
+            self._run(systemd.daemon_reload_cmd(), check=False)
             self._audit("deploy", failed, "failed", f"{reason}; no previous release: router stopped")
             return Outcome.FAILED, f"{reason}; no previous router release: router stopped"
         self.say(f"rolling back to {previous}")

@@ -12,9 +12,8 @@ from opsctl.deploy.lock import LockHeld, host_lock
 from opsctl.deploy.release import DEFAULT_KEEP
 from opsctl.deploy.rollout import Outcome
 from opsctl.errors import OpsctlError, UnreachableError
-from opsctl.inventory.model import Host as InvHost
 from opsctl.inventory.model import Inventory, Router
-from opsctl.remote.base import Host
+from opsctl.remote.base import Connect
 from opsctl.router.deploy import RouterDeploy, RouterResult
 
 
@@ -28,7 +27,7 @@ def run_routers(
     keep: int = DEFAULT_KEEP,
     to: str | None = None,
     lock_wait: float = 0.0,
-    connect: Callable[[InvHost], Host] = remote.connect,
+    connect: Connect = remote.connect,
 ) -> list[RouterResult]:
     results = []
     for router in routers:

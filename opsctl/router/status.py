@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 import httpx
 
 from opsctl.deploy import release
-from opsctl.deploy.gate import UnitState, parse_show, show_cmd
 from opsctl.errors import OpsctlError
 from opsctl.inventory.model import Inventory, Router
-from opsctl.remote.base import Host
+from opsctl.remote.base import Connection
 from opsctl.router.api import Member, RouterClient
 from opsctl.router.render import router_url, worker_url
+from opsctl.systemd import UnitState, parse_show, show_cmd
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def members_view(
     return listed, [name for url, name in names.items() if url not in seen]
 
 
-def collect_router(conn: Host | None, inventory: Inventory, router: Router, http: httpx.Client) -> RouterStatus:
+def collect_router(conn: Connection | None, inventory: Inventory, router: Router, http: httpx.Client) -> RouterStatus:
     paths = release.ServicePaths(router.unit_base)
     unit = None
     facts = release.ReleaseFacts(None, ())

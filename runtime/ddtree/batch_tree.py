@@ -126,17 +126,33 @@ def build_trees_batched(draft_logprobs: Tensor, root_tokens: Tensor, budget: int
     if budget < 0 or topk < 1:
         raise ValueError(f"budget must be >= 0 and topk >= 1, got {budget}, {topk}")
     bs, n_rows, vocab = draft_logprobs.shape
-    device = draft_logprobs.device
-    sizes = level_sizes(n_rows, budget, topk, vocab)
+    depth_rows, k = len(level_sizes(n_rows, budget, topk, vocab)), min(topk, vocab)
+    lp = draft_logprobs.detach()[:, :depth_rows].to(torch.float32)  # lp: [bs, R', V]
+    if depth_rows:
+        vals, ids = batch_row_topk(lp.reshape(bs * depth_rows, vocab), k)
+    else:  # budget 0 or no rows: the root alone
+        vals, ids = lp.new_zeros((0, k)), lp.new_zeros((0, k), dtype=torch.int64)
+    return build_trees_from_topk(vals.view(bs, depth_rows, k), ids.view(bs, depth_rows, k), root_tokens, budget)
+
+
+def build_trees_from_topk(top_vals: Tensor, top_ids: Tensor, root_tokens: Tensor, budget: int) -> BatchTrees:
+    """`build_trees_batched` from each row's top-k already taken: top_vals, top_ids [bs, R, k] in the order
+    `batch_row_topk` gives (log-prob desc, token id asc), e.g. merged from a vocab-parallel head's shards
+    (`ddtree.sglang.vocab_parallel`); k = min(topk, V). Rows beyond the first min(R, budget) are not read."""
+    if top_vals.dim() != 3 or top_vals.shape != top_ids.shape or top_vals.shape[2] < 1:
+        raise ValueError(f"top_vals/top_ids must be equal [bs, R, k >= 1], got {tuple(top_vals.shape)}")
+    if root_tokens.shape != top_vals.shape[:1]:
+        raise ValueError(f"root_tokens must be [bs={top_vals.shape[0]}], got {tuple(root_tokens.shape)}")
+    bs, n_rows, k = top_vals.shape
+    device = top_vals.device
+    sizes = level_sizes(n_rows, budget, k, k)
     roots = root_tokens.to(device=device, dtype=torch.int64).view(bs, 1)
     zero = torch.zeros((bs, 1), dtype=torch.int64, device=device)
     if not sizes:  # budget 0 or no rows: the root alone
         return BatchTrees(roots, zero - 1, zero, torch.zeros((bs, 1), device=device))
     depth_rows = len(sizes)
-    k = min(topk, vocab)
-    lp = draft_logprobs.detach()[:, :depth_rows].to(torch.float32)  # lp: [bs, R', V]
-    vals, ids = batch_row_topk(lp.reshape(bs * depth_rows, vocab), k)
-    vals = vals.view(bs, depth_rows, k)  # [bs, R', k]
+    vals = top_vals[:, :depth_rows].to(torch.float32)  # [bs, R', k]
+    ids = top_ids[:, :depth_rows].to(torch.int64)
 
     # A kept node's code packs (depth - 1, parent's flat index + 1, rank): flat = (depth asc, level position).
     total = sum(sizes)

@@ -474,3 +474,61 @@ def test_ddtree_wide_tree_engine_matches_baseline_and_transformers(
     print("\n".join(m.group(0) for m in METRICS.finditer(log)))
     assert any(float(fields["nodes"]) > DRAFT_BLOCK for fields in lines)  # wider than the draft block
     assert all(1 <= float(fields["tau"]) <= DRAFT_BLOCK for fields in lines)
+
+
+# --- tensor parallelism: TP 2 on SGLang's CPU engine (gloo between the two scheduler processes) -----------------
+# SGLang's CPU engine binds each rank's threads to cores, by default one NUMA node per rank; one core each here.
+TP2_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": f"0|{min(1, (os.cpu_count() or 1) - 1)}"}
+
+
+@pytest.fixture(scope="module")
+def tp2_runs(tiny_dense: Path, dense_reference: Reference, tmp_path_factory: pytest.TempPathFactory) -> Launcher:
+    """The dense target at --tp-size 2: its LM head vocab-parallel (each rank half the rows), so DDTREE builds its
+    trees from each rank's top-k, gathered (ddtree.sglang.vocab_parallel). The tree prompts: baseline, DDTREE tree
+    (batched, then the first alone) and DDTREE shadow."""
+    tree = [dense_reference.prompts[i] for i in TREE]
+    draft = {"speculative_algorithm": "DDTREE", "speculative_draft_model_path": str(tiny_dense / "draft")}
+    modes: dict[str, ModeSpec] = {
+        "baseline": ({}, [tree], BASELINE_TOKENS, TP2_ENV, {}),
+        "tree": (draft, [tree, tree[:1]], NEW_TOKENS, {**TREE_ENV, **TP2_ENV}, {}),
+        "ddtree": (draft, [tree], NEW_TOKENS, {**SHADOW_ENV, **TP2_ENV}, {}),
+    }
+    return launcher("tp2-", {**engine_kwargs(tiny_dense / "target"), "tp_size": 2}, modes, tmp_path_factory)
+
+
+@needs_sglang
+def test_tp2_ddtree_tree_engine_equals_the_tp2_baseline_token_for_token(
+    tp2_runs: Launcher, dense_reference: Reference
+) -> None:
+    """DDTREE_VERIFY=tree at TP 2: both ranks must build the same trees (a rank verifying other tokens would give
+    wrong logits through the all-reduces), so the greedy tokens are the TP-2 baseline's exactly, and
+    transformers'; only rank 0 writes the DDTREE lines."""
+    (base,) = tp2_runs("baseline")[0]["batches"]
+    expected = dense_reference.pick(TREE)
+    assert_matches_reference(base, expected, BASELINE_TOKENS)
+    result, log = tp2_runs("tree")
+    batched, single = result["batches"]
+    assert_matches_reference(batched, expected, NEW_TOKENS)
+    assert_matches_reference(single, expected.pick([0]), NEW_TOKENS)
+    assert_equals_baseline(batched + single, dict(zip(batch_prompts(base), output_ids(base), strict=True)))
+    assert all(length > 1 for length in accept_lengths(batched + single)), accept_lengths(batched + single)
+    init = f"DDTREE init mode=tree budget={TREE_BUDGET} topk={TREE_TOPK} block={DRAFT_BLOCK} hybrid=none"
+    assert log.count(init) == 1, log[-4000:]  # rank 0 only
+    assert "TP0] DDTREE init" in log and "TP1] DDTREE" not in log
+    assert SELFCHECK_OK in log and "self-check FAILED" not in log
+    lines = metrics_lines(log)
+    assert lines and all(1 <= float(f["nodes"]) <= TREE_BUDGET for f in lines), log[-4000:]
+    print("\n".join(m.group(0) for m in METRICS.finditer(log)))
+
+
+@needs_sglang
+def test_tp2_ddtree_shadow_keeps_its_statistics_on(tp2_runs: Launcher, dense_reference: Reference) -> None:
+    """Shadow at TP 2: DFLASH's tokens (the baseline's), and tree statistics from the vocab-parallel head instead
+    of 'statistics disabled'."""
+    (base,) = tp2_runs("baseline")[0]["batches"]
+    result, log = tp2_runs("ddtree")
+    (batched,) = result["batches"]
+    assert_matches_reference(batched, dense_reference.pick(TREE), NEW_TOKENS)
+    assert_equals_baseline(batched, dict(zip(batch_prompts(base), output_ids(base), strict=True)))
+    assert_shadow_log(log, hybrid="none")
+    assert "TP1] DDTREE" not in log

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from ddtree.config import DDTreeConfig, HybridMode, VerifyMode
+from ddtree.sglang import compat
 from ddtree.sglang.gates import GateError, ServerFacts, check_server, hybrid_mode
 from ddtree.sglang.worker import DraftObservation, observe_draft, round_stats
 from ddtree.tree import build_tree, tree_shape
@@ -140,142 +141,11 @@ def test_importing_the_plugin_package_never_imports_sglang() -> None:
 # Contract: SGLang 0.5.23's real code, in one probe subprocess
 # ---------------------------------------------------------------------------------------------------
 
-# Every SGLang symbol the plugin (or the layout's claims about SGLang) relies on, with its parameters in
-# order. A version bump that renames or reorders one fails here, not on a production host.
-SIGNATURES: dict[str, list[str]] = {
-    "sglang.srt.plugins:load_plugins": [],
-    "sglang.srt.plugins:load_plugins_by_group": ["group", "excluded_dists"],
-    "sglang.srt.speculative.spec_info:SpeculativeAlgorithm.register": [
-        "cls",
-        "name",
-        "supports_overlap",
-        "validate_server_args",
-        "spec_class",
-    ],
-    "sglang.srt.speculative.spec_info:SpeculativeAlgorithm.from_string": ["cls", "name"],
-    "sglang.srt.speculative.spec_registry:get_spec": ["name"],
-    "sglang.srt.speculative.spec_registry:CustomSpecAlgo.__init__": [
-        "self",
-        "name",
-        "factory",
-        "supports_overlap",
-        "validate_server_args",
-    ],
-    "sglang.srt.speculative.spec_registry:CustomSpecAlgo.create_worker": ["self", "server_args"],
-    "sglang.srt.arg_groups.resolution_hooks:register_resolution_hook": ["name"],
-    "sglang.srt.arg_groups.resolution_hooks:run_hook": ["builtin", "server_args"],
-    "sglang.srt.arg_groups.speculative_hook:handle_speculative_decoding": ["server_args"],
-    "sglang.srt.arg_groups.speculative_hook:_handle_dflash": ["server_args"],
-    "sglang.srt.arg_groups.overrides:resolving_view": ["server_args"],
-    "sglang.srt.arg_groups.overrides:record_foreign_defaults": ["server_args", "source", "resolve"],
-    "sglang.srt.managers.overlap_utils:FutureMap.__init__": [
-        "self",
-        "device",
-        "spec_algo",
-        "req_to_token_pool",
-        "needs_cpu_seq_lens",
-        "needs_confidence_relay",
-    ],
-    "sglang.srt.configs.hybrid_arch:mambaish_config": ["model_config"],
-    "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2.__init__": [
-        "self",
-        "server_args",
-        "gpu_id",
-        "nccl_port",
-        "target_worker",
-    ],
-    "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2.forward_batch_generation": [
-        "self",
-        "batch",
-        "on_publish",
-        "grammar_barrier",
-        "pp_proxy_tensors",
-    ],
-    "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._greedy_sample_from_vocab_parallel_head": [
-        "self",
-        "hidden_states",
-        "lm_head",
-        "chunk_size",
-    ],
-    # The tree layout (ddtree.sglang.layout) is written for these:
-    "sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient": [
-        "bonus_tokens",
-        "parent_list",
-        "top_scores_index",
-        "draft_tokens",
-        "seq_lens",
-        "seq_lens_sum",
-        "topk",
-        "spec_steps",
-        "num_verify_tokens",
-        "tree_mask_mode",
-        "tree_mask_buf",
-        "fill_prefix_mask",
-    ],
-    "sglang.kernels.ops.speculative.spec_tree:verify_tree_greedy_func": [
-        "predicts",
-        "accept_index",
-        "accept_token_num",
-        "candidates",
-        "retrieve_index",
-        "retrieve_next_token",
-        "retrieve_next_sibling",
-        "target_predict",
-        "topk",
-    ],
-    "sglang.srt.speculative.spec_utils:commit_mamba_states_after_verify": [
-        "target_worker",
-        "batch",
-        "accept_lens",
-        "accept_index",
-        "draft_token_num",
-        "prepared_step_indices",
-    ],
-    # The hybrid tree path: the tree worker decides it after the target's backend and graphs exist, and hands
-    # the GDN backend (hybrid_tree_refusal checks its class name) the tree links while it builds its metadata.
-    "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2.init_cuda_graphs": ["self"],
-    "sglang.srt.layers.attention.linear.gdn_backend:GDNAttnBackend.__init__": ["self", "model_runner"],
-    "sglang.srt.layers.attention.hybrid_linear_attn_backend:MambaAttnBackendBase._forward_metadata": [
-        "self",
-        "forward_batch",
-    ],
-}
-
-# Fields read by name (ServerArgs through the gates; the verify input the tree layout fills).
-FIELDS: dict[str, list[str]] = {
-    "sglang.srt.server_args:ServerArgs": [
-        "page_size",
-        "disable_overlap_schedule",
-        "attention_backend",
-        "prefill_attention_backend",
-        "decode_attention_backend",
-        "speculative_algorithm",
-        "speculative_draft_model_path",
-        "speculative_num_draft_tokens",
-        "speculative_dflash_block_size",
-        "speculative_use_rejection_sampling",
-        "speculative_accept_threshold_single",
-        "speculative_accept_threshold_acc",
-    ],
-    "sglang.srt.speculative.eagle_info:EagleVerifyInput": [
-        "draft_token",
-        "custom_mask",
-        "positions",
-        "retrieve_index",
-        "retrieve_next_token",
-        "retrieve_next_sibling",
-        "draft_token_num",
-    ],
-    "sglang.srt.managers.utils:GenerationBatchResult": ["accept_lens", "next_token_ids"],
-    "sglang.srt.speculative.dflash_info:DFlashVerifyInput": [
-        "draft_token",
-        "positions",
-        "draft_token_num",
-        "custom_mask",
-        "capture_hidden_mode",
-        "kv_loc_plan",
-    ],
-}
+# Every SGLang symbol the plugin relies on, with its parameters in order, and the fields it reads by name: the
+# plugin's own signature table (ddtree.sglang.compat), checked here against the installed SGLang's real code. A
+# version bump that renames or reorders one fails here, not on a production host.
+SIGNATURES = compat.SIGNATURES
+FIELDS = compat.FIELDS
 
 _PROBE = r"""
 import importlib, inspect, json, os, sys, traceback
@@ -416,13 +286,49 @@ padded.shard_indices = Shard(
     padded_added_vocab_end_index=48, org_vocab_start_index=0, org_vocab_end_index=40,
     added_vocab_start_index=48, added_vocab_end_index=48,
 )
-from ddtree.sglang.worker import dense_head_rows
-rows = dense_head_rows(padded)
-padded.tp_size = 2
-out["padded_head"] = {"rows": list(rows.shape) if not isinstance(rows, str) else rows,
-                      "tp2": dense_head_rows(padded), "quantized": dense_head_rows(torch.nn.Identity())}
+from types import SimpleNamespace
+from ddtree.sglang.vocab_parallel import head_shard
+rows = head_shard(padded)
+padded.tp_size = 2  # rank 0 of 2: SGLang's head also carries its group and the whole vocabulary's size
+no_group = head_shard(padded)
+padded.tp_group, padded.org_vocab_size = SimpleNamespace(world_size=2, rank_in_group=0), 80
+tp2 = head_shard(padded)
+out["padded_head"] = {"rows": list(rows.weight.shape) if not isinstance(rows, str) else rows, "no_group": no_group,
+                      "tp2": [list(tp2.weight.shape), tp2.start, tp2.vocab, tp2.rank, tp2.tp_size],
+                      "quantized": head_shard(torch.nn.Identity())}
 out["shadow_head"] = {"same_tokens": bool(torch.equal(tokens, expected)), "enabled": w._ddtree_enabled,
                       "nodes": obs.nodes if obs else None, "spine_matches": obs.spine_matches if obs else None}
+
+# The version gate and the signature table on SGLang's real validator, plugin entry point and worker factory.
+import ddtree.sglang.compat as compat, ddtree.sglang.plugin as plugin
+out["installed_version"], out["drift"] = compat.installed_version(), compat.drift()
+real_version = compat.installed_version
+compat.installed_version = lambda: "0.5.99"
+records = []
+class Keep(logging.Handler):
+    def emit(self, record): records.append((record.levelname, record.getMessage()))
+logging.getLogger("ddtree").addHandler(Keep())
+plugin.register()
+out["other_version"] = {
+    "register_log": records, "still_registered": plugin.is_registered(),
+    "refused": gate({}), "allowed": gate({"env": {"DDTREE_ALLOW_SGLANG_VERSION": "0.5.22, 0.5.99"}}),
+    "other_allowed": gate({"env": {"DDTREE_ALLOW_SGLANG_VERSION": "0.5.22"}}),
+}
+compat.installed_version = real_version
+key = "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._draft_write_ids"
+saved = compat.SIGNATURES[key]
+compat.SIGNATURES[key] = ("self", "plan", "reader")
+os.environ.clear(); os.environ.update(req["base_env"])
+try:
+    algo.create_worker(sa)
+    out["tampered_create_worker"] = "ok"
+except ValueError as e:
+    out["tampered_create_worker"] = f"ValueError: {e}"
+compat.SIGNATURES[key] = saved
+class Bare(cls):
+    def __init__(self):
+        pass
+out["bare_worker_attributes"] = compat.attribute_refusal(Bare())
 json.dump(out, sys.stdout)
 """
 
@@ -516,7 +422,7 @@ def test_ddtree_is_in_sglangs_registry_and_dispatches_like_dflash(probe: dict[st
 
 
 def test_every_sglang_symbol_we_use_has_the_expected_signature(probe: dict[str, Any]) -> None:
-    mismatched = {k: v for k, v in probe["signatures"].items() if v != SIGNATURES[k]}
+    mismatched = {k: v for k, v in probe["signatures"].items() if v != list(SIGNATURES[k])}
     assert mismatched == {}
     assert probe["missing_fields"] == {path: [] for path in FIELDS}
     assert probe["eager_sampler_env"]
@@ -573,9 +479,39 @@ def test_sglang_creates_the_shadow_and_tree_workers_on_dflash(probe: dict[str, A
 
 def test_shadow_head_returns_dflash_tokens_and_builds_the_trees(probe: dict[str, Any]) -> None:
     assert probe["shadow_head"] == {"same_tokens": True, "enabled": True, "nodes": [9, 9], "spine_matches": True}
-    # SGLang's head at TP=1 keeps statistics on, over the real vocabulary only (padding rows cut)
+    # SGLang's head keeps statistics on, over the real vocabulary only (padding rows cut); at TP 2 over this
+    # rank's shard, gathered through the head's group (ddtree.sglang.vocab_parallel)
     assert probe["padded_head"] == {
         "rows": [40, 16],
-        "tp2": "the LM head is sharded over tensor-parallel ranks (TP=1 only)",
+        "no_group": "the LM head is sharded over 2 ranks without a matching tensor-parallel group",
+        "tp2": [[40, 16], 0, 80, 0, 2],
         "quantized": "the LM head is quantized (dense heads only)",
     }
+
+
+def test_the_signature_table_was_checked_against_the_installed_sglang(probe: dict[str, Any]) -> None:
+    assert probe["installed_version"] == compat.SGLANG_VERSION
+    assert probe["drift"] == []
+    # A table entry that no longer matches is refused when SGLang creates the worker, whatever the version.
+    assert probe["tampered_create_worker"] == (
+        f"ValueError: DDTREE: the installed SGLang {compat.SGLANG_VERSION} differs from the "
+        f"{compat.SGLANG_VERSION} the plugin was checked against: "
+        "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2._draft_write_ids takes (self, plan), "
+        f"expected (self, plan, reader); install sglang=={compat.SGLANG_VERSION}"
+    )
+    # the constructor's attribute check, on an instance DFlashWorkerV2's constructor never ran for
+    assert probe["bare_worker_attributes"].startswith("DDTREE: SGLang's DFlashWorkerV2 has no block_size, ")
+
+
+def test_another_sglang_version_is_refused_unless_the_variable_names_it(probe: dict[str, Any]) -> None:
+    other = probe["other_version"]
+    refusal = (
+        "DDTREE: SGLang '0.5.99' is installed, but the plugin's signature table was checked against "
+        f"{compat.SGLANG_VERSION} only; install sglang=={compat.SGLANG_VERSION}, or set "
+        "DDTREE_ALLOW_SGLANG_VERSION=0.5.99 to run on it (the table is still checked when the worker starts)"
+    )
+    assert other["register_log"] == [["ERROR", refusal]]
+    assert other["still_registered"]  # so the launcher reports the refusal, not an unknown algorithm
+    assert other["refused"] == f"ValueError: {refusal}"
+    assert other["other_allowed"] == f"ValueError: {refusal}"
+    assert other["allowed"] == "ok"

@@ -2,9 +2,11 @@
 
 SGLang 0.5.23 calls every general plugin in every process (launcher, scheduler, detokenizer) through
 `sglang.srt.plugins.load_plugins()`, before argument parsing; an exception there is logged and swallowed, so
-`register()` only registers, and every check that must stop the server runs where SGLang turns a ValueError
-into a start-up failure: `validate_server_args` (called by `handle_speculative_decoding` through
-`record_foreign_defaults`) and the worker's constructor.
+`register()` only registers (and logs an ERROR on an SGLang version other than the one its signature table,
+`ddtree.sglang.compat`, was checked against). Every check that must stop the server runs where SGLang turns a
+ValueError into a start-up failure: `validate_server_args` (called by `handle_speculative_decoding` through
+`record_foreign_defaults`; the version, then the gates), the worker factory (the signature table against the
+installed code) and the worker's constructor.
 
 What `register()` adds, all through SGLang's public extension points:
 - `SpeculativeAlgorithm.register("DDTREE", supports_overlap=False, validate_server_args=...,
@@ -24,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddtree.config import DDTreeConfig, VerifyMode
+from ddtree.sglang import compat
 from ddtree.sglang.gates import ServerFacts, check_server
 
 ALGORITHM = "DDTREE"
@@ -49,8 +52,11 @@ def server_facts(server_args: Any) -> ServerFacts:
 
 
 def validate_server_args(server_args: Any, environ: Mapping[str, str] | None = None) -> None:
-    """SGLang's `validate_server_args` hook for DDTREE: the DDTREE_* environment, then the gates."""
+    """SGLang's `validate_server_args` hook for DDTREE: the SGLang version, the DDTREE_* environment, the gates."""
     env = os.environ if environ is None else environ
+    refusal = compat.version_refusal(compat.installed_version(), env)
+    if refusal:
+        raise ValueError(refusal)
     config = DDTreeConfig.from_env(env)  # ValueError with a one-line message on a bad value
     check_server(server_facts(server_args), config, env)
 
@@ -113,6 +119,9 @@ def spec_class() -> type:
 def worker_factory(server_args: Any) -> type:
     """The worker class SGLang instantiates as `Cls(server_args, gpu_id, nccl_port, target_worker)`."""
     validate_server_args(server_args)  # again, in the scheduler process, on the published arguments
+    refusal = compat.drift_refusal(compat.installed_version(), compat.drift())
+    if refusal:
+        raise ValueError(refusal)
     if DDTreeConfig.from_env(os.environ).verify is VerifyMode.TREE:
         from ddtree.sglang.tree_worker import tree_worker_class
 
@@ -130,6 +139,9 @@ def is_registered() -> bool:
 
 def register() -> None:
     """Entry point. Idempotent: SGLang guards `load_plugins`, but tests and re-imports may call it again."""
+    refusal = compat.version_refusal(compat.installed_version(), os.environ)
+    if refusal:  # registered anyway: validate_server_args refuses a DDTREE server with this line
+        logger.error("%s", refusal)
     if is_registered():
         return
     from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook

@@ -4,23 +4,26 @@ accepted nodes' KV kept, their hidden states fed back to the drafter. Greedy onl
 
 One round, per decode batch (prefill and idle batches run DFLASH's own code, unchanged):
 
-1. draft: DFLASH's draft block (bonus token + mask tokens at prefix_len .. prefix_len + B - 1, B = block
-   size) through the drafter; the target's LM head on the drafter's hidden states gives B - 1 rows of
+1. draft (`_draft` -> `DraftBlock`): DFLASH's draft block (bonus token + mask tokens at prefix_len ..
+   prefix_len + B - 1, B = block size) through the drafter, in the first B KV slots SGLang's spec-v2 scheduler
+   reserved (2 * B per request);
+2. plan (`_plan` -> `PlannedRound`): the target's LM head on the drafter's hidden states gives B - 1 rows of
    log-probs; `ddtree.sglang.batch_round.plan_batch` builds every request's tree at once on the device
-   (DDTREE_BUDGET nodes, DDTREE_TOPK per row; the trees `build_tree_heap` builds);
-2. layout: the same call puts them in SGLang's EAGLE tree layout (`ddtree.sglang.layout` documents it), padded
-   to B slots, so the verify has DFLASH's shape (B tokens per request) and writes DFLASH's KV window
-   req_to_token[prefix_len : prefix_len + B], which SGLang's spec-v2 scheduler has already reserved (2 * B per
-   request);
-3. verify: one target forward (TARGET_VERIFY) with the FULL_MASK custom mask and positions prefix_len +
-   depth; `verify_tree_greedy` walks the target's argmax over the tree links;
-4. commit (page_size 1): the window's req_to_token entries are permuted so the accepted path's slots come
-   first (path order) and the others after: req_to_token[prefix_len : prefix_len + tau] = the accepted
-   nodes' KV locations; the unaccepted locations stay in the request's reservation (as DFLASH's rejected
-   slots do) and are rewritten next round. The verify's target hidden states of the accepted rows, in path
-   order, go to the drafter's KV at positions prefix_len .. prefix_len + tau - 1 (DFLASH's own writer). The
-   commit (`commit_batch`) runs on the device too, and the statistics for the DDTREE lines stay there until a
-   line needs them (`StatsQueue`).
+   (DDTREE_BUDGET nodes, DDTREE_TOPK per row; the trees `build_tree_heap` builds) in SGLang's EAGLE tree layout
+   (`ddtree.sglang.layout` documents it), padded to S = B slots (2B for a wide tree), with FULL_MASK;
+3. verify (`_verify` -> `VerifiedRound`): one target forward (TARGET_VERIFY) with the FULL_MASK custom mask and
+   positions prefix_len + depth, writing the window req_to_token[prefix_len : prefix_len + S];
+   `verify_tree_greedy` walks the target's argmax over the tree links;
+4. commit (`_commit` -> `KeptRound`, page_size 1): the window's req_to_token entries are permuted so the
+   accepted path's slots come first (path order) and the others after: req_to_token[prefix_len : prefix_len +
+   tau] = the accepted nodes' KV locations; the unaccepted locations stay in the request's reservation (as
+   DFLASH's rejected slots do) and are rewritten next round. The verify's target hidden states of the accepted
+   rows, in path order, go to the drafter's KV at positions prefix_len .. prefix_len + tau - 1 (DFLASH's own
+   writer). The commit (`commit_batch`) runs on the device too, and the statistics for the DDTREE lines stay
+   there until a line needs them (`StatsQueue`). A self-check round keeps a chain re-verify's results instead.
+
+What each step hands the next is written once, in the step dataclasses below. The private SGLang names the
+worker uses are in `ddtree.sglang.compat`'s signature table, checked when SGLang creates the worker.
 
 Hybrid targets (Gated DeltaNet + attention, Qwen3.5/3.6): the verify hands SGLang's GDN backend the tree's
 links (retrieve_next_token / retrieve_next_sibling), so its tree kernels take each node's conv window from its
@@ -38,7 +41,8 @@ Constraints (checked at start): DDTREE_BUDGET <= 2B - 1 (B - 1 on hybrid targets
 they are captured for B tokens per request), for hybrid targets SGLang's GDN backend with its per-step verify
 snapshots (not ReplaySSM, not KDA) and no CUDA graphs (the graphs are captured with the chain metadata; unless
 DDTREE_ALLOW_HYBRID_UNSAFE=1, which runs the flat, wrong order on purpose), no compact (sliding-window) draft
-cache, no selector / LiLiCorr / Domino drafts, a dense unsharded LM head. A decode batch with a sampling,
+cache, no selector / LiLiCorr / Domino drafts, a dense LM head (vocab-parallel at TP > 1: each rank's top-k
+is gathered, `ddtree.sglang.vocab_parallel`, so every rank builds the same trees). A decode batch with a sampling,
 log-prob or grammar-constrained request takes DFLASH's own round (chain verify, exact for sampling) instead of
 a tree round (WARNING once).
 
@@ -62,12 +66,14 @@ from torch import Tensor
 from ddtree.config import DDTreeConfig
 from ddtree.metrics import MetricsLog, RoundStats
 from ddtree.sglang.batch_round import (
+    BatchCommit,
     BatchPlan,
     StatsQueue,
     commit_batch,
     full_mask_batched,
     full_mask_numel,
     plan_batch,
+    plan_batch_topk,
     stats_tensor,
 )
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
@@ -83,6 +89,7 @@ from ddtree.sglang.selfcheck import (
     mismatch_gaps,
     state_gaps,
 )
+from ddtree.sglang.vocab_parallel import HeadShard, head_shard, head_topk
 from ddtree.tree import DraftTree, build_tree_heap, is_off_spine, tree_shape
 
 logger = logging.getLogger("ddtree")
@@ -249,6 +256,67 @@ def hybrid_tree_refusal(linear_backend: Any, mamba_pool: Any, cuda_graphs: bool)
 
 
 # ---------------------------------------------------------------------------------------------------
+# The round's steps, and what each hands the next. The worker's `_ddtree_round` runs them in order:
+#   _draft (DraftBlock) -> _plan (PlannedRound) -> _verify (VerifiedRound) -> _commit (KeptRound).
+# bs requests, B = DFLASH's block size, S = verify slots per request (B, or 2B for a wide tree).
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KVWindow:
+    """The first W KV slots SGLang reserved after each request's prefix (spec-v2 reserves 2B)."""
+
+    positions: Tensor  # [bs, W] int64: prefix_len + 0 .. W - 1
+    locs: Tensor  # [bs, W] int64: req_to_token there, the KV locations the forward writes
+    plan: Any  # SGLang's KVLocPlan for that window
+
+
+@dataclass(frozen=True)
+class DraftBlock:
+    """draft -> plan, commit: DFLASH's draft block went through the drafter in the first B reserved slots."""
+
+    prefix_lens: Tensor  # [bs]: committed lengths before the round (batch.seq_lens)
+    window: KVWindow  # W = B
+    hidden: Tensor  # [bs, B - 1, H]: the drafter's hidden states at depths 1 .. B - 1
+
+
+@dataclass(frozen=True)
+class PlannedRound:
+    """plan -> verify, commit: every request's tree in SGLang's verify layout, on the device."""
+
+    plan: BatchPlan  # tokens, positions, tree masks, retrieve_* links, [bs, S]
+    custom_mask: Tensor  # SGLang's FULL_MASK, [sum_b S * (prefix_b + S)] bool
+    window: KVWindow  # W = S: the draft's window, or twice as wide
+    graphed: bool  # plan (hence commit) replayed from the worker's RoundGraphs
+
+
+@dataclass(frozen=True)
+class VerifiedRound:
+    """verify -> commit: the target's verdict on every tree; nothing committed yet."""
+
+    output: Any  # SGLang's forward result: logits_output (hidden states [bs * S, H]), can_run_cuda_graph, ...
+    target_predict: Tensor  # [bs, S]: the target's token after each slot
+    accept_index: Tensor  # [bs, S] int32: accepted flat rows b * S + slot in path order, -1 padded
+    accept_num: Tensor  # [bs] int32: accepted drafts
+    check: bool  # a self-check round: the commit re-verifies the paths as chains
+    conv_snapshot: list[tuple[Tensor, Tensor, Tensor]] | None  # hybrid check round: conv states before verify
+
+
+@dataclass(frozen=True)
+class KeptRound:
+    """What a round commits: the tree's accepted path, or on a self-check round the chain re-verify's."""
+
+    commit_lens: Tensor  # [bs] int32: tau, committed tokens incl. the bonus
+    out_tokens: Tensor  # [bs, >= B] int64: committed tokens, rest 0
+    bonus: Tensor  # [bs] int64: the first token of the next round
+    state_index: Tensor  # the accept index commit_mamba_states_after_verify reads (hybrid targets)
+    state_width: int  # its verify width (S, or B for the chain)
+    hidden_rows: Tensor | None  # [bs, S]: verify rows in path order; None: already in path order
+    hidden_loc: Tensor  # [bs, >= B] int64: the drafter's KV locations, path order
+    logits_output: Any  # the forward whose hidden states go to the drafter (and to SGLang's result)
+
+
+# ---------------------------------------------------------------------------------------------------
 # The worker
 # ---------------------------------------------------------------------------------------------------
 
@@ -266,12 +334,15 @@ def tree_worker_class() -> type:
     from sglang.srt.speculative.spec_utils import commit_mamba_states_after_verify
 
     from ddtree.config import HybridMode
+    from ddtree.sglang.compat import attribute_refusal
     from ddtree.sglang.gates import GateError, hybrid_mode
-    from ddtree.sglang.worker import dense_head_rows
 
     class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
         def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
+            refusal = attribute_refusal(self)
+            if refusal:
+                raise ValueError(refusal)
             config = DDTreeConfig.from_env(os.environ)
             block = int(self.block_size)
             self._ddtree_hybrid = mambaish_config(target_worker.model_runner.model_config) is not None
@@ -290,6 +361,8 @@ def tree_worker_class() -> type:
             if self.use_compact_draft_cache:
                 raise ValueError("DDTREE: tree verify does not support a windowed (compact) DFLASH draft cache")
             self._ddtree_config = config
+            head = self._ddtree_head()  # refused here, not in the first decode round
+            self._ddtree_rank = head.rank  # rank 0 of a tensor-parallel group writes the DDTREE lines
             self._ddtree_exact_hybrid = False
             self._ddtree_log: MetricsLog | None = None
             self._ddtree_stats: StatsQueue | None = None
@@ -330,7 +403,8 @@ def tree_worker_class() -> type:
                     logger.warning("DDTREE HYBRID UNSAFE: tree verify in flat order (%s); outputs may differ", why)
             self._ddtree_exact_hybrid = hybrid is HybridMode.EXACT
             self._ddtree_log = MetricsLog(self._ddtree_config, int(self.block_size), hybrid)
-            self._ddtree_log.start()
+            if self._ddtree_rank == 0:
+                self._ddtree_log.start()
             self._ddtree_stats = StatsQueue(self._ddtree_log)
 
         @staticmethod
@@ -411,20 +485,20 @@ def tree_worker_class() -> type:
                 batch.seq_lens_cpu, batch.seq_lens_sum = cpu_backup, sum_backup
 
         def _chain_verify(
-            self, batch: Any, draft_input: Any, tokens: Tensor, positions: Tensor, window: Tensor, kv_plan: Any
+            self, batch: Any, draft_input: Any, tokens: Tensor, window: KVWindow
         ) -> tuple[Any, Tensor, Tensor]:
             """DFLASH's own verify (causal, chain metadata) of `tokens` [bs, B] in the draft window; returns the
             logits output, the target's logits [bs, B, V] and its argmax [bs, B]."""
             bs, width = tokens.shape
             verify_input = DFlashVerifyInput(
                 draft_token=tokens.reshape(-1),
-                positions=positions.reshape(-1),
+                positions=window.positions.reshape(-1),
                 draft_token_num=width,
                 custom_mask=None,
                 capture_hidden_mode=CaptureHiddenMode.FULL,
-                kv_loc_plan=kv_plan,
+                kv_loc_plan=window.plan,
             )
-            batch.out_cache_loc = window.reshape(-1)
+            batch.out_cache_loc = window.locs.reshape(-1)
             with self._verify_seq_lens(batch, draft_input, width):
                 verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
                 out = self._target_forward(verify_batch).logits_output
@@ -478,9 +552,12 @@ def tree_worker_class() -> type:
                 near = ""
                 if ties:
                     near = f" (near-ties in {len(ties)} requests, max gap {max(gap_list[b] for b in ties):.3g})"
-                logger.info(
-                    "DDTREE self-check round %d: the tree verify equals the chain verify%s", self._ddtree_rounds, near
-                )
+                if self._ddtree_rank == 0:  # every tensor-parallel rank checks the same data
+                    logger.info(
+                        "DDTREE self-check round %d: the tree verify equals the chain verify%s",
+                        self._ddtree_rounds,
+                        near,
+                    )
                 return
             b = bad[0]
             at = int(check.mismatch[b])
@@ -504,51 +581,77 @@ def tree_worker_class() -> type:
                 batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
             )
 
-        # -- one decode round -------------------------------------------------------------------------
+        # -- one decode round: draft -> plan -> verify -> commit (contracts: the step dataclasses above) --
 
         def _ddtree_round(self, batch: Any, on_publish: Any) -> Any:
-            # Device-to-host syncs of this round's own code (SGLang's forwards may add theirs), at most 2:
-            #   1. the prefix-length sum that sizes FULL_MASK, only when the batch has no host copy of seq_lens;
-            #   2. the statistics read in StatsQueue.push, only on a round that completes a DDTREE log line
-            #      (the first round, then once per DDTREE_LOG_INTERVAL request-rounds).
-            # Tree planning and commit never leave the device (batch_round.plan_batch / commit_batch).
+            """One tree round of a greedy decode batch. Device-to-host syncs of the round's own code (SGLang's
+            forwards may add theirs), at most 2: in `_plan`, the prefix-length sum that sizes FULL_MASK when the
+            batch has no host copy of seq_lens; in `StatsQueue.push`, the statistics read on a round that
+            completes a DDTREE log line (the first round, then once per DDTREE_LOG_INTERVAL request-rounds)."""
             draft_input = batch.spec_info
             if not isinstance(draft_input, DFlashDraftInputV2):
                 raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch")
-
             t0 = time.perf_counter()
-            bs = len(batch.seq_lens)
+            draft = self._draft(batch, draft_input)
+            t1 = time.perf_counter()
+            planned = self._plan(batch, draft_input, draft)
+            t2 = time.perf_counter()
+            verified = self._verify(batch, draft_input, planned, check=self._self_check_due())
+            t3 = time.perf_counter()
+            commit, kept, new_seq_lens = self._commit(batch, draft_input, draft, planned, verified, on_publish)
+            t4 = time.perf_counter()
+
+            ms = {"draft": (t1 - t0) * 1e3, "build": (t2 - t1) * 1e3, "verify": (t3 - t2) * 1e3}
+            ms["commit"] = (t4 - t3) * 1e3
+            if self._ddtree_stats is None:
+                raise RuntimeError("DDTREE: a decode round before init_cuda_graphs (SGLang's start-up order changed)")
+            if self._ddtree_rank == 0:  # sync 2, on a round that completes a line
+                self._ddtree_stats.push(stats_tensor(planned.plan, commit), ms)
             block = int(self.block_size)
-            device = self.device
-            runner = self.model_runner
-            target_model = self.target_worker.model_runner.model
-            lm_head = dw.unwrap_lora_layer(getattr(target_model, "lm_head", None))
-            head = dense_head_rows(lm_head)
+            return GenerationBatchResult(
+                logits_output=kept.logits_output,
+                next_token_ids=kept.out_tokens[:, :block].reshape(-1),
+                accept_lens=kept.commit_lens,
+                can_run_cuda_graph=verified.output.can_run_cuda_graph,
+                next_draft_input=dw.make_draft_input_v2(bonus_tokens=kept.bonus, new_seq_lens=new_seq_lens),
+                speculative_num_draft_tokens=block,
+                new_seq_lens=new_seq_lens,
+                routed_experts_output=verified.output.routed_experts_output,
+                indexer_topk_output=verified.output.indexer_topk_output,
+            )
+
+        def _ddtree_head(self) -> HeadShard:
+            """The target's LM head rows on this rank (all of them at TP 1), or a start-up error."""
+            head = head_shard(dw.unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None)))
             if isinstance(head, str):
-                raise RuntimeError(f"DDTREE tree verify needs a dense LM head: {head}")
+                raise ValueError(f"DDTREE: tree verify needs a dense LM head: {head}")
+            return head
 
-            # --- 1) draft: DFLASH's block through the drafter (its eager path, unchanged in substance)
+        def _kv_window(self, batch: Any, draft_input: Any, prefix_lens: Tensor, width: int) -> KVWindow:
+            """The first `width` KV slots SGLang reserved after each request's prefix, and their KV-location plan."""
+            positions = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(
+                width, device=self.device, dtype=torch.int64
+            )  # [bs, W]
+            req_to_token = self.model_runner.req_to_token_pool.req_to_token
+            locs = req_to_token[batch.req_pool_indices.to(torch.int64).unsqueeze(1), positions].to(torch.int64)
+            plan = self.target_worker.model_runner.kv_index_translator.plan(
+                req_pool_indices=batch.req_pool_indices,
+                seq_lens=prefix_lens,
+                seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+                write_virtual=locs.reshape(-1),
+                read_extent=width,
+            )
+            return KVWindow(positions=positions, locs=locs, plan=plan)
+
+        def _draft(self, batch: Any, draft_input: Any) -> DraftBlock:
+            """Step 1. DFLASH's draft block (the bonus token, then B - 1 mask tokens) through the drafter in the
+            first B reserved slots, as DFLASH's eager path runs it; the drafter's hidden states at depths 1..B-1."""
+            bs, block, device = len(batch.seq_lens), int(self.block_size), self.device
             prefix_lens = batch.seq_lens
-            req_to_token = runner.req_to_token_pool.req_to_token
-
-            def kv_window(width: int) -> tuple[Tensor, Tensor, Any]:
-                """Positions [bs, W], the reserved KV locations there [bs, W], and their KV-location plan."""
-                positions = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(
-                    width, device=device, dtype=torch.int64
-                )
-                locs = req_to_token[batch.req_pool_indices.to(torch.int64).unsqueeze(1), positions].to(torch.int64)
-                plan = self.target_worker.model_runner.kv_index_translator.plan(
-                    req_pool_indices=batch.req_pool_indices,
-                    seq_lens=prefix_lens,
-                    seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
-                    write_virtual=locs.reshape(-1),
-                    read_extent=width,
-                )
-                return positions, locs, plan
-
-            positions_2d, window_2d, kv_loc_plan = kv_window(block)  # [bs, B] the draft block's window
+            window = self._kv_window(batch, draft_input, prefix_lens, block)
             block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.int64, device=device)
             block_ids[:, 0].copy_(draft_input.bonus_tokens)
+            target_model = self.target_worker.model_runner.model
             embed_module = dw.unwrap_lora_layer(dw._resolve_dflash_embedding_module(self.draft_model, target_model))
             if self._full_embed_gpu is not None:
                 noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
@@ -556,8 +659,6 @@ def tree_worker_class() -> type:
                 noise = embed_module(block_ids)
             if self._noise_embed_scale != 1.0:
                 noise = noise * self._noise_embed_scale
-            block_positions = positions_2d.reshape(-1)
-            window = window_2d.reshape(-1)
             if batch.seq_lens_cpu is not None:
                 seq_lens_cpu = batch.seq_lens_cpu.clone() + block
             elif draft_input.nxt_kv_lens_cpu is not None:
@@ -570,10 +671,10 @@ def tree_worker_class() -> type:
                 input_ids=block_ids.flatten(),
                 req_pool_indices=batch.req_pool_indices,
                 seq_lens=prefix_lens,
-                out_cache_loc=window,
+                out_cache_loc=window.locs.reshape(-1),
                 seq_lens_sum=int(seq_lens_cpu.sum()),
                 seq_lens_cpu=seq_lens_cpu,
-                positions=block_positions,
+                positions=window.positions.reshape(-1),
                 input_embeds=noise.view(-1, noise.shape[-1]),
                 spec_algorithm=SpeculativeAlgorithm.DFLASH,
                 spec_info=self._draft_block_spec_info,
@@ -586,164 +687,204 @@ def tree_worker_class() -> type:
                 global_num_token_non_padded_cpu=bs * block,
                 can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
             )
-            kv_loc_plan.bind(draft_batch, self.draft_model_runner.kv_index_translator)
+            window.plan.bind(draft_batch, self.draft_model_runner.kv_index_translator)
             with torch.inference_mode(), dw.draft_tp_context(self.draft_parallel_layout):
                 draft_out = self.draft_model_runner.forward(draft_batch)
-            draft_hidden = draft_out.logits_output.hidden_states
-            if draft_hidden is None:
+            hidden = draft_out.logits_output.hidden_states
+            if hidden is None:
                 raise RuntimeError("DFLASH draft model returned no hidden states")
-            draft_hidden = draft_hidden.view(bs, block, -1)[:, 1:, :]  # [bs, B - 1, H]
-            t1 = time.perf_counter()
+            return DraftBlock(prefix_lens=prefix_lens, window=window, hidden=hidden.view(bs, block, -1)[:, 1:, :])
 
-            # --- the verify window: the draft's, or twice as wide for trees that do not fit it
-            slots = self._ddtree_slots
-            if slots == block:
-                verify_positions_2d, verify_window_2d, verify_plan = positions_2d, window_2d, kv_loc_plan
+        def _plan(self, batch: Any, draft_input: Any, draft: DraftBlock) -> PlannedRound:
+            """Step 2. The target's LM head on the drafter's hidden states gives log-probs [bs, B - 1, V]; every
+            request's tree, in SGLang's layout and S slots, with FULL_MASK and the verify's KV window."""
+            head, config = self._ddtree_head(), self._ddtree_config
+            slots, prefix_lens = self._ddtree_slots, draft.prefix_lens
+            bs = int(prefix_lens.shape[0])
+            window = draft.window  # a tree that fits the draft block's window, or twice as wide
+            if slots != int(self.block_size):
+                window = self._kv_window(batch, draft_input, prefix_lens, slots)
+            graphed = False
+            if head.tp_size > 1:  # a vocab-parallel head: each rank's top-k, gathered (the same trees everywhere)
+                vals, ids = head_topk(draft.hidden, head, config.topk)  # [bs, B - 1, k]
+                plan = plan_batch_topk(vals, ids, draft_input.bonus_tokens, prefix_lens, slots, config.budget)
             else:
-                verify_positions_2d, verify_window_2d, verify_plan = kv_window(slots)  # [bs, S]
-
-            # --- 2) trees, in SGLang's layout, on the device
-            with torch.inference_mode():
-                logits = draft_hidden.to(head.dtype) @ head.T  # [bs, B - 1, V]
-                logprobs = torch.log_softmax(logits.float(), dim=-1)
-            config = self._ddtree_config
-            graphed = self._ddtree_graphs.applies(bs, logprobs.device)  # small batches: replayed from CUDA graphs
-            if graphed:
-                plan = self._ddtree_graphs.plan(logprobs, draft_input.bonus_tokens, prefix_lens)
-            else:
-                plan = plan_batch(logprobs, draft_input.bonus_tokens, prefix_lens, slots, config.budget, config.topk)
+                with torch.inference_mode():
+                    # one [bs * (B - 1), H] GEMM: draft.hidden is a strided view, and a 3-D matmul on it becomes a
+                    # batched GEMM that reads the whole head once per request (H200, 27B shape, bs 32: 20.6 ms
+                    # instead of ~2; dev/sglang_gpu/cost_bench.py)
+                    flat = draft.hidden.reshape(-1, draft.hidden.shape[-1]).to(head.weight.dtype)
+                    logits = (flat @ head.weight.T).view(bs, draft.hidden.shape[1], -1)  # [bs, B - 1, V]
+                    logprobs = torch.log_softmax(logits.float(), dim=-1)
+                graphed = self._ddtree_graphs.applies(bs, logprobs.device)  # small batches: replayed from graphs
+                if graphed:
+                    plan = self._ddtree_graphs.plan(logprobs, draft_input.bonus_tokens, prefix_lens)
+                else:
+                    plan = plan_batch(
+                        logprobs, draft_input.bonus_tokens, prefix_lens, slots, config.budget, config.topk
+                    )
             host_lens = batch.seq_lens_cpu  # None: sync 1, the sum of the device's prefix lengths
             prefix_sum = int((host_lens if host_lens is not None else prefix_lens).sum())
             custom_mask = full_mask_batched(plan.tree_mask, prefix_lens, full_mask_numel(prefix_sum, bs, slots))
-            t2 = time.perf_counter()
+            return PlannedRound(plan=plan, custom_mask=custom_mask, window=window, graphed=graphed)
 
-            # --- 3) one target forward over every tree
-            check_round = self._self_check_due()
+        def _verify(self, batch: Any, draft_input: Any, planned: PlannedRound, check: bool) -> VerifiedRound:
+            """Step 3. One target forward (TARGET_VERIFY) over every tree, writing the verify window's KV; SGLang's
+            verify_tree_greedy walks the target's argmax over the tree links."""
+            plan, slots = planned.plan, self._ddtree_slots
+            bs = int(plan.tokens.shape[0])
             # a verify forward slides each request's conv state in place (the commit overwrites it from the
-            # accepted step's window); the chain re-verify must start from the committed one
-            conv_snapshot = self._snapshot_conv_states(batch) if check_round and self._ddtree_hybrid else None
-            tokens = plan.tokens  # [bs, S]
+            # accepted step's window); a self-check's chain re-verify must start from the committed one
+            conv_snapshot = self._snapshot_conv_states(batch) if check and self._ddtree_hybrid else None
             verify_input = DFlashVerifyInput(
-                draft_token=tokens.reshape(-1),
+                draft_token=plan.tokens.reshape(-1),
                 positions=plan.positions,
                 draft_token_num=slots,
-                custom_mask=custom_mask,
+                custom_mask=planned.custom_mask,
                 capture_hidden_mode=CaptureHiddenMode.FULL,
-                kv_loc_plan=verify_plan,
+                kv_loc_plan=planned.window.plan,
             )
-            batch.out_cache_loc = verify_window_2d.reshape(-1)
+            batch.out_cache_loc = planned.window.locs.reshape(-1)
             with self._verify_seq_lens(batch, draft_input, slots):
-                target_out = self._tree_verify(verify_input, plan, batch)
-            logits_output = target_out.logits_output
-            target_lp = self._target_logits_processor
+                output = self._tree_verify(verify_input, plan, batch)
+            logits_output, target_lp = output.logits_output, self._target_logits_processor
             if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
                 target_predict = target_lp.deferred_argmax(logits_output.next_token_logits)
                 logits_output.next_token_logits = None
             else:
                 target_predict = torch.argmax(logits_output.next_token_logits, dim=-1)
             target_predict = target_predict.view(bs, slots)
-
-            # --- acceptance: SGLang's greedy tree walk
-            predicts = torch.full((bs * slots,), -1, dtype=torch.int32, device=device)
-            accept_index = torch.full((bs, slots), -1, dtype=torch.int32, device=device)
-            accept_num = torch.zeros((bs,), dtype=torch.int32, device=device)
+            predicts = torch.full((bs * slots,), -1, dtype=torch.int32, device=self.device)
+            accept_index = torch.full((bs, slots), -1, dtype=torch.int32, device=self.device)
+            accept_num = torch.zeros((bs,), dtype=torch.int32, device=self.device)
             predicts, accept_index, accept_num = verify_tree_greedy_func(
                 predicts=predicts,
                 accept_index=accept_index,
                 accept_token_num=accept_num,
-                candidates=tokens,
+                candidates=plan.tokens,
                 retrieve_index=plan.retrieve_index,
                 retrieve_next_token=plan.retrieve_next_token,
                 retrieve_next_sibling=plan.retrieve_next_sibling,
                 target_predict=target_predict,
                 topk=self._ddtree_config.topk,
             )
-            t3 = time.perf_counter()
+            return VerifiedRound(output, target_predict, accept_index, accept_num, check, conv_snapshot)
 
-            # --- 4) commit: accepted slots first in the window, hidden states back to the drafter
-            if graphed:  # copied out of the graph's buffers: the results outlive the round
-                commit = clone_result(self._ddtree_graphs.commit(plan, accept_index, accept_num, target_predict))
+        def _commit(
+            self,
+            batch: Any,
+            draft_input: Any,
+            draft: DraftBlock,
+            planned: PlannedRound,
+            verified: VerifiedRound,
+            on_publish: Any,
+        ) -> tuple[BatchCommit, KeptRound, Tensor]:
+            """Step 4. What the round commits (commit_batch, or its graph), kept: the accepted slots first in the
+            request's window, on a hybrid target the last accepted node's conv window and recurrent state
+            (batch.seq_lens is still the pre-verify length, which SGLang's radix-cache tracking needs), the new
+            lengths published, the accepted rows' hidden states to the drafter. Returns the tree's commit (for
+            the statistics), what was kept, and the new sequence lengths."""
+            args = (planned.plan, verified.accept_index, verified.accept_num, verified.target_predict)
+            # a graph's results are copied out of its buffers: they outlive the round
+            commit = clone_result(self._ddtree_graphs.commit(*args)) if planned.graphed else commit_batch(*args)
+            if verified.check:
+                kept = self._keep_chain(batch, draft_input, draft, planned, verified, commit)
             else:
-                commit = commit_batch(plan, accept_index, accept_num, target_predict)
-            perm = commit.perm  # [bs, S]
-            commit_lens, out_tokens, bonus = commit.commit_lens, commit.out_tokens, commit.bonus  # [bs] int32, ...
-            if check_round:
-                # The accepted paths re-verified as chains in the draft window (path order: nothing to permute);
-                # the chain's results are what this round commits, so it is exact whatever the check finds.
-                path_tokens = tokens.gather(1, perm)[:, :block]  # [bs, B]: the path, then other nodes as filler
-                tree_states = None
-                if conv_snapshot is not None:  # hybrid: what the tree round would commit, before it is overwritten
-                    last = accept_index.to(torch.int64).gather(1, (commit_lens.to(torch.int64) - 1).unsqueeze(1))
-                    tree_states = self._verify_states(last.squeeze(1) - torch.arange(bs, device=device) * slots)
-                    for conv, rows, saved in conv_snapshot:
-                        conv[:, rows] = saved
-                logits_output, chain_logits, chain_predict = self._chain_verify(
-                    batch, draft_input, path_tokens, positions_2d, window_2d, kv_loc_plan
-                )
-                check = chain_check(out_tokens, commit_lens, chain_predict)
-                gaps = None
-                if tree_states is not None:
-                    chain_states = self._verify_states(commit_lens.to(torch.int64) - 1)
-                    gaps = state_gaps(tree_states, chain_states, check.mismatch < 0)
-                self._report_self_check(check, out_tokens, chain_logits, chain_predict, gaps)
-                commit_lens, out_tokens, bonus = check.commit_lens, check.out_tokens, check.bonus
-                state_index, state_width = chain_accept_index(bs, block, device), block
-                hidden_rows, hidden_loc = None, self._draft_write_ids(kv_loc_plan).view(bs, block).to(torch.int64)
-            else:
-                new_window = verify_window_2d.gather(1, perm)  # [bs, S]
-                rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand(bs, slots)
-                req_to_token[rows, verify_positions_2d] = new_window.to(req_to_token.dtype)
-                state_index, state_width = accept_index, slots
-                hidden_rows = perm
-                hidden_loc = self._draft_write_ids(verify_plan).view(bs, slots).to(torch.int64).gather(1, perm)
+                kept = self._keep_tree(batch, planned, verified, commit)
             if self._ddtree_hybrid:
-                # The last accepted node's conv window and recurrent state become the request's (batch.seq_lens
-                # is still the pre-verify length, which the radix-cache tracking step needs).
                 commit_mamba_states_after_verify(
-                    self.target_worker, batch, accept_lens=commit_lens, accept_index=state_index,
-                    draft_token_num=state_width,
+                    self.target_worker, batch, accept_lens=kept.commit_lens, accept_index=kept.state_index,
+                    draft_token_num=kept.state_width,
                 )  # fmt: skip
-            new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+            new_seq_lens = draft.prefix_lens + kept.commit_lens.to(draft.prefix_lens.dtype)
             if on_publish is not None:
                 on_publish(new_seq_lens)
-            hidden = logits_output.hidden_states
+            self._hidden_to_drafter(draft, kept)
+            return commit, kept, new_seq_lens
+
+        def _keep_tree(
+            self, batch: Any, planned: PlannedRound, verified: VerifiedRound, commit: BatchCommit
+        ) -> KeptRound:
+            """The tree's accepted path: req_to_token over the verify window permuted, accepted slots first."""
+            bs, slots = commit.perm.shape
+            window, req_to_token = planned.window, self.model_runner.req_to_token_pool.req_to_token
+            rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand(bs, slots)
+            req_to_token[rows, window.positions] = window.locs.gather(1, commit.perm).to(req_to_token.dtype)
+            hidden_loc = self._draft_write_ids(window.plan).view(bs, slots).to(torch.int64).gather(1, commit.perm)
+            return KeptRound(
+                commit_lens=commit.commit_lens,
+                out_tokens=commit.out_tokens,
+                bonus=commit.bonus,
+                state_index=verified.accept_index,
+                state_width=slots,
+                hidden_rows=commit.perm,
+                hidden_loc=hidden_loc,
+                logits_output=verified.output.logits_output,
+            )
+
+        def _keep_chain(
+            self,
+            batch: Any,
+            draft_input: Any,
+            draft: DraftBlock,
+            planned: PlannedRound,
+            verified: VerifiedRound,
+            commit: BatchCommit,
+        ) -> KeptRound:
+            """A self-check round: the accepted paths re-verified as chains in the draft window (path order:
+            nothing to permute), compared with the tree's verdict; the chain's results are kept, so the round is
+            exact whatever the check finds."""
+            bs, slots = commit.perm.shape
+            block, device = int(self.block_size), self.device
+            path_tokens = planned.plan.tokens.gather(1, commit.perm)[:, :block]  # [bs, B]: the path, then filler
+            tree_states = None
+            if verified.conv_snapshot is not None:  # hybrid: what the tree would commit, before it is overwritten
+                lens = commit.commit_lens.to(torch.int64)
+                last = verified.accept_index.to(torch.int64).gather(1, (lens - 1).unsqueeze(1)).squeeze(1)
+                tree_states = self._verify_states(last - torch.arange(bs, device=device) * slots)
+                for conv, rows, saved in verified.conv_snapshot:
+                    conv[:, rows] = saved
+            logits_output, chain_logits, chain_predict = self._chain_verify(
+                batch, draft_input, path_tokens, draft.window
+            )
+            check = chain_check(commit.out_tokens, commit.commit_lens, chain_predict)
+            gaps = None
+            if tree_states is not None:
+                chain_states = self._verify_states(commit.commit_lens.to(torch.int64) - 1)
+                gaps = state_gaps(tree_states, chain_states, check.mismatch < 0)
+            self._report_self_check(check, commit.out_tokens, chain_logits, chain_predict, gaps)
+            return KeptRound(
+                commit_lens=check.commit_lens,
+                out_tokens=check.out_tokens,
+                bonus=check.bonus,
+                state_index=chain_accept_index(bs, block, device),
+                state_width=block,
+                hidden_rows=None,
+                hidden_loc=self._draft_write_ids(draft.window.plan).view(bs, block).to(torch.int64),
+                logits_output=logits_output,
+            )
+
+        def _hidden_to_drafter(self, draft: DraftBlock, kept: KeptRound) -> None:
+            """The kept rows' target hidden states, in path order, into the drafter's KV at prefix_len ..
+            prefix_len + tau - 1 (DFLASH's own writer). tau <= B: a tree is at most B - 1 deep."""
+            block = int(self.block_size)
+            hidden = kept.logits_output.hidden_states
             if hidden is None:
                 raise RuntimeError("DDTREE verify requires the target's hidden states, got None")
-            # tau <= B (a tree is at most B - 1 deep): the drafter's window takes the first B slots in path order
+            bs = int(kept.commit_lens.shape[0])
             hidden = hidden.view(bs, -1, hidden.shape[-1])
-            if hidden_rows is not None:
-                hidden = hidden.gather(1, hidden_rows.unsqueeze(-1).expand(bs, slots, hidden.shape[-1]))
+            if kept.hidden_rows is not None:
+                rows = kept.hidden_rows
+                hidden = hidden.gather(1, rows.unsqueeze(-1).expand(bs, rows.shape[1], hidden.shape[-1]))
             hidden = hidden[:, :block].contiguous()
-            draft_loc = hidden_loc[:, :block].contiguous()
+            draft_loc = kept.hidden_loc[:, :block].contiguous()
             self._append_target_hidden_to_draft_kv_by_loc(
                 target_hidden=hidden.reshape(-1, hidden.shape[-1]),
                 cache_loc=draft_loc.reshape(-1),
                 cache_loc_2d=draft_loc,
-                positions=block_positions,
-                commit_lens=commit_lens,
+                positions=draft.window.positions.reshape(-1),
+                commit_lens=kept.commit_lens,
             )
-            logits_output.hidden_states = None
-            t4 = time.perf_counter()
-
-            ms = {
-                "draft": (t1 - t0) * 1e3,
-                "build": (t2 - t1) * 1e3,
-                "verify": (t3 - t2) * 1e3,
-                "commit": (t4 - t3) * 1e3,
-            }
-            if self._ddtree_stats is None:
-                raise RuntimeError("DDTREE: a decode round before init_cuda_graphs (SGLang's start-up order changed)")
-            self._ddtree_stats.push(stats_tensor(plan, commit), ms)  # sync 2, on a round that completes a line
-            return GenerationBatchResult(
-                logits_output=logits_output,
-                next_token_ids=out_tokens[:, :block].reshape(-1),
-                accept_lens=commit_lens,
-                can_run_cuda_graph=target_out.can_run_cuda_graph,
-                next_draft_input=dw.make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
-                speculative_num_draft_tokens=block,
-                new_seq_lens=new_seq_lens,
-                routed_experts_output=target_out.routed_experts_output,
-                indexer_topk_output=target_out.indexer_topk_output,
-            )
+            kept.logits_output.hidden_states = None
 
     return DDTreeTreeWorker

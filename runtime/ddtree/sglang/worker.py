@@ -21,8 +21,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ddtree.batch_tree import build_trees_from_topk
 from ddtree.config import DDTreeConfig
 from ddtree.metrics import MetricsLog, RoundStats
+from ddtree.sglang.vocab_parallel import HeadShard, head_shard, head_topk
 from ddtree.tree import build_tree, tree_shape
 
 logger = logging.getLogger("ddtree")
@@ -83,22 +85,27 @@ def round_stats(obs: DraftObservation, accept_lens: list[int], round_ms: float) 
     ]
 
 
-def dense_head_rows(lm_head: Any) -> Tensor | str:
-    """The LM head's weight rows of the real vocabulary ([V, H], row i = token i), or why there are none.
-
-    SGLang's ParallelLMHead always carries `shard_indices`, also at TP=1; its weight is padded
-    ([V_padded, H]), and padding rows must not become tree candidates. A plain nn.Linear head has no padding."""
-    weight = getattr(lm_head, "weight", None)
-    if not isinstance(weight, Tensor) or weight.dim() != 2 or not weight.is_floating_point():
-        return "the LM head is quantized (dense heads only)"
-    if int(getattr(lm_head, "tp_size", 1)) != 1:
-        return "the LM head is sharded over tensor-parallel ranks (TP=1 only)"
-    shard = getattr(lm_head, "shard_indices", None)
-    if shard is None:
-        return weight
-    if int(shard.num_added_elements) != 0 or int(shard.org_vocab_start_index) != 0:
-        return "the LM head has an added vocabulary"
-    return weight[: int(shard.num_org_elements)]
+def observe_draft_sharded(
+    hidden_states: Tensor, head: HeadShard, dflash_tokens: Tensor, block_size: int, config: DDTreeConfig
+) -> DraftObservation:
+    """`observe_draft` through a vocab-parallel head (TP > 1). Every rank runs it in lockstep: the two gathers
+    over the head's group come first, so anything that fails after them fails the same way on every rank."""
+    rows = block_size - 1
+    t0 = time.perf_counter()
+    vals, ids = head_topk(hidden_states.view(-1, rows, hidden_states.shape[-1]), head, config.topk)  # [bs, rows, k]
+    bs = int(vals.shape[0])
+    roots = torch.zeros(bs, dtype=torch.int64, device=vals.device)
+    trees = build_trees_from_topk(vals, ids, roots, config.budget)
+    shapes = [tree_shape(trees.tree(b)) for b in range(bs)]
+    build_ms = (time.perf_counter() - t0) * 1000.0
+    spine = ids[:, :, 0].reshape(-1).to(dflash_tokens.device)  # [bs * rows]: each row's best token
+    return DraftObservation(
+        nodes=[s.nodes for s in shapes],
+        depth=[s.depth for s in shapes],
+        width=[s.width for s in shapes],
+        spine_matches=bool(torch.equal(spine, dflash_tokens.reshape(-1))),
+        build_ms=build_ms,
+    )
 
 
 def shadow_worker_class() -> type:
@@ -106,11 +113,15 @@ def shadow_worker_class() -> type:
     from sglang.srt.configs.hybrid_arch import mambaish_config
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
+    from ddtree.sglang.compat import attribute_refusal
     from ddtree.sglang.gates import hybrid_mode
 
     class DDTreeShadowWorker(DFlashWorkerV2):  # type: ignore[misc]
         def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
+            refusal = attribute_refusal(self)
+            if refusal:
+                raise ValueError(refusal)
             self._ddtree_config = DDTreeConfig.from_env(os.environ)
             is_hybrid = mambaish_config(target_worker.model_runner.model_config) is not None
             hybrid = hybrid_mode(self._ddtree_config, is_hybrid=is_hybrid, exact_tree_path=False)
@@ -119,8 +130,11 @@ def shadow_worker_class() -> type:
                     raise ValueError(f"DDTREE: DFLASH drafts with a {name} head are not supported")
             if getattr(self, "_is_domino", False):
                 raise ValueError("DDTREE: Domino DFLASH drafts are not supported")
+            head = head_shard(getattr(target_worker.model_runner.model, "lm_head", None))
+            self._ddtree_rank = head.rank if isinstance(head, HeadShard) else 0  # rank 0 writes the DDTREE lines
             self._ddtree_log = MetricsLog(self._ddtree_config, int(self.block_size), hybrid)
-            self._ddtree_log.start()
+            if self._ddtree_rank == 0:
+                self._ddtree_log.start()
             self._ddtree_obs: DraftObservation | None = None
             self._ddtree_enabled = True
 
@@ -136,14 +150,17 @@ def shadow_worker_class() -> type:
                 hidden_states=hidden_states, lm_head=lm_head, chunk_size=chunk_size
             )
             if self._ddtree_enabled:
-                weight = dense_head_rows(lm_head)
-                if isinstance(weight, str):
-                    self._ddtree_disable(weight)
+                head = head_shard(lm_head)
+                if isinstance(head, str):
+                    self._ddtree_disable(head)
                 else:
                     try:
-                        self._ddtree_obs = observe_draft(
-                            hidden_states, weight, tokens, int(self.block_size), self._ddtree_config
-                        )
+                        block, config = int(self.block_size), self._ddtree_config
+                        if head.tp_size == 1:
+                            obs = observe_draft(hidden_states, head.weight, tokens, block, config)
+                        else:  # every rank, in lockstep: DFLASH's own head above gathers the same way
+                            obs = observe_draft_sharded(hidden_states, head, tokens, block, config)
+                        self._ddtree_obs = obs
                         if not self._ddtree_obs.spine_matches:
                             logger.warning("DDTREE shadow: a tree spine differs from DFLASH's draft this round")
                     except Exception as err:  # a statistics failure must never reach the round
@@ -156,7 +173,7 @@ def shadow_worker_class() -> type:
             result = super().forward_batch_generation(batch, *args, **kwargs)
             obs, self._ddtree_obs = self._ddtree_obs, None
             accept_lens = getattr(result, "accept_lens", None)
-            if obs is not None and self._ddtree_enabled and isinstance(accept_lens, Tensor):
+            if obs is not None and self._ddtree_enabled and self._ddtree_rank == 0 and isinstance(accept_lens, Tensor):
                 lens = accept_lens.tolist()
                 if len(lens) == len(obs.nodes):
                     for stats in round_stats(obs, lens, (time.perf_counter() - t0) * 1000.0):
