@@ -4,15 +4,21 @@ A `Ticker` wraps one wait (a download, a build, a copy, a health wait). The work
 learns something ("numpy-2.4.6...whl, 16.9 MB"); a heartbeat thread repeats the latest detail with the elapsed
 time whenever nothing was printed for `every` seconds, so no wait is ever silent for longer than that. A wait
 that ends within `every` seconds prints nothing at all. Lines go to stderr (never stdout: `--json` output
-stays clean) through one lock, so parallel hosts' lines never interleave mid-line.
+stays clean) through one lock, so parallel hosts' lines never interleave mid-line. `run_streamed` runs a local
+tool and hands each output line over as it comes, for the work to turn into `update`s.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 
 EVERY_S = 2.0
@@ -96,3 +102,66 @@ class Ticker:
         if self._last_print is not None:  # only a wait that said something says how it ended
             took = elapsed(self._clock() - self._start)
             self._out(f"{self.label}: {'done' if kind is None else 'failed'} after {took}")
+
+
+@dataclass(frozen=True)
+class Streamed:
+    exit_code: int
+    tail: tuple[str, ...]  # the last non-blank lines of output (stdout and stderr together)
+    timed_out: bool = False
+
+
+def run_streamed(
+    argv: Sequence[str],
+    on_line: Callable[[str], None],
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    keep: int = 40,
+    noise: Callable[[str], bool] = lambda line: False,
+) -> Streamed:
+    """Run `argv` on this machine, each output line handed to `on_line` as it comes (for a Ticker); lines
+    that `noise` picks (progress counters) are not kept in the tail.
+
+    Its own process group: a timeout or Ctrl-C kills everything it started."""
+    tail: deque[str] = deque(maxlen=keep)
+    with subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        env=dict(env) if env is not None else None,
+        start_new_session=True,
+    ) as proc:
+        fired = threading.Event()
+
+        def _expire() -> None:
+            fired.set()
+            _kill(proc)
+
+        timer = threading.Timer(timeout, _expire) if timeout is not None else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            if proc.stdout is not None:
+                for line in proc.stdout:
+                    if line.strip() and not noise(line):
+                        tail.append(line.rstrip())
+                    on_line(line)
+            code = proc.wait()
+        except BaseException:
+            _kill(proc)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+    return Streamed(code, tuple(tail), fired.is_set())
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import sys
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,7 @@ from opsctl import pip_index
 from opsctl.errors import OpsctlError
 from opsctl.ops.locks import Lock
 from opsctl.pip_index import Choice
-from opsctl.progress import Ticker, human_bytes, stderr_line
+from opsctl.progress import Ticker, human_bytes, run_streamed, stderr_line
 
 CACHE_DIR = Path("/var/cache/opsctl/wheelhouse")  # what `opsctl lab up` declares as the lab's wheelhouse
 STAMP = ".opsctl-wheelhouse.json"
@@ -170,26 +168,14 @@ def ensure(
 def _download(cmd: list[str], env: dict[str, str], lock: Lock, out: Callable[[str], None]) -> tuple[int, list[str]]:
     """Run `pip download`, its output streamed into a progress line; (exit code, last lines of output)."""
     state = DownloadState()
-    tail: deque[str] = deque(maxlen=40)
-    with (
-        Ticker(f"wheelhouse {lock.name}", out=out) as ticker,
-        subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=env
-        ) as proc,
-    ):
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if not _PROGRESS.match(line.strip()):
-                    tail.append(line.rstrip())
-                if observe(state, line):
-                    ticker.update(state.detail())
-            code = proc.wait()
-        except BaseException:
-            proc.kill()
-            raise
-        ticker.update(f"{state.saved} files saved")
-    return code, [ln for ln in tail if ln.strip()]
+    with Ticker(f"wheelhouse {lock.name}", out=out) as ticker:
+
+        def on_line(line: str) -> None:
+            if observe(state, line):
+                ticker.update(state.detail())
+
+        done = run_streamed(cmd, on_line, env=env, noise=lambda line: bool(_PROGRESS.match(line.strip())))
+    return done.exit_code, list(done.tail)
 
 
 def given(directory: Path) -> Wheelhouse:

@@ -10,6 +10,7 @@ from opsctl.errors import LabError
 from opsctl.lab import inventory, keys, machine, models, net, rootfs, state, system
 from opsctl.lab.config import LabConfig, host_name
 from opsctl.lab.state import HostRecord, LabState
+from opsctl.progress import Ticker
 from opsctl.remote.pool import run_parallel
 
 
@@ -67,7 +68,15 @@ def up(cfg: LabConfig, count: int) -> LabReport:
             st = _boot(cfg, st, record, root)
             started.append(st.hosts[record.name])
         deadline = time.monotonic() + cfg.boot_timeout
-        outcomes = run_parallel(started, lambda r: r.name, lambda r: machine.wait_ready(cfg, r, deadline))
+        with Ticker(f"lab: booting {', '.join(r.name for r in started)}") as ticker:
+            ready: list[str] = []
+
+            def wait(record: HostRecord) -> None:
+                machine.wait_ready(cfg, record, deadline)
+                ready.append(record.name)
+                ticker.update(f"ready: {', '.join(sorted(ready))}")
+
+            outcomes = run_parallel(started, lambda r: r.name, wait)
         failed = [o.error for o in outcomes if o.error is not None]
         if failed:
             raise LabError(

@@ -104,6 +104,7 @@ def build(arch: Arch, out: Path, seed: int = 0, settings: BuildSettings | None =
     for i, user in enumerate(heldout):
         res = greedy_chain(target, drafter, chat_prompt_ids(tok, user, i % 4 == 3), settings.eval_new_tokens, stop)
         accepts += res.accept_lengths
+        log.info("held-out prompt %d/%d", i + 1, len(heldout))
     tau = sum(accepts) / max(1, len(accepts))
     t_eval = time.perf_counter() - t0
     log.info("held-out tau (linear) %.2f over %d rounds, %.1fs", tau, len(accepts), t_eval)
