@@ -53,8 +53,10 @@ class Ticker:
         out: Callable[[str], None] = stderr_line,
         every: float = EVERY_S,
         clock: Callable[[], float] = time.monotonic,
+        limit: float | None = None,
     ) -> None:
         self.label = label
+        self._limit = limit  # a timeout the wait runs against: shown as "12s of 300s"
         self._out = out
         self._every = every
         self._clock = clock
@@ -81,7 +83,8 @@ class Ticker:
             since = now - (self._last_print if self._last_print is not None else self._start)
             if since < self._every:
                 return
-            line = f"{self.label}: {self._detail or 'waiting'} ({elapsed(now - self._start)})"
+            took = elapsed(now - self._start) + (f" of {elapsed(self._limit)}" if self._limit is not None else "")
+            line = f"{self.label}: {self._detail or 'waiting'} ({took})"
             self._last_print = now
         self._out(line)
 

@@ -27,6 +27,7 @@ from opsctl.deploy.wheel import RuntimeWheel, ensure_on_host
 from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError
 from opsctl.inventory.model import Host as InvHost
 from opsctl.inventory.model import Service
+from opsctl.progress import Ticker
 from opsctl.remote.base import Host
 from opsctl.secrets import SecretError
 from opsctl.smoke import smoke_service
@@ -152,14 +153,21 @@ def _gate(
         poll_s=settings.poll_s,
     )
     url = health.health_url(ctx.inv_host, svc)
-    return health_gate(
-        read_unit=lambda: parse_show(ctx.run(show_cmd(ctx.paths.unit_name), timeout=LIVE_TIMEOUT_S)),
-        probe=lambda: health.probe(ctx.http, url, timeout=5.0),
-        baseline_restarts=baseline_restarts,
-        config=config,
-        sleep=time.sleep,
-        cancelled=ctx.cancel.is_set if cancellable else (lambda: False),
-    )
+    with Ticker("waiting for /health", out=ctx.say, limit=config.timeout) as ticker:
+
+        def probe() -> health.HealthProbe:
+            answer = health.probe(ctx.http, url, timeout=5.0)
+            ticker.update(f"last answer {answer.describe()}")
+            return answer
+
+        return health_gate(
+            read_unit=lambda: parse_show(ctx.run(show_cmd(ctx.paths.unit_name), timeout=LIVE_TIMEOUT_S)),
+            probe=probe,
+            baseline_restarts=baseline_restarts,
+            config=config,
+            sleep=time.sleep,
+            cancelled=ctx.cancel.is_set if cancellable else (lambda: False),
+        )
 
 
 def _restart(ctx: ServiceContext, release_id: str) -> int:
@@ -322,7 +330,8 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
             ctx.remote.put_text(secret_fp.fingerprint(secrets), paths.release_file(new_id, secret_fp.FP_FILE), 0o600)
         ensure_on_host(ctx.remote, wheel)
         ctx.check_cancel()
-        ctx.run(release.pip_install_cmd(ctx.inv_host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)
+        with Ticker(f"installing {wheel.name} into the release", out=ctx.say):
+            ctx.run(release.pip_install_cmd(ctx.inv_host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)
         ctx.check_cancel()
         _preflight(ctx, new_id)
         masked, _, _ = _render(ctx, new_id, reveal=False)
@@ -370,10 +379,11 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
             if settings.smoke:
                 ctx.check_cancel()
                 t_smoke = time.monotonic()
-                smoke = smoke_service(
-                    ctx.http, host, svc, health.base_url(ctx.inv_host, ctx.service),
-                    health.auth_headers(ctx.service.api_key),
-                )  # fmt: skip
+                with Ticker("smoke request", out=ctx.say):
+                    smoke = smoke_service(
+                        ctx.http, host, svc, health.base_url(ctx.inv_host, ctx.service),
+                        health.auth_headers(ctx.service.api_key),
+                    )  # fmt: skip
                 result.timings["smoke_s"] = time.monotonic() - t_smoke
                 if not smoke.ok:
                     reason = "smoke gate failed: " + "; ".join(smoke.reasons)
