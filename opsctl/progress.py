@@ -112,6 +112,7 @@ class Streamed:
     exit_code: int
     tail: tuple[str, ...]  # the last non-blank lines of output (stdout and stderr together)
     timed_out: bool = False
+    cancelled: bool = False
 
 
 def run_streamed(
@@ -121,6 +122,7 @@ def run_streamed(
     env: Mapping[str, str] | None = None,
     keep: int = 40,
     noise: Callable[[str], bool] = lambda line: False,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> Streamed:
     """Run `argv` on this machine, each output line handed to `on_line` as it comes (for a Ticker); lines
     that `noise` picks (progress counters) are not kept in the tail.
@@ -137,16 +139,22 @@ def run_streamed(
         env=dict(env) if env is not None else None,
         start_new_session=True,
     ) as proc:
-        fired = threading.Event()
+        fired, stopped, finished = threading.Event(), threading.Event(), threading.Event()
+        deadline = None if timeout is None else time.monotonic() + timeout
 
-        def _expire() -> None:
-            fired.set()
-            _kill(proc)
+        def watchdog() -> None:  # kills the group on timeout or cancellation (Ctrl-C seen by another thread)
+            while not finished.wait(0.2):
+                if cancelled():
+                    stopped.set()
+                elif deadline is not None and time.monotonic() >= deadline:
+                    fired.set()
+                else:
+                    continue
+                _kill(proc)
+                return
 
-        timer = threading.Timer(timeout, _expire) if timeout is not None else None
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
+        watcher = threading.Thread(target=watchdog, daemon=True)
+        watcher.start()
         try:
             if proc.stdout is not None:
                 for line in proc.stdout:
@@ -158,9 +166,9 @@ def run_streamed(
             _kill(proc)
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
-    return Streamed(code, tuple(tail), fired.is_set())
+            finished.set()
+            watcher.join()
+    return Streamed(code, tuple(tail), fired.is_set(), stopped.is_set())
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:

@@ -61,15 +61,17 @@ def up(cfg: LabConfig, count: int) -> LabReport:
         keys.ensure_client_key(cfg)
         net.ensure_bridge(cfg)
         started: list[HostRecord] = []
-        for index in range(1, count + 1):
-            record = st.hosts.get(host_name(index)) or _new_record(cfg, index)
-            if machine.is_running(record):
-                continue
-            st = _boot(cfg, st, record, root)
-            started.append(st.hosts[record.name])
-        deadline = time.monotonic() + cfg.boot_timeout
-        with Ticker(f"lab: booting {', '.join(r.name for r in started)}") as ticker:
+        with Ticker("lab up") as ticker:
+            for index in range(1, count + 1):
+                record = st.hosts.get(host_name(index)) or _new_record(cfg, index)
+                if machine.is_running(record):
+                    continue
+                ticker.update(f"booting {record.name}")
+                st = _boot(cfg, st, record, root)
+                started.append(st.hosts[record.name])
+            deadline = time.monotonic() + cfg.boot_timeout
             ready: list[str] = []
+            ticker.update(f"waiting for systemd and sshd on {', '.join(r.name for r in started)}")
 
             def wait(record: HostRecord) -> None:
                 machine.wait_ready(cfg, record, deadline)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import shlex
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -67,7 +68,7 @@ class Host(Protocol):
 
     def get_text(self, remote_path: str) -> str: ...
 
-    def sync_dir(self, local_dir: Path, remote_dir: str) -> None: ...
+    def sync_dir(self, local_dir: Path, remote_dir: str, progress: Callable[[str], None] | None = None) -> None: ...
 
     def close(self) -> None: ...
 
