@@ -19,8 +19,9 @@ import httpx
 import yaml
 
 from opsctl.errors import SmokeError
+from opsctl.inventory.model import SMOKE_PROMPT as DEFAULT_SMOKE_PROMPT
 
-SMOKE_PROMPT = "What is 2+2? Answer with just the number."
+SMOKE_PROMPT = DEFAULT_SMOKE_PROMPT
 SMOKE_MAX_TOKENS = 32
 GOOD_FINISH = ("stop", "length")
 

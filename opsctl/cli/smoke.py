@@ -83,7 +83,9 @@ def register(app: typer.Typer) -> None:
 def _smoke(client: httpx.Client, selection: list[tuple[Host, Service]], timeout: float, as_json: bool) -> bool:
     results = []
     for h, s in selection:
-        r = smoke_service(client, h.name, s.name, base_url(h, s), auth_headers(s.api_key), timeout=timeout)
+        r = smoke_service(
+            client, h.name, s.name, base_url(h, s), auth_headers(s.api_key), prompt=s.smoke_prompt, timeout=timeout
+        )
         results.append(r)
         verdict = "[green]ok[/]" if r.ok else "[bold red]FAILED[/]"
         console.print(f"{h.name}/{s.name}: {verdict} {r.latency_s:.1f}s model={r.model}", markup=True)

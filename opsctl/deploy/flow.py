@@ -382,7 +382,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
                 with Ticker("smoke request", out=ctx.say):
                     smoke = smoke_service(
                         ctx.http, host, svc, health.base_url(ctx.inv_host, ctx.service),
-                        health.auth_headers(ctx.service.api_key),
+                        health.auth_headers(ctx.service.api_key), prompt=ctx.service.smoke_prompt,
                     )  # fmt: skip
                 result.timings["smoke_s"] = time.monotonic() - t_smoke
                 if not smoke.ok:

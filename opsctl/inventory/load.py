@@ -19,6 +19,7 @@ from opsctl.errors import InventoryError
 from opsctl.inventory import schema as s
 from opsctl.inventory.model import (
     SGLANG_DRAFT_BLOCK,
+    SMOKE_PROMPT,
     CudaConfig,
     DDTreeKnobs,
     Engine,
@@ -79,6 +80,7 @@ SERVICE_KEYS = {
     "extra_env",
     "health_timeout",
     "readiness_delay",
+    "smoke_prompt",
 }
 SERVICE_DEFAULT_KEYS = SERVICE_KEYS - {"gpus", "port", "model", "draft_model"}
 # Environment variables opsctl renders itself; extra_env may not override them.
@@ -389,6 +391,7 @@ def _service(
         extra_env=extra_env,
         health_timeout=s.number(d.get("health_timeout", 600), f"{path}.health_timeout", 1, 7200),
         readiness_delay=s.number(d.get("readiness_delay", 10), f"{path}.readiness_delay", 0, 600),
+        smoke_prompt=s.string(d.get("smoke_prompt", SMOKE_PROMPT), f"{path}.smoke_prompt", Kind.PROMPT),
     )
     if service.sglang_wide_tree:
         block = SGLANG_DRAFT_BLOCK

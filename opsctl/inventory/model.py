@@ -44,6 +44,9 @@ class ModelSourceKind(StrEnum):
 # DFlash drafters of the Qwen3/3.6 family draft blocks of 16 tokens; the SGLang plugin's tree verify takes
 # budgets up to block - 1 with CUDA graphs, up to 2 * block - 1 without (docs/sglang.md).
 SGLANG_DRAFT_BLOCK = 16
+# The smoke gate's default message: a real chat model answers it in a few tokens. A model trained on one
+# domain (the lab's tiny models) is given one of its own prompts instead (`smoke_prompt`).
+SMOKE_PROMPT = "What is 2+2? Answer with just the number."
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class Service:
     extra_env: tuple[tuple[str, str], ...] = ()
     health_timeout: float = 600.0  # seconds the deploy health gate waits for /health
     readiness_delay: float = 10.0  # seconds between the first healthy answer and the crash-loop re-check
+    smoke_prompt: str = SMOKE_PROMPT  # the one chat message of the smoke gate (in the model's domain)
 
     @property
     def unit_name(self) -> str:

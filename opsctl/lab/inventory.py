@@ -22,6 +22,9 @@ WHEELHOUSE = "/var/cache/opsctl/wheelhouse"
 SERVICE_PORT = 30000
 
 
+LAB_SMOKE_PROMPT = "count from 3 to 9"
+
+
 def document(cfg: LabConfig, hosts: Iterable[HostRecord]) -> dict[str, Any]:
     tiny = f"{TINY_DIR}/qwen3"
     return {
@@ -40,7 +43,9 @@ def document(cfg: LabConfig, hosts: Iterable[HostRecord]) -> dict[str, Any]:
             "venv": "/opt/opsctl/venv",
             "python": "python3",
             "wheelhouse": WHEELHOUSE,
-            "service": {"engine": "reference", "device": "cpu", "dtype": "float32"},
+            # smoke_prompt: one of the tiny models' own tasks (ddtree.tiny.corpus), so the first answer a newcomer
+            # sees is "3 4 5 6 7 8 9", not a degenerate continuation of a question the model never saw
+            "service": {"engine": "reference", "device": "cpu", "dtype": "float32", "smoke_prompt": LAB_SMOKE_PROMPT},
         },
         "hosts": {
             h.name: {
