@@ -80,14 +80,18 @@ def main() -> int:
                     ["rsync", "-a", "-e", ssh, f"{source}/", f"{spec.ssh.user}@{spec.address}:{plain_dir}/"],
                     check=True,
                 )
-                return time.monotonic() - start
+                took = time.monotonic() - start
+                remote.run(Cmd.of("rm", "-rf", plain_dir))  # /dev/shm holds one copy at a time
+                return took
 
             def synced() -> float:
                 start = time.monotonic()
                 report = run_step(ModelSync(), ctx, plan_only=False)
                 if report.status is not StepStatus.CHANGED:
                     raise SystemExit(f"model_sync: {report.status.value}: {report.error}")
-                return time.monotonic() - start
+                took = time.monotonic() - start
+                remote.run(Cmd.of("rm", "-rf", sync_dir))
+                return took
 
             first, second = (plain, synced) if rnd % 2 == 0 else (synced, plain)
             a, b = first(), second()
