@@ -51,14 +51,14 @@ class Ticker:
         self,
         label: str,
         out: Callable[[str], None] = stderr_line,
-        every: float = EVERY_S,
+        every: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         limit: float | None = None,
     ) -> None:
         self.label = label
         self._limit = limit  # a timeout the wait runs against: shown as "12s of 300s"
         self._out = out
-        self._every = every
+        self._every = every if every is not None else EVERY_S
         self._clock = clock
         self._start = clock()
         self._last_print: float | None = None  # None: nothing printed yet

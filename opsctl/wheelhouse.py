@@ -114,8 +114,8 @@ def observe(state: DownloadState, line: str) -> bool:
 def ensure(
     lock: Lock,
     directory: Path,
-    pip: Sequence[str] = PIP,
-    indexes: Callable[[str], Choice] = pip_index.decide,
+    pip: Sequence[str] | None = None,
+    indexes: Callable[[str], Choice] | None = None,
     out: Callable[[str], None] = stderr_line,
 ) -> Wheelhouse:
     """Return a wheelhouse for `lock`: reuse a matching one, else download into a staging dir and swap it in.
@@ -128,7 +128,7 @@ def ensure(
         return Wheelhouse(target, False, wheel_files(target))
     if target.is_dir() and not (target / STAMP).exists() and wheel_files(target):
         return Wheelhouse(target, False, wheel_files(target))
-    choice = indexes(lock.text)
+    choice = (indexes or pip_index.decide)(lock.text)
     for note in choice.notes():
         out(f"wheelhouse {lock.name}: {note}")
     if choice.error is not None:
@@ -144,7 +144,8 @@ def ensure(
     pip_requirements = staging.with_name(staging.name + ".requirements.txt")
     pip_requirements.write_text(choice.requirements)
     try:
-        code, tail = _download(download_cmd(pip_requirements, staging, pip), pip_index.child_env(choice), lock, out)
+        cmd = download_cmd(pip_requirements, staging, pip or PIP)
+        code, tail = _download(cmd, pip_index.child_env(choice), lock, out)
     finally:
         pip_requirements.unlink(missing_ok=True)
     if code != 0:
