@@ -1,10 +1,11 @@
 """Progress for every wait longer than a moment: one line at most every `every` seconds, on stderr.
 
 A `Ticker` wraps one wait (a download, a build, a copy, a health wait). The work calls `update(detail)` as it
-learns something ("numpy-2.4.6...whl, 16.9 MB"); a heartbeat thread repeats the latest detail with the elapsed
-time whenever nothing was printed for `every` seconds, so no wait is ever silent for longer than that. A wait
-that ends within `every` seconds prints nothing at all. Lines go to stderr (never stdout: `--json` output
-stays clean) through one lock, so parallel hosts' lines never interleave mid-line. `run_streamed` runs a local
+learns something ("numpy-2.4.6...whl, 16.9 MB"): news is printed at most every `every` seconds (2), and a
+heartbeat thread repeats the latest detail with the elapsed time when nothing was printed for twice that, so no
+wait is ever silent for more than ~4.5 s. A wait that ends within `every` seconds prints nothing at all.
+Lines go to stderr (never stdout: `--json` output stays clean) through one lock, so parallel hosts' lines never
+interleave mid-line. `run_streamed` runs a local
 tool and hands each output line over as it comes, for the work to turn into `update`s.
 """
 
@@ -63,6 +64,7 @@ class Ticker:
         self._start = clock()
         self._last_print: float | None = None  # None: nothing printed yet
         self._detail = ""
+        self._printed = ""  # the detail of the last line printed
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -80,12 +82,15 @@ class Ticker:
     def _maybe_print(self) -> None:
         with self._lock:
             now = self._clock()
-            since = now - (self._last_print if self._last_print is not None else self._start)
-            if since < self._every:
-                return
+            if self._last_print is None:
+                if now - self._start < self._every:
+                    return
+            elif now - self._last_print < (self._every if self._detail != self._printed else 2 * self._every):
+                return  # news at most every `every` s; the same news again after twice that
             took = elapsed(now - self._start) + (f" of {elapsed(self._limit)}" if self._limit is not None else "")
             line = f"{self.label}: {self._detail or 'waiting'} ({took})"
             self._last_print = now
+            self._printed = self._detail
         self._out(line)
 
     def _beat(self) -> None:

@@ -159,8 +159,11 @@ def execute(
     progress: Callable[[str], None] | None = None,
 ) -> None:
     """Run the actions in order; the first failure raises (RemoteError, or the judge's error). `progress`
-    hears about long copies (bytes, rate, ETA)."""
-    for action in actions:
+    hears which action runs, and about long copies (bytes, rate, ETA)."""
+    for number, action in enumerate(actions, 1):
+        if progress is not None:
+            shown = display(action)
+            progress(f"{number}/{len(actions)} {shown if len(shown) <= 100 else shown[:99] + '…'}")
         if isinstance(action, Cmd):
             remote.run(action, timeout=timeout)
         elif isinstance(action, Push):

@@ -239,5 +239,5 @@ class PythonVenv:
         return plan_venv(spec, read_facts(ctx.remote, spec))
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
-        execute(ctx.remote, plan.actions, timeout=3600.0)
+        execute(ctx.remote, plan.actions, timeout=3600.0, progress=ctx.progress)
         return self.plan(ctx)

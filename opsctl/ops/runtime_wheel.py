@@ -50,5 +50,5 @@ class RuntimeWheel:
         return plan_wheel(wheel, local_sha, parse_sha256sum(result.exit_code, result.stdout))
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
-        execute(ctx.remote, plan.actions)
+        execute(ctx.remote, plan.actions, progress=ctx.progress)
         return self.plan(ctx)
