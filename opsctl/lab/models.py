@@ -60,7 +60,7 @@ def _is_current(out: Path) -> bool:
     except (OSError, ValueError):
         return False
     try:
-        from ddtree.tiny import BUILD_VERSION
+        from ddtree.tiny_version import BUILD_VERSION  # no torch: `lab up` stays quick
     except ImportError:
         return True  # no runtime here to rebuild with: use what is cached
     return bool(built == BUILD_VERSION)
