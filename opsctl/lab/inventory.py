@@ -22,7 +22,10 @@ WHEELHOUSE = "/var/cache/opsctl/wheelhouse"
 SERVICE_PORT = 30000
 
 
-LAB_SMOKE_PROMPT = "count from 3 to 9"
+# One of the tiny models' own tasks (ddtree.tiny.corpus) that they answer right: greedy, the current build says
+# "def add(a, b):\n    return a + b". (Counting prompts keep the form but not the numbers: "count from 43 to 50"
+# -> "21 22 25 25 ...".)
+LAB_SMOKE_PROMPT = "write add for 2 and 3"
 
 
 def document(cfg: LabConfig, hosts: Iterable[HostRecord]) -> dict[str, Any]:
@@ -43,8 +46,8 @@ def document(cfg: LabConfig, hosts: Iterable[HostRecord]) -> dict[str, Any]:
             "venv": "/opt/opsctl/venv",
             "python": "python3",
             "wheelhouse": WHEELHOUSE,
-            # smoke_prompt: one of the tiny models' own tasks (ddtree.tiny.corpus), so the first answer a newcomer
-            # sees is "3 4 5 6 7 8 9", not a degenerate continuation of a question the model never saw
+            # smoke_prompt: one of the tiny models' own tasks, so the first answer a newcomer sees is a sensible
+            # one, not a degenerate continuation of a question the model never saw
             "service": {"engine": "reference", "device": "cpu", "dtype": "float32", "smoke_prompt": LAB_SMOKE_PROMPT},
         },
         "hosts": {
