@@ -106,12 +106,14 @@ def parse_marker(exit_code: int, text: str) -> str | None:
 
 
 def install_cmd(spec: VenvSpec) -> Cmd:
+    """`--no-compile`: pip would byte-compile every installed module (torch's and transformers' thousands); on
+    a lab host that was 105 s of a 133 s install. Only what is imported gets compiled, once, by the import check
+    below and the server's first start (measured: install 27.9 s, first import 12.8 s instead of 10.0 s)."""
     lock_path = f"{spec.venv.rstrip('/')}/{LOCK_FILE}"
+    pip = (f"{spec.bin}/pip", "install", "--no-compile")
     if spec.wheelhouse is not None:
-        return Cmd.of(
-            f"{spec.bin}/pip", "install", "--no-index", "--find-links", REMOTE_WHEELHOUSE, "-r", lock_path, sudo=True
-        )
-    return Cmd.of(f"{spec.bin}/pip", "install", "-r", lock_path, sudo=True)
+        return Cmd.of(*pip, "--no-index", "--find-links", REMOTE_WHEELHOUSE, "-r", lock_path, sudo=True)
+    return Cmd.of(*pip, "-r", lock_path, sudo=True)
 
 
 def verify_cmd(spec: VenvSpec) -> Cmd:
