@@ -107,8 +107,8 @@ def parse_marker(exit_code: int, text: str) -> str | None:
 
 def install_cmd(spec: VenvSpec) -> Cmd:
     """`--no-compile`: pip would byte-compile every installed module (torch's and transformers' thousands); on
-    a lab host that was 105 s of a 133 s install. Only what is imported gets compiled, once, by the import check
-    below and the server's first start (measured: install 27.9 s, first import 12.8 s instead of 10.0 s)."""
+    a lab host that cost ~55-75 s of an 82-105 s install. Only what is imported gets compiled, once, by the
+    import check below and the server's first start (docs/provision.md, python_venv)."""
     lock_path = f"{spec.venv.rstrip('/')}/{LOCK_FILE}"
     pip = (f"{spec.bin}/pip", "install", "--no-compile")
     if spec.wheelhouse is not None:
