@@ -75,24 +75,22 @@ def main() -> int:
                                                                             draft_model=None),))  # fmt: skip
             ctx = Context(host, remote, artifacts=Artifacts(manifests={str(source): manifest}))
 
-            def plain() -> float:
+            def plain(d: str = plain_dir) -> float:
                 start = time.monotonic()
-                remote.run(Cmd.of("mkdir", "-p", plain_dir))
-                subprocess.run(
-                    ["rsync", "-a", "-e", ssh, f"{source}/", f"{spec.ssh.user}@{spec.address}:{plain_dir}/"],
-                    check=True,
-                )
+                remote.run(Cmd.of("mkdir", "-p", d))
+                target = f"{spec.ssh.user}@{spec.address}:{d}/"
+                subprocess.run(["rsync", "-a", "-e", ssh, f"{source}/", target], check=True)
                 took = time.monotonic() - start
-                remote.run(Cmd.of("rm", "-rf", plain_dir))  # /dev/shm holds one copy at a time
+                remote.run(Cmd.of("rm", "-rf", d))  # /dev/shm holds one copy at a time
                 return took
 
-            def synced() -> float:
+            def synced(c: Context = ctx, d: str = sync_dir) -> float:
                 start = time.monotonic()
-                report = run_step(ModelSync(), ctx, plan_only=False)
+                report = run_step(ModelSync(), c, plan_only=False)
                 if report.status is not StepStatus.CHANGED:
                     raise SystemExit(f"model_sync: {report.status.value}: {report.error}")
                 took = time.monotonic() - start
-                remote.run(Cmd.of("rm", "-rf", sync_dir))
+                remote.run(Cmd.of("rm", "-rf", d))
                 return took
 
             first, second = (plain, synced) if rnd % 2 == 0 else (synced, plain)
@@ -105,9 +103,14 @@ def main() -> int:
                               "model_sync_s": round(t_sync, 3), "ratio": round(t_sync / t_plain, 3)}))  # fmt: skip
             remote.run(Cmd.of("rm", "-rf", plain_dir, sync_dir))
     remote.close()
-    print(json.dumps({"median_ratio": round(statistics.median(ratios), 3), "total_ratio": round(totals[1] / totals[0], 3),
-                      "plain_total_s": round(totals[0], 2), "sync_total_s": round(totals[1], 2),
-                      "rounds": args.rounds}))  # fmt: skip
+    summary = {
+        "median_ratio": round(statistics.median(ratios), 3),
+        "total_ratio": round(totals[1] / totals[0], 3),
+        "plain_total_s": round(totals[0], 2),
+        "sync_total_s": round(totals[1], 2),
+        "rounds": args.rounds,
+    }
+    print(json.dumps(summary))
     return 0
 
 
