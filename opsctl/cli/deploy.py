@@ -28,6 +28,7 @@ from opsctl.errors import DeployError
 from opsctl.inventory.load import Override
 from opsctl.inventory.model import Host, Mode, Service
 from opsctl.inventory.select import select
+from opsctl.progress import Ticker
 
 ModeOpt = Annotated[
     Mode | None, typer.Option("--mode", help="Deploy the selected services in this mode (overrides the inventory).")
@@ -152,7 +153,8 @@ def register(app: typer.Typer) -> None:
         if break_lock:
             _break_locks(selection)
             return
-        wheel = build_wheel(runtime_wheel)
+        with Ticker("runtime wheel", out=lambda line: console.print(line, markup=False)):
+            wheel = build_wheel(runtime_wheel)
         settings = DeploySettings(
             keep=keep,
             force=force,

@@ -270,6 +270,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     start = time.monotonic()
     host, svc, paths = ctx.inv_host.name, ctx.service.name, ctx.paths
     result = ServiceResult(host, svc, Outcome.FAILED)
+    ctx.say("reading the host's releases and models")
     facts = read_facts(ctx)
     result.previous = facts.current
     chash = config_hash_for(ctx, wheel)
