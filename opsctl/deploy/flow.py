@@ -334,6 +334,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         with Ticker(f"installing {wheel.name} into the release", out=ctx.say):
             ctx.run(release.pip_install_cmd(ctx.inv_host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)
         ctx.check_cancel()
+        ctx.say("checking the release (preflight, systemd-analyze verify)")
         _preflight(ctx, new_id)
         masked, _, _ = _render(ctx, new_id, reveal=False)
         manifest = Manifest(
