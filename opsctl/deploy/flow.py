@@ -374,6 +374,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         t_restart = time.monotonic()
         baseline = _restart(ctx, new_id)
         result.timings["restart_s"] = time.monotonic() - t_restart
+        ctx.say(f"restarted in {result.timings['restart_s']:.1f}s; health gate")
         gate = _gate(ctx, settings, baseline)
         if gate.ok:
             result.timings["healthy_s"] = gate.time_to_healthy or 0.0
