@@ -72,11 +72,15 @@ def run_arch(arch_dir: Path, args: argparse.Namespace, prompt_names: str) -> lis
         for p in prompt_set(prompt_names)
     ]
     prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
-    reference = [engines["baseline"].generate(p, args.max_new_tokens).tokens for p in prompts]
+    # stop where a server stops (the chat's end marker, end of text): past it the tiny models continue with an
+    # invented next turn, off their training distribution, and acceptance there says nothing about the answer
+    stop = {t for t in (tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id) if isinstance(t, int)}
+    stop = stop if args.stop_at_eos else set()
+    reference = [engines["baseline"].generate(p, args.max_new_tokens, stop_token_ids=stop).tokens for p in prompts]
     rows = []
     for mode, engine in engines.items():
         for p in prompts[:2]:  # warm-up
-            engine.generate(p, args.max_new_tokens)
+            engine.generate(p, args.max_new_tokens, stop_token_ids=stop)
         passes = []
         for _ in range(args.repeat):
             tokens = rounds = 0
@@ -84,7 +88,7 @@ def run_arch(arch_dir: Path, args: argparse.Namespace, prompt_names: str) -> lis
             sync(args.device)
             start = time.perf_counter()
             for p, expected in zip(prompts, reference, strict=True):
-                result = engine.generate(p, args.max_new_tokens)
+                result = engine.generate(p, args.max_new_tokens, stop_token_ids=stop)
                 if result.tokens != expected:
                     raise SystemExit(f"{arch_dir.name}/{mode}: output differs from baseline")
                 tokens += len(result.tokens)
@@ -122,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topk", type=int, default=4)
     parser.add_argument("--out", default=None)
     parser.add_argument(
+        "--no-stop-at-eos", dest="stop_at_eos", action="store_false", help="generate max-new-tokens past the end"
+    )
+    parser.add_argument(
         "--prompts",
         default="corpus,generic",
         help="prompt sets: corpus (held-out prompts of the tiny models' own domain), generic (off-domain chat)",
@@ -134,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             for row in run_arch(Path(args.models) / arch, args, names):
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print(f"\ndevice {args.device}, max_new_tokens {args.max_new_tokens}, budget {args.budget}, topk {args.topk}\n")
+    print(
+        f"\ndevice {args.device}, max_new_tokens {args.max_new_tokens}, budget {args.budget}, topk {args.topk}, "
+        f"stop at end of turn {args.stop_at_eos}\n"
+    )
     print("| arch | prompts | mode | rounds/s | tok/s (median) | tok/s min-max | tau | vs baseline |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
