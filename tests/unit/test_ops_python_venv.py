@@ -89,7 +89,8 @@ def test_fresh_host_plan_with_wheelhouse(tmp_path: Path) -> None:
         "sudo mkdir -p /var/cache/opsctl/wheelhouse",
         f"push {tmp_path} -> /var/cache/opsctl/wheelhouse",
         f"write {VENV}/opsctl-lock.txt ({len(spec.lock.text.encode())} bytes, mode 644)",
-        f"sudo {VENV}/bin/pip install --no-compile --no-index --find-links /var/cache/opsctl/wheelhouse -r {VENV}/opsctl-lock.txt",
+        f"sudo {VENV}/bin/pip install --no-compile --no-index --find-links /var/cache/opsctl/wheelhouse "
+        f"-r {VENV}/opsctl-lock.txt",
         f"verify import torch, transformers, safetensors, fastapi, uvicorn: {VENV}/bin/python -c VERIFY_SCRIPT "
         "torch transformers safetensors fastapi uvicorn",
         f"write {VENV}/.opsctl-venv.json ({len(marker_json(spec).encode())} bytes, mode 644)",
