@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from opsctl.ops.model_sync import ModelSync, models_of
 from opsctl.ops.python_venv import PythonVenv
 from opsctl.ops.router_wheels import RouterWheels
 from opsctl.ops.runtime_wheel import PushRuntimeWheel
+from opsctl.progress import Ticker, stderr_line
 from opsctl.remote.base import Connect, Connection
 
 PLAYBOOK = Path(__file__).resolve().parents[1] / "playbooks" / "provision.yaml"
@@ -104,6 +105,7 @@ class Settings:
     runtime_wheel: Path | None = None  # --runtime-wheel FILE: push this wheel instead of building runtime/
     forks: int = 16
     playbook: Path = PLAYBOOK
+    say: Callable[[str], None] = stderr_line  # progress lines of long steps (stderr: --json stays clean)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ def prepare(
             if settings.wheelhouse is not None:
                 wheelhouses[lock.profile] = wheelhouse.given(settings.wheelhouse).path
             elif host.wheelhouse is not None and lock.profile not in wheelhouses:
-                wheelhouses[lock.profile] = wheelhouse.ensure(lock, Path(host.wheelhouse)).path
+                wheelhouses[lock.profile] = wheelhouse.ensure(lock, Path(host.wheelhouse), out=settings.say).path
     runtime = artifact.runtime_wheel(settings.runtime_wheel) if "runtime_wheel" in steps else None
     manifests: dict[str, Manifest] = {}
     if "model_sync" in steps:
@@ -201,7 +203,8 @@ def provision_host(
         if stop is not None:
             reports.append(StepReport(name, StepStatus.SKIPPED))
             continue
-        report = run_step(OPERATIONS[name](), ctx, settings.plan_only)
+        with Ticker(f"{spec.name}: {name}", out=settings.say) as ticker:
+            report = run_step(OPERATIONS[name](), replace(ctx, progress=ticker.update), settings.plan_only)
         reports.append(report)
         if progress is not None:
             progress(spec.name, report)

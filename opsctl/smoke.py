@@ -18,8 +18,9 @@ import httpx
 
 from opsctl.chat import chat_body, first_model, load_prompt_items
 from opsctl.errors import SmokeError
+from opsctl.inventory.model import SMOKE_PROMPT as DEFAULT_SMOKE_PROMPT
 
-SMOKE_PROMPT = "What is 2+2? Answer with just the number."
+SMOKE_PROMPT = DEFAULT_SMOKE_PROMPT
 SMOKE_MAX_TOKENS = 32
 GOOD_FINISH = ("stop", "length")
 

@@ -31,6 +31,7 @@ from opsctl.errors import DeployError, ExitCode
 from opsctl.inventory.load import Override
 from opsctl.inventory.model import Host, Mode, Service
 from opsctl.inventory.select import select, select_routers
+from opsctl.progress import Ticker
 from opsctl.remote.base import Connect
 from opsctl.router.deploy import RouterResult
 
@@ -184,7 +185,8 @@ def register(app: typer.Typer) -> None:
             if break_lock:
                 _break_locks(selection)
                 return
-            wheel = build_wheel(runtime_wheel)
+            with Ticker("runtime wheel", out=lambda line: console.print(line, markup=False)):
+                wheel = build_wheel(runtime_wheel)
             settings = DeploySettings(
                 keep=keep,
                 force=force,

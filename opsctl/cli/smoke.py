@@ -25,6 +25,7 @@ from opsctl.errors import ExitCode, SmokeError
 from opsctl.health import auth_headers, base_url
 from opsctl.inventory.model import Host, Inventory, Mode, Router, Service
 from opsctl.inventory.select import select, select_routers
+from opsctl.progress import Ticker
 from opsctl.router.render import router_url
 from opsctl.smoke import Generation, PromptAgreement, load_prompts, run_equivalence, smoke_service
 
@@ -106,7 +107,9 @@ def _smoke_routers(client: httpx.Client, inv: Inventory, routers: list[Router], 
 def _smoke(client: httpx.Client, selection: list[tuple[Host, Service]], timeout: float, as_json: bool) -> bool:
     results = []
     for h, s in selection:
-        r = smoke_service(client, h.name, s.name, base_url(h, s), auth_headers(s.api_key), timeout=timeout)
+        r = smoke_service(
+            client, h.name, s.name, base_url(h, s), auth_headers(s.api_key), prompt=s.smoke_prompt, timeout=timeout
+        )
         results.append(r)
         verdict = "[green]ok[/]" if r.ok else "[bold red]FAILED[/]"
         console.print(f"{h.name}/{s.name}: {verdict} {r.latency_s:.1f}s model={r.model}", markup=True)
@@ -141,19 +144,26 @@ def _equivalence(
         name = f"{h.name}/{s.name}"
         console.print(f"{name} vs {b_name}: {len(prompts)} prompts, greedy", markup=False)
 
-        def show(a: PromptAgreement) -> None:
-            where = "identical" if a.equal else f"DIVERGES at {a.unit[:-1]} {a.first_divergence}"
-            console.print(f"    {a.id:<14} {where} ({a.length_service} vs {a.length_baseline} {a.unit})", markup=False)
+        with Ticker(f"    {name} vs {b_name}", out=lambda line: console.print(line, markup=False)) as ticker:
+            done: list[str] = []
+            ticker.update(f"generating, {len(prompts)} prompts to go")
 
-        report = run_equivalence(
-            client,
-            (name, base_url(h, s), auth_headers(s.api_key)),
-            (b_name, base_url(b_host, b_svc), auth_headers(b_svc.api_key)),
-            prompts,
-            threshold,
-            cache,
-            progress=show,
-        )
+            def show(a: PromptAgreement, done: list[str] = done, ticker: Ticker = ticker) -> None:
+                where = "identical" if a.equal else f"DIVERGES at {a.unit[:-1]} {a.first_divergence}"
+                line = f"    {a.id:<14} {where} ({a.length_service} vs {a.length_baseline} {a.unit})"
+                console.print(line, markup=False)
+                done.append(a.id)
+                ticker.update(f"generating, {len(prompts) - len(done)} prompts to go")
+
+            report = run_equivalence(
+                client,
+                (name, base_url(h, s), auth_headers(s.api_key)),
+                (b_name, base_url(b_host, b_svc), auth_headers(b_svc.api_key)),
+                prompts,
+                threshold,
+                cache,
+                progress=show,
+            )
         reports.append(report)
         verdict = "[green]PASS[/]" if report.passed else "[bold red]FAIL[/]"
         console.print(

@@ -27,6 +27,7 @@ from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.staged import StagedRelease
 from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError
 from opsctl.inventory.model import Host, Service
+from opsctl.progress import Ticker
 from opsctl.remote.base import Connection
 from opsctl.render import SERVER_MODULE
 from opsctl.secrets import SecretError
@@ -144,14 +145,21 @@ def _gate(
         poll_s=settings.poll_s,
     )
     url = health.health_url(ctx.host, svc)
-    return health_gate(
-        read_unit=lambda: ctx.unit_state(),
-        probe=lambda: health.probe(ctx.http, url, timeout=5.0),
-        baseline_restarts=baseline_restarts,
-        config=config,
-        sleep=time.sleep,
-        cancelled=ctx.cancel.is_set if cancellable else (lambda: False),
-    )
+    with Ticker("waiting for /health", out=ctx.say, limit=config.timeout) as ticker:
+
+        def probe() -> health.HealthProbe:
+            answer = health.probe(ctx.http, url, timeout=5.0)
+            ticker.update(f"last answer {answer.describe()}")
+            return answer
+
+        return health_gate(
+            read_unit=lambda: ctx.unit_state(),
+            probe=probe,
+            baseline_restarts=baseline_restarts,
+            config=config,
+            sleep=time.sleep,
+            cancelled=ctx.cancel.is_set if cancellable else (lambda: False),
+        )
 
 
 def _restart(ctx: ServiceContext, release_id: str) -> int:
@@ -243,6 +251,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     """Render -> unchanged? -> plan? -> stage -> go live -> (roll back). Each step is a function below."""
     start = time.monotonic()
     result = ServiceResult(ctx.host.name, ctx.service.name, Outcome.FAILED)
+    ctx.say("reading the host's releases and models")
     facts = read_facts(ctx)
     result.previous = facts.current
     staged, chash = render_release(ctx, wheel, facts)
@@ -343,8 +352,10 @@ def _write_release(
         ctx.conn.put_text(secret_fp.fingerprint(secrets), paths.release_file(new_id, secret_fp.FP_FILE), 0o600)
     artifact.ensure_on_host(ctx.conn, wheel)
     ctx.check_cancel()
-    ctx.run(release.pip_install_cmd(ctx.host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)
+    with Ticker(f"installing {wheel.name} into the release", out=ctx.say):
+        ctx.run(release.pip_install_cmd(ctx.host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)
     ctx.check_cancel()
+    ctx.say("checking the release (preflight, systemd-analyze verify)")
     _preflight(ctx, staged)
     out = ctx.conn.run(systemd.verify_cmd(paths.release_unit(new_id)), check=False)
     if not out.ok or out.stdout.strip():
@@ -392,10 +403,11 @@ def _stage(
 def _smoke(ctx: ServiceContext, result: ServiceResult) -> str:
     """The smoke gate; the failure reason, or "" when it passed."""
     t_smoke = time.monotonic()
-    smoke = smoke_service(
-        ctx.http, ctx.host.name, ctx.service.name, health.base_url(ctx.host, ctx.service),
-        health.auth_headers(ctx.service.api_key),
-    )  # fmt: skip
+    with Ticker("smoke request", out=ctx.say):
+        smoke = smoke_service(
+            ctx.http, ctx.host.name, ctx.service.name, health.base_url(ctx.host, ctx.service),
+            health.auth_headers(ctx.service.api_key), prompt=ctx.service.smoke_prompt,
+        )  # fmt: skip
     result.timings["smoke_s"] = time.monotonic() - t_smoke
     if not smoke.ok:
         return "smoke gate failed: " + "; ".join(smoke.reasons)
@@ -411,6 +423,7 @@ def _switch_and_gate(ctx: ServiceContext, settings: DeploySettings, new_id: str,
         t_restart = time.monotonic()
         baseline = _restart(ctx, new_id)
         result.timings["restart_s"] = time.monotonic() - t_restart
+        ctx.say(f"restarted in {result.timings['restart_s']:.1f}s; health gate")
         gate = _gate(ctx, settings, baseline)
         if not gate.ok:
             return f"health gate failed: {gate.reason}"

@@ -19,6 +19,7 @@ from opsctl.errors import InventoryError
 from opsctl.inventory import schema as s
 from opsctl.inventory.model import (
     SGLANG_DRAFT_BLOCK,
+    SMOKE_PROMPT,
     CudaConfig,
     DDTreeKnobs,
     Engine,
@@ -84,6 +85,7 @@ SERVICE_KEYS = {
     "tp",
     "dp",
     "nccl_port",
+    "smoke_prompt",
 }
 SERVICE_DEFAULT_KEYS = SERVICE_KEYS - {"gpus", "port", "model", "draft_model", "nccl_port"}
 # Environment variables opsctl renders itself; extra_env may not override them.
@@ -400,6 +402,7 @@ def _service(
         tp=ways.tp,
         dp=ways.dp,
         nccl_port=ways.nccl_port,
+        smoke_prompt=s.string(d.get("smoke_prompt", SMOKE_PROMPT), f"{path}.smoke_prompt", Kind.PROMPT),
     )
     if service.sglang_wide_tree:
         block = SGLANG_DRAFT_BLOCK

@@ -45,6 +45,9 @@ class ModelSourceKind(StrEnum):
 # DFlash drafters of the Qwen3/3.6 family draft blocks of 16 tokens; the SGLang plugin's tree verify takes
 # budgets up to block - 1 with CUDA graphs, up to 2 * block - 1 without (docs/sglang.md).
 SGLANG_DRAFT_BLOCK = 16
+# The smoke gate's default message: a real chat model answers it in a few tokens. A model trained on one
+# domain (the lab's tiny models) is given one of its own prompts instead (`smoke_prompt`).
+SMOKE_PROMPT = "What is 2+2? Answer with just the number."
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class Service:
     tp: int = 1  # SGLang tensor-parallel ranks per replica (opsctl.inventory.parallel)
     dp: int = 1  # SGLang data-parallel replicas; tp * dp = len(gpus)
     nccl_port: int | None = None  # rendered --nccl-port (tp > 1, dp 1); None: SGLang picks
+    smoke_prompt: str = SMOKE_PROMPT  # the one chat message of the smoke gate (in the model's domain)
 
     @property
     def unit_name(self) -> str:

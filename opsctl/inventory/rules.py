@@ -33,6 +33,7 @@ class Kind(StrEnum):
     WORD = "safe word"  # a single server flag value (served model name, attention backend)
     ENV_NAME = "valid environment variable name"  # an environment variable name
     ENV_VALUE = "safe environment value"  # an environment variable value
+    PROMPT = "prompt"  # a chat message opsctl sends in a JSON body (smoke_prompt); never in argv or files
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ RULES: dict[Kind, Rule] = {
     Kind.ENV_VALUE: Rule(
         re.compile(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]{0,4096}"), 4096, "one line of printable characters"
     ),
+    Kind.PROMPT: Rule(re.compile(r"[ -~]{1,500}"), 500, "printable ASCII text, spaces included; at most 500"),
 }
 
 # Flags whose value is a secret, as SGLang's server parser (argparse, allow_abbrev) and opsctl's reference

@@ -22,6 +22,12 @@ WHEELHOUSE = "/var/cache/opsctl/wheelhouse"
 SERVICE_PORT = 30000
 
 
+# One of the tiny models' own tasks (ddtree.tiny.corpus) that they answer right: greedy, the current build says
+# "def add(a, b):\n    return a + b". (Counting prompts keep the form but not the numbers: "count from 43 to 50"
+# -> "21 22 25 25 ...".)
+LAB_SMOKE_PROMPT = "write add for 2 and 3"
+
+
 def document(cfg: LabConfig, hosts: Iterable[HostRecord]) -> dict[str, Any]:
     tiny = f"{TINY_DIR}/qwen3"
     return {
@@ -40,7 +46,9 @@ def document(cfg: LabConfig, hosts: Iterable[HostRecord]) -> dict[str, Any]:
             "venv": "/opt/opsctl/venv",
             "python": "python3",
             "wheelhouse": WHEELHOUSE,
-            "service": {"engine": "reference", "device": "cpu", "dtype": "float32"},
+            # smoke_prompt: one of the tiny models' own tasks, so the first answer a newcomer sees is a sensible
+            # one, not a degenerate continuation of a question the model never saw
+            "service": {"engine": "reference", "device": "cpu", "dtype": "float32", "smoke_prompt": LAB_SMOKE_PROMPT},
         },
         "hosts": {
             h.name: {

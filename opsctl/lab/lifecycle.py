@@ -10,6 +10,7 @@ from opsctl.errors import LabError
 from opsctl.lab import inventory, keys, machine, models, net, rootfs, state, system
 from opsctl.lab.config import LabConfig, host_name
 from opsctl.lab.state import HostRecord, LabState
+from opsctl.progress import Ticker
 from opsctl.remote.pool import run_parallel
 
 
@@ -60,14 +61,24 @@ def up(cfg: LabConfig, count: int) -> LabReport:
         keys.ensure_client_key(cfg)
         net.ensure_bridge(cfg)
         started: list[HostRecord] = []
-        for index in range(1, count + 1):
-            record = st.hosts.get(host_name(index)) or _new_record(cfg, index)
-            if machine.is_running(record):
-                continue
-            st = _boot(cfg, st, record, root)
-            started.append(st.hosts[record.name])
-        deadline = time.monotonic() + cfg.boot_timeout
-        outcomes = run_parallel(started, lambda r: r.name, lambda r: machine.wait_ready(cfg, r, deadline))
+        with Ticker("lab up") as ticker:
+            for index in range(1, count + 1):
+                record = st.hosts.get(host_name(index)) or _new_record(cfg, index)
+                if machine.is_running(record):
+                    continue
+                ticker.update(f"booting {record.name}")
+                st = _boot(cfg, st, record, root)
+                started.append(st.hosts[record.name])
+            deadline = time.monotonic() + cfg.boot_timeout
+            ready: list[str] = []
+            ticker.update(f"waiting for systemd and sshd on {', '.join(r.name for r in started)}")
+
+            def wait(record: HostRecord) -> None:
+                machine.wait_ready(cfg, record, deadline)
+                ready.append(record.name)
+                ticker.update(f"ready: {', '.join(sorted(ready))}")
+
+            outcomes = run_parallel(started, lambda r: r.name, wait)
         failed = [o.error for o in outcomes if o.error is not None]
         if failed:
             raise LabError(

@@ -4,36 +4,51 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from opsctl.errors import LabError
 from opsctl.lab.inventory import TINY_DIR
+from opsctl.progress import Ticker, run_streamed, stderr_line
 
 LAB_ARCH = "qwen3"
 BUILD_TIMEOUT_S = 1800
+BUILDER = (sys.executable, "-m", "ddtree.tiny")
+LOGGER_PREFIX = "ddtree.tiny: "  # the builder logs `%(name)s: %(message)s` on stderr
 
 
-def ensure_tiny_models(root: Path = Path(TINY_DIR), arch: str = LAB_ARCH) -> bool:
+def ensure_tiny_models(
+    root: Path = Path(TINY_DIR),
+    arch: str = LAB_ARCH,
+    builder: Sequence[str] = BUILDER,
+    progress: Callable[[str], None] = stderr_line,
+) -> bool:
     """Build the tiny target + drafter for `arch` unless a complete build is cached. True when built now."""
     out = root / arch
     if _is_current(out):
         return False
     out.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "ddtree.tiny", "--arch", arch, "--out", str(out)]
+    argv = [*builder, "--arch", arch, "--out", str(out)]
     if out.exists():
         argv.append("--force")  # an incomplete earlier build
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        raise LabError(f"building the lab's tiny models timed out after {BUILD_TIMEOUT_S}s") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        if "No module named ddtree" in proc.stderr:
-            raise LabError("the lab's tiny models need ddtree-runtime", "pip install -e ./runtime") from None
-        raise LabError(f"building the lab's tiny models failed: {last}", f"run `{' '.join(argv)}` to see why")
+    with Ticker(f"tiny {arch} models (once)", out=progress) as ticker:
+        done = run_streamed(argv, lambda line: _on_line(ticker, line), timeout=BUILD_TIMEOUT_S)
+        if done.timed_out:
+            raise LabError(f"building the lab's tiny models timed out after {BUILD_TIMEOUT_S}s")
+        if done.exit_code != 0:
+            if any("No module named ddtree" in line for line in done.tail):
+                raise LabError("the lab's tiny models need ddtree-runtime", "pip install -e ./runtime")
+            last = (done.tail or ("no output",))[-1]
+            raise LabError(f"building the lab's tiny models failed: {last}", f"run `{' '.join(argv)}` to see why")
     return True
+
+
+def _on_line(ticker: Ticker, line: str) -> None:
+    """The builder's log lines (`ddtree.tiny: target step 50/400, loss 2.310`) as progress."""
+    text = line.strip()
+    if text.startswith(LOGGER_PREFIX):
+        ticker.update(text.removeprefix(LOGGER_PREFIX))
 
 
 def _is_current(out: Path) -> bool:
@@ -45,7 +60,7 @@ def _is_current(out: Path) -> bool:
     except (OSError, ValueError):
         return False
     try:
-        from ddtree.tiny import BUILD_VERSION
+        from ddtree.tiny_version import BUILD_VERSION  # no torch: `lab up` stays quick
     except ImportError:
         return True  # no runtime here to rebuild with: use what is cached
     return bool(built == BUILD_VERSION)

@@ -15,11 +15,12 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from opsctl.lab import system
 from opsctl.lab.config import ROOTFS_PACKAGES, ROOTFS_RECIPE, LabConfig
+from opsctl.progress import Ticker, stderr_line
 
 log = logging.getLogger("opsctl.lab")
 
@@ -37,7 +38,19 @@ def cache_path(cfg: LabConfig) -> Path:
     return cfg.cache_dir / f"rootfs-{cfg.suite}-{key}"
 
 
-def ensure(cfg: LabConfig) -> tuple[Path, float | None]:
+def debootstrap_argv(cfg: LabConfig, into: Path) -> list[str]:
+    return [
+        "debootstrap", "--variant=minbase", "--include=" + ",".join(ROOTFS_PACKAGES), cfg.suite, str(into), cfg.mirror,
+    ]  # fmt: skip
+
+
+def debootstrap_step(line: str) -> str | None:
+    """debootstrap's `I: Retrieving libc6 2.36-9` lines, as progress details; None for other lines."""
+    text = line.strip()
+    return text[3:] if text.startswith("I: ") else None
+
+
+def ensure(cfg: LabConfig, out: Callable[[str], None] = stderr_line) -> tuple[Path, float | None]:
     """The cached rootfs, built if missing. Returns (path, build seconds or None when cached)."""
     path = cache_path(cfg)
     if path.is_dir():
@@ -51,15 +64,8 @@ def ensure(cfg: LabConfig) -> tuple[Path, float | None]:
         shutil.rmtree(tmp, ignore_errors=True)
         log.info("building the lab rootfs (%s, about 2 minutes, once)", cfg.suite)
         try:
-            system.run(
-                "debootstrap",
-                "--variant=minbase",
-                "--include=" + ",".join(ROOTFS_PACKAGES),
-                cfg.suite,
-                str(tmp),
-                cfg.mirror,
-                timeout=1800,
-            )
+            with Ticker(f"lab rootfs ({cfg.suite}, once)", out=out) as ticker:
+                system.run_progress(debootstrap_argv(cfg, tmp), ticker, debootstrap_step, timeout=1800)
             prepare(tmp)
             os.rename(tmp, path)  # atomic: a cache directory is complete or absent
         except BaseException:

@@ -6,8 +6,10 @@ import logging
 import os
 import shutil
 import subprocess
+from collections.abc import Callable, Sequence
 
 from opsctl.errors import LabError
+from opsctl.progress import Ticker, run_streamed
 
 log = logging.getLogger("opsctl.lab")
 
@@ -50,6 +52,26 @@ def run(*argv: str, check: bool = True, timeout: float = 120.0) -> subprocess.Co
         last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
         raise LabError(f"`{' '.join(argv)}` exited {proc.returncode}: {last[0]}")
     return proc
+
+
+def run_progress(
+    argv: Sequence[str], ticker: Ticker, detail: Callable[[str], str | None], timeout: float = 120.0
+) -> None:
+    """Run a long tool with its output turned into progress (`detail` picks the lines worth showing)."""
+    log.debug("lab: %s", " ".join(argv))
+
+    def on_line(line: str) -> None:
+        if (text := detail(line)) is not None:
+            ticker.update(text)
+
+    try:
+        done = run_streamed(argv, on_line, timeout=timeout)
+    except FileNotFoundError:
+        raise LabError(f"`{argv[0]}` is not installed", f"run: {APT_COMMAND}") from None
+    if done.timed_out:
+        raise LabError(f"`{' '.join(argv)}` timed out after {timeout:g}s")
+    if done.exit_code != 0:
+        raise LabError(f"`{' '.join(argv)}` exited {done.exit_code}: {(done.tail or ('',))[-1]}")
 
 
 def ok(*argv: str) -> bool:

@@ -8,6 +8,7 @@ Facts are read with read-only commands only, so planning never changes a host.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -59,7 +60,21 @@ class Verify:
         return f"verify {self.what}: {shown}" if self.what else f"verify: {shown}"
 
 
-Action = Cmd | Push | PutText | Verify
+@dataclass(frozen=True)
+class CopyVerified:
+    """Push a local directory while `verify` hashes on the host beside it (each file as it lands); once the push
+    ended, `ended` tells the hasher so (it then checks what changed since and prints its listing), and the
+    listing is judged. Costs the copy plus the hashing of the last file, not the copy plus all the hashing."""
+
+    push: Push
+    verify: Verify
+    ended: Cmd
+
+    def display(self) -> str:
+        return f"{self.push.display()}, and beside it {self.verify.display()}"
+
+
+Action = Cmd | Push | PutText | Verify | CopyVerified
 
 
 def display(action: Action) -> str:
@@ -104,6 +119,7 @@ class Context:
     remote: Connection
     options: Options = field(default_factory=Options)
     artifacts: Artifacts = field(default_factory=Artifacts)
+    progress: Callable[[str], None] | None = None  # hears about long waits (copy bytes, rate, ETA)
 
 
 class Operation(Protocol):
@@ -118,21 +134,43 @@ class Operation(Protocol):
         ...
 
 
-def execute(remote: Connection, actions: tuple[Action, ...], timeout: float | None = None) -> None:
-    """Run the actions in order; the first failure raises (RemoteError, or the judge's error)."""
-    for action in actions:
+def execute(
+    remote: Connection,
+    actions: tuple[Action, ...],
+    timeout: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> None:
+    """Run the actions in order; the first failure raises (RemoteError, or the judge's error). `progress`
+    hears which action runs, and about long copies (bytes, rate, ETA)."""
+    for number, action in enumerate(actions, 1):
+        if progress is not None:
+            shown = display(action)
+            progress(f"{number}/{len(actions)} {shown if len(shown) <= 100 else shown[:99] + '…'}")
         if isinstance(action, Cmd):
             remote.run(action, timeout=timeout)
         elif isinstance(action, Push):
-            if action.local.is_dir():
-                remote.sync_dir(action.local, action.remote)
-            else:
-                remote.put_file(action.local, action.remote)
+            _push(remote, action, progress)
         elif isinstance(action, PutText):
             remote.put_text(action.text, action.remote, mode=action.mode)
+        elif isinstance(action, CopyVerified):
+            with ThreadPoolExecutor(1) as pool:
+                hashing = pool.submit(remote.run, action.verify.cmd, timeout, False)
+                try:
+                    _push(remote, action.push, progress)
+                finally:
+                    remote.run(action.ended, timeout=60.0, check=False)
+                result = hashing.result()
+            action.verify.judge(result.exit_code, result.stdout, result.stderr)
         else:
             result = remote.run(action.cmd, timeout=timeout, check=False)
             action.judge(result.exit_code, result.stdout, result.stderr)
+
+
+def _push(remote: Connection, action: Push, progress: Callable[[str], None] | None) -> None:
+    if action.local.is_dir():
+        remote.sync_dir(action.local, action.remote, progress)
+    else:
+        remote.put_file(action.local, action.remote)
 
 
 def read(remote: Connection, cmd: Cmd, timeout: float | None = 120.0) -> RunResult:

@@ -71,5 +71,5 @@ class CudaToolkit:
         return plan_toolkit(cuda, nvcc, repo)
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
-        execute(ctx.remote, plan.actions, timeout=3600.0)
+        execute(ctx.remote, plan.actions, timeout=3600.0, progress=ctx.progress)
         return self.plan(ctx)

@@ -204,7 +204,7 @@ class GpuDriver:
         return plan_driver(facts, ctx.spec.cuda, ctx.spec.gpu_count, ctx.options)
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
-        execute(ctx.remote, plan.actions, timeout=1800.0)
+        execute(ctx.remote, plan.actions, timeout=1800.0, progress=ctx.progress)
         if not plan.reboot_required:
             return self.plan(ctx)
         if not ctx.options.reboot:

@@ -8,8 +8,9 @@ Copy protocol (the final path never holds a partial model):
    interrupted run); skip the model when the final path matches the manifest;
 3. refuse when /dev/shm cannot hold the bytes still to copy, with the numbers;
 4. stage: hard-link the files that are already good at the final path (tmpfs hard links cost no space), drop
-   corrupted or stale files, rsync the source over the staging dir, `sha256sum -c` it against the manifest,
-   write the manifest into it;
+   corrupted or stale files, rsync the source over the staging dir while the host hashes each file as it lands
+   (ops/facts/host_hasher.py: python3 hashlib; a final pass re-hashes anything that changed after it was
+   hashed), compare that listing with the manifest, write the manifest into it;
 5. swap: final -> .opsctl-old-<name>, staging -> final (two renames), remove the old copy.
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
-from opsctl.ops.base import Action, Context, Plan, Push, PutText, Verify, execute, read
+from opsctl.ops.base import Action, Context, CopyVerified, Plan, Push, PutText, Verify, execute, read
 from opsctl.ops.errors import ManifestMismatchError, ProvisionError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
@@ -34,11 +35,13 @@ from opsctl.ops.facts.manifest import (
     hash_listing_cmd,
     parse_hash_listing,
     parse_manifest_json,
+    watch_listing_cmd,
 )
 from opsctl.ops.facts.system import DiskSpace, gib, parse_df
 from opsctl.remote.base import Connection
 
 NAME = "model_sync"
+COPY_TIMEOUT_S = 7200.0
 
 
 @dataclass(frozen=True)
@@ -46,12 +49,15 @@ class ModelPaths:
     final: str
     staging: str
     old: str
+    copied: str  # marker: the copy into staging ended (tells the hasher beside it)
 
     @staticmethod
     def of(path: str) -> ModelPaths:
         final = path.rstrip("/")
         parent, name = posixpath.split(final)
-        return ModelPaths(final, f"{parent}/.opsctl-sync-{name}", f"{parent}/.opsctl-old-{name}")
+        return ModelPaths(
+            final, f"{parent}/.opsctl-sync-{name}", f"{parent}/.opsctl-old-{name}", f"{parent}/.opsctl-copied-{name}"
+        )
 
     @property
     def parent(self) -> str:
@@ -112,17 +118,25 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
         cp = shlex.join(["cp", "-alf", "--parents", "-t", p.staging, "--", *link])
         actions.append(Cmd.of("sh", "-c", f"cd {shlex.quote(p.final)} && {cp}"))
     if spec.source_on is ModelSourceKind.CONTROL:
-        actions.append(Push(Path(spec.source), p.staging))
-    else:
-        actions.append(Cmd.of("rsync", "-a", f"{spec.source.rstrip('/')}/", f"{p.staging}/"))
-    actions.append(
-        Verify(
-            hash_listing_cmd(p.staging),
+        # The host hashes each file as rsync lands it: the copy costs rsync plus the last file's hash.
+        actions.append(Cmd.of("rm", "-f", p.copied))
+        verify = Verify(
+            watch_listing_cmd(p.staging, manifest, p.copied, COPY_TIMEOUT_S),
             judge=_verify_judge(spec.name, manifest),
             what=f"sha256 of {len(manifest.files)} files",
-            shown=f"hash every file in {p.staging} (parallel sha256sum), compare with the manifest",
+            shown=f"hash each file in {p.staging} as it lands (python3 hashlib), compare with the manifest",
         )
-    )
+        actions.append(CopyVerified(Push(Path(spec.source), p.staging), verify, Cmd.of("touch", p.copied)))
+    else:
+        actions.append(Cmd.of("rsync", "-a", f"{spec.source.rstrip('/')}/", f"{p.staging}/"))
+        actions.append(
+            Verify(
+                hash_listing_cmd(p.staging),
+                judge=_verify_judge(spec.name, manifest),
+                what=f"sha256 of {len(manifest.files)} files",
+                shown=f"hash every file in {p.staging} (python3 hashlib on every CPU), compare with the manifest",
+            )
+        )
     actions.append(PutText(f"{p.staging}/{MANIFEST_NAME}", manifest.to_json()))
     final, staging, old = (shlex.quote(x) for x in (p.final, p.staging, p.old))
     actions.append(
@@ -225,6 +239,6 @@ class ModelSync:
         return Plan(NAME, actions=tuple(actions), notes=tuple(notes))
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
-        execute(ctx.remote, plan.actions, timeout=7200.0)
+        execute(ctx.remote, plan.actions, timeout=COPY_TIMEOUT_S, progress=ctx.progress)
         # Re-reading facts would hash everything again; the copy was verified before the rename.
         return Plan(NAME, notes=plan.notes)

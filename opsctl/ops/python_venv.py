@@ -108,12 +108,14 @@ def parse_marker(exit_code: int, text: str) -> str | None:
 
 
 def install_cmd(spec: VenvSpec) -> Cmd:
+    """`--no-compile`: pip would byte-compile every installed module (torch's and transformers' thousands); on
+    a lab host that cost ~55-75 s of an 82-105 s install. Only what is imported gets compiled, once, by the
+    import check below and the server's first start (docs/provision.md, python_venv)."""
     lock_path = f"{spec.venv.rstrip('/')}/{LOCK_FILE}"
+    pip = (f"{spec.bin}/pip", "install", "--no-compile")
     if spec.wheelhouse is not None:
-        return Cmd.of(
-            f"{spec.bin}/pip", "install", "--no-index", "--find-links", REMOTE_WHEELHOUSE, "-r", lock_path, sudo=True
-        )
-    return Cmd.of(f"{spec.bin}/pip", "install", "-r", lock_path, sudo=True)
+        return Cmd.of(*pip, "--no-index", "--find-links", REMOTE_WHEELHOUSE, "-r", lock_path, sudo=True)
+    return Cmd.of(*pip, "-r", lock_path, sudo=True)
 
 
 def verify_cmd(spec: VenvSpec) -> Cmd:
@@ -241,5 +243,5 @@ class PythonVenv:
         return plan_venv(spec, read_facts(ctx.remote, spec))
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
-        execute(ctx.remote, plan.actions, timeout=3600.0)
+        execute(ctx.remote, plan.actions, timeout=3600.0, progress=ctx.progress)
         return self.plan(ctx)

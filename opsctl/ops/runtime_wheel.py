@@ -30,5 +30,5 @@ class PushRuntimeWheel:
         return plan_wheel(wheel, wheel is not None and artifact.on_host(ctx.remote, wheel))
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
-        execute(ctx.remote, plan.actions)
+        execute(ctx.remote, plan.actions, progress=ctx.progress)
         return self.plan(ctx)

@@ -57,7 +57,7 @@ class FakeHost:
             raise RemoteError(self.name, f"cat -- {remote_path}", 1, tail)
         return self.files[remote_path][0]
 
-    def sync_dir(self, local_dir: Path, remote_dir: str) -> None:
+    def sync_dir(self, local_dir: Path, remote_dir: str, progress: Callable[[str], None] | None = None) -> None:
         self.synced.append((local_dir, remote_dir))
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from opsctl.commands import Cmd
@@ -91,7 +92,7 @@ class LocalHost:
         except OSError as exc:
             raise RemoteError(self.name, f"read {remote_path}", None, message=f"{self.name}: {exc}") from None
 
-    def sync_dir(self, local_dir: Path, remote_dir: str) -> None:
+    def sync_dir(self, local_dir: Path, remote_dir: str, progress: Callable[[str], None] | None = None) -> None:
         Path(remote_dir).mkdir(parents=True, exist_ok=True)
         self.run(Cmd.of("rsync", "-a", "--", str(local_dir).rstrip("/") + "/", remote_dir.rstrip("/") + "/"))
 

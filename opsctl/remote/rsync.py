@@ -6,15 +6,21 @@ here as a value so the host-key rule (strict, the inventory's known_hosts only) 
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.errors import HostKeyError, OpsctlError, RemoteError, UnreachableError
 from opsctl.inventory.model import SshConfig
+from opsctl.progress import human_bytes
 
 if TYPE_CHECKING:
     from opsctl.remote.ssh import Endpoint
+
+# Whole-transfer progress (one line, rewritten with \r; Popen's universal newlines make each a line).
+PROGRESS_FLAGS = ["--info=progress2", "--no-inc-recursive"]
+_PROGRESS = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)\s+(\d+:\d{2}:\d{2})")
 
 # rsync exit codes that mean the transport failed (not the copy): 255 = ssh itself, 12/10 = stream/socket.
 _TRANSPORT_CODES = {10, 12, 255}
@@ -55,6 +61,16 @@ def _options(config: SshConfig, known_hosts: Path) -> list[str]:
     for key, value in opts.items():
         argv += ["-o", f"{key}={value}"]
     return argv
+
+
+def parse_progress(line: str) -> str | None:
+    """`  134,217,728  50%   95.12MB/s    0:00:01 (xfr#2, to-chk=2/5)` -> `134.2 MB (50%), 95.12MB/s, ETA 0:00:01`;
+    None for any other line."""
+    m = _PROGRESS.match(line)
+    if m is None:
+        return None
+    done = int(m[1].replace(",", ""))
+    return f"{human_bytes(done)} ({m[2]}%), {m[3]}, ETA {m[4]}"
 
 
 def rsync_error(host: str, display: str, code: int, stderr: str) -> OpsctlError:

@@ -20,7 +20,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -30,10 +30,11 @@ import paramiko
 from opsctl.commands import Cmd
 from opsctl.errors import CommandTimeout, HostKeyError, RemoteError, UnreachableError
 from opsctl.inventory.model import Host, HostKeyPolicy, SshConfig
+from opsctl.progress import run_streamed
 from opsctl.remote import base
 from opsctl.remote.base import RunResult
 from opsctl.remote.local import LocalHost
-from opsctl.remote.rsync import rsync_error, ssh_command
+from opsctl.remote.rsync import PROGRESS_FLAGS, parse_progress, rsync_error, ssh_command
 
 log = logging.getLogger("opsctl.remote")
 
@@ -365,11 +366,14 @@ class SshHost:
     def get_text(self, remote_path: str) -> str:
         return self.run(Cmd.of("cat", "--", remote_path, sudo=True)).stdout
 
-    def sync_dir(self, local_dir: Path, remote_dir: str) -> None:
+    def sync_dir(self, local_dir: Path, remote_dir: str, progress: Callable[[str], None] | None = None) -> None:
         self.run(Cmd.of("mkdir", "-p", "--", remote_dir, sudo=True))
-        self._rsync([str(local_dir).rstrip("/") + "/"], remote_dir.rstrip("/") + "/", ["-a"])
+        flags = ["-a", *(PROGRESS_FLAGS if progress is not None else [])]
+        self._rsync([str(local_dir).rstrip("/") + "/"], remote_dir.rstrip("/") + "/", flags, progress)
 
-    def _rsync(self, sources: list[str], dest: str, flags: list[str]) -> None:
+    def _rsync(
+        self, sources: list[str], dest: str, flags: list[str], progress: Callable[[str], None] | None = None
+    ) -> None:
         self._transport()  # verifies (or, with accept-new, records) the host key before ssh checks strictly
         argv = [
             "rsync",
@@ -389,6 +393,9 @@ class SshHost:
                 message="rsync is not installed on the control machine",
                 hint="apt-get install -y rsync",
             )
+        if progress is not None:
+            self._rsync_streamed(argv, dest, progress)
+            return
         # LocalHost: its own process group, killed on timeout or Ctrl-C like a remote command.
         try:
             result = LocalHost(self.name).run(Cmd.of(*argv), timeout=self.config.command_timeout, check=False)
@@ -396,6 +403,22 @@ class SshHost:
             raise CommandTimeout(self.name, f"rsync to {dest}", self.config.command_timeout) from None
         if not result.ok:
             raise rsync_error(self.name, result.command, result.exit_code, result.stderr)
+
+    def _rsync_streamed(self, argv: list[str], dest: str, progress: Callable[[str], None]) -> None:
+        """rsync with --info=progress2, each progress line handed over as bytes, rate and ETA."""
+
+        def on_line(line: str) -> None:
+            if (text := parse_progress(line)) is not None:
+                progress(text)
+
+        done = run_streamed(argv, on_line, timeout=self.config.command_timeout, cancelled=base.CANCEL.is_set)
+        if done.cancelled:
+            raise KeyboardInterrupt
+        if done.timed_out:
+            raise CommandTimeout(self.name, f"rsync to {dest}", self.config.command_timeout)
+        if done.exit_code != 0:
+            tail = "\n".join(ln for ln in done.tail if parse_progress(ln) is None)
+            raise rsync_error(self.name, shlex.join(argv), done.exit_code, tail)
 
 
 def connect(host: Host) -> SshHost:

@@ -196,7 +196,7 @@ def test_plan_changes_nothing(opsctl: Provision, hosts: dict[str, SshHost]) -> N
         assert s["gpu_driver"]["notes"] == ["no NVIDIA GPU detected"]
         assert s["python_venv"]["status"] == "pending"
         assert (
-            f"sudo {VENV}/bin/pip install --no-index --find-links /var/cache/opsctl/wheelhouse "
+            f"sudo {VENV}/bin/pip install --no-compile --no-index --find-links /var/cache/opsctl/wheelhouse "
             f"-r {VENV}/opsctl-lock.txt" in s["python_venv"]["commands"]
         )
         assert s["model_sync"]["status"] == "pending"

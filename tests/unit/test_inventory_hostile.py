@@ -84,6 +84,8 @@ CASES: list[tuple[str, str | bytes, str, tuple[str, ...]]] = [
     ("nl-bind", doc(bind="0.0.0.0\n"), "services.s1.bind: '0.0.0.0\\n' is not a valid IP address", ()),
     ("nl-served-name", doc(served_model_name="qwen\n"), "served_model_name: 'qwen\\n' is not a safe word", ()),
     ("nl-backend", doc(attention_backend="triton\n"), "attention_backend: 'triton\\n' is not a safe word", ()),
+    ("nl-smoke-prompt", doc(smoke_prompt="hi\nthere"), "smoke_prompt: 'hi\\nthere' is not a prompt", ()),
+    ("long-smoke-prompt", doc(smoke_prompt="x" * 501), "smoke_prompt: is 501 characters; a prompt may have at", ()),
     (
         "nl-extra-arg-execstartpre",
         doc(extra_args=["--x\nExecStartPre=/bin/sh"]),
@@ -353,3 +355,11 @@ def test_mode_override_is_refused_like_the_file(tmp_path: Path) -> None:
     assert "hosts.h1.services.s1.health_timeout: 0.0 is out of range (1..7200) (with --health-timeout 0)" in (
         result.stderr
     )
+
+
+def test_smoke_prompt_default_and_given(tmp_path: Path) -> None:
+    from opsctl.inventory.model import SMOKE_PROMPT
+
+    assert _load(tmp_path, doc()).hosts[0].services[0].smoke_prompt == SMOKE_PROMPT
+    given = _load(tmp_path, doc(smoke_prompt='write add for 2 and 3 "quoted" {ok}'))
+    assert given.hosts[0].services[0].smoke_prompt == 'write add for 2 and 3 "quoted" {ok}'

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from opsctl.errors import LabError
+from opsctl.lab import models
 from opsctl.lab.models import ensure_tiny_models
+from tests.conftest import REPO
 
 
 def test_complete_build_is_reused(tmp_path: Path) -> None:
@@ -33,3 +38,30 @@ def test_failed_build_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(LabError, match=r"building the lab.s tiny models failed: .*invalid choice") as info:
         ensure_tiny_models(tmp_path, "no-such-arch")
     assert "\n" not in info.value.one_line()
+
+
+SLOW_BUILD = (sys.executable, str(REPO / "tests/fixtures/bin/fake_slow_build.py"))
+
+
+def test_a_slow_build_shows_its_steps_and_losses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake builder that logs a step every 0.4 s, progress every 0.5 s: the lines carry the step and the loss,
+    and the build's own log format is what opsctl reads."""
+    monkeypatch.setattr(models, "Ticker", functools.partial(models.Ticker, every=0.5))
+    lines: list[str] = []
+    assert ensure_tiny_models(tmp_path, "qwen3", builder=SLOW_BUILD, progress=lines.append) is True
+    steps = [
+        ln
+        for ln in lines
+        if re.fullmatch(r"tiny qwen3 models \(once\): target step \d+/100, loss \d\.\d{3} \(\d+s\)", ln)
+    ]
+    assert len(steps) >= 2, lines
+    assert re.fullmatch(r"tiny qwen3 models \(once\): done after \d+s", lines[-1]), lines
+
+
+def test_a_failed_slow_build_ends_with_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(models, "Ticker", functools.partial(models.Ticker, every=0.5))
+    monkeypatch.setenv("FAKE_EXIT", "1")
+    lines: list[str] = []
+    with pytest.raises(LabError, match="tiny models failed: some other line"):
+        ensure_tiny_models(tmp_path, "qwen3", builder=SLOW_BUILD, progress=lines.append)
+    assert re.fullmatch(r"tiny qwen3 models \(once\): failed after \d+s", lines[-1]), lines

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,15 +24,18 @@ from opsctl.inventory.model import (
     Service,
     SshConfig,
 )
-from opsctl.ops.base import Artifacts, Context, Push, Verify
+from opsctl.ops.base import Artifacts, Context, CopyVerified
 from opsctl.ops.errors import ManifestMismatchError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
     FileEntry,
     Manifest,
+    _coreutils_listing,
     build_local_manifest,
     hash_listing_cmd,
+    parse_hash_listing,
     sha256_file,
+    watch_listing_cmd,
 )
 from opsctl.ops.facts.system import DiskSpace
 from opsctl.ops.model_sync import ModelFacts, ModelPaths, ModelSync, models_of, plan_model
@@ -65,7 +71,10 @@ def displays(actions: list[object]) -> list[str]:
 
 def test_paths() -> None:
     assert ModelPaths.of("/dev/shm/Qwen3.6-27B/") == ModelPaths(
-        "/dev/shm/Qwen3.6-27B", "/dev/shm/.opsctl-sync-Qwen3.6-27B", "/dev/shm/.opsctl-old-Qwen3.6-27B"
+        "/dev/shm/Qwen3.6-27B",
+        "/dev/shm/.opsctl-sync-Qwen3.6-27B",
+        "/dev/shm/.opsctl-old-Qwen3.6-27B",
+        "/dev/shm/.opsctl-copied-Qwen3.6-27B",
     )
 
 
@@ -74,15 +83,17 @@ def test_absent_model_is_staged_verified_and_renamed() -> None:
     assert displays(actions) == [
         "rm -rf /dev/shm/.opsctl-old-m",
         "mkdir -p /dev/shm/.opsctl-sync-m",
-        "push /models/m -> /dev/shm/.opsctl-sync-m",
-        "verify sha256 of 2 files: hash every file in /dev/shm/.opsctl-sync-m (parallel sha256sum), "
-        "compare with the manifest",
+        "rm -f /dev/shm/.opsctl-copied-m",
+        "push /models/m -> /dev/shm/.opsctl-sync-m, and beside it verify sha256 of 2 files: hash each file in "
+        "/dev/shm/.opsctl-sync-m as it lands (python3 hashlib), compare with the manifest",
         f"write /dev/shm/.opsctl-sync-m/{MANIFEST_NAME} ({len(MANIFEST.to_json())} bytes, mode 644)",
         SWAP,
     ]
-    verify = actions[3]
-    assert isinstance(verify, Verify)
-    assert verify.cmd == hash_listing_cmd("/dev/shm/.opsctl-sync-m")
+    copy = actions[3]
+    assert isinstance(copy, CopyVerified)
+    assert copy.ended == Cmd.of("touch", "/dev/shm/.opsctl-copied-m")
+    verify = copy.verify
+    assert verify.cmd == watch_listing_cmd("/dev/shm/.opsctl-sync-m", MANIFEST, "/dev/shm/.opsctl-copied-m", 7200)
     verify.judge(0, f"{A} 100 config.json\n{B} 1000 model.safetensors\n", "")  # matches: no error
     with pytest.raises(ManifestMismatchError, match=r"does not match the source manifest: model\.safetensors"):
         verify.judge(0, f"{A} 100 config.json\n{C} 1000 model.safetensors\n", "")
@@ -107,8 +118,9 @@ def test_corrupted_file_is_recopied_good_files_are_hard_linked() -> None:
         "rm -rf /dev/shm/.opsctl-old-m",
         "mkdir -p /dev/shm/.opsctl-sync-m",
         "sh -c 'cd /dev/shm/m && cp -alf --parents -t /dev/shm/.opsctl-sync-m -- config.json'",
-        "push /models/m -> /dev/shm/.opsctl-sync-m",
+        "rm -f /dev/shm/.opsctl-copied-m",
     ]
+    assert displays(actions)[4].startswith("push /models/m -> /dev/shm/.opsctl-sync-m, and beside it verify")
     assert displays(actions)[-1] == SWAP
     assert notes == ["/dev/shm/m: 1 corrupted or changed (model.safetensors); re-copy (0.00 GiB to transfer)"]
 
@@ -224,7 +236,7 @@ def test_interrupted_copy_leaves_no_partial_model(tmp_path: Path) -> None:
     op = ModelSync()
     plan = op.plan(ctx)
     # run the plan up to (not including) the push, then "crash" half way: one file staged
-    cut = next(i for i, a in enumerate(plan.actions) if isinstance(a, Push))
+    cut = next(i for i, a in enumerate(plan.actions) if isinstance(a, CopyVerified))
     for action in plan.actions[:cut]:
         assert isinstance(action, Cmd)
         ctx.remote.run(action)
@@ -244,7 +256,7 @@ def test_remote_failure_mid_copy_keeps_final_path_absent(tmp_path: Path) -> None
     ctx, dest = _ctx(tmp_path, source)
 
     class BrokenSync(LocalHost):
-        def sync_dir(self, local_dir: Path, remote_dir: str) -> None:
+        def sync_dir(self, local_dir: Path, remote_dir: str, progress: object = None) -> None:
             (Path(remote_dir) / "a.bin").write_bytes(b"A" * 5)  # half a file, then the link drops
             raise RemoteError("local", "rsync", 255, "connection lost")
 
@@ -253,3 +265,42 @@ def test_remote_failure_mid_copy_keeps_final_path_absent(tmp_path: Path) -> None
     with pytest.raises(RemoteError):
         op.apply(broken, op.plan(broken))
     assert not dest.exists()
+
+
+def test_python_and_coreutils_listings_agree(tmp_path: Path) -> None:
+    """The host hasher (python3 hashlib) and the fallback (sha256sum per file) print the same listing."""
+    _model(tmp_path / "m", {"a.bin": b"A" * 3000, "sub/b.bin": b"B" * 10, "empty": b""})
+    (tmp_path / "m" / MANIFEST_NAME).write_text("{}")
+    host = LocalHost()
+    fast = parse_hash_listing(host.run(hash_listing_cmd(str(tmp_path / "m"))).stdout)
+    slow = parse_hash_listing(host.run(Cmd.of("sh", "-c", _coreutils_listing(str(tmp_path / "m")))).stdout)
+    assert fast == slow
+    assert sorted(fast) == ["a.bin", "empty", "sub/b.bin"]
+    assert fast["a.bin"] == FileEntry(3000, sha256_file(tmp_path / "m" / "a.bin"))
+    assert host.run(hash_listing_cmd(str(tmp_path / "absent"))).stdout == ""
+
+
+def test_watch_hashes_files_as_they_land_and_rehashes_what_changed_after(tmp_path: Path) -> None:
+    """Files arrive one by one (renamed into place, as rsync does); one is replaced after it was hashed; the
+    listing printed after the marker describes what is on disk at the end."""
+    staging, marker = tmp_path / "staging", tmp_path / "copied"
+    staging.mkdir()
+    want = Manifest({"a.bin": FileEntry(1000, "x"), "b.bin": FileEntry(1000, "x")})
+    host = LocalHost()
+    with ThreadPoolExecutor(1) as pool:
+        listing = pool.submit(host.run, watch_listing_cmd(str(staging), want, str(marker), 60))
+        for name, data in (("a.bin", b"A" * 1000), ("b.bin", b"B" * 1000)):
+            time.sleep(0.3)
+            (staging / f".{name}.tmp").write_bytes(data)
+            (staging / f".{name}.tmp").rename(staging / name)
+        time.sleep(0.3)
+        (staging / ".a.tmp").write_bytes(b"Z" * 1000)  # same size, other bytes, new inode
+        (staging / ".a.tmp").rename(staging / "a.bin")
+        marker.touch()
+        got = parse_hash_listing(listing.result(timeout=30).stdout)
+    assert got == {
+        "a.bin": FileEntry(1000, sha256_file(staging / "a.bin")),
+        "b.bin": FileEntry(1000, sha256_file(staging / "b.bin")),
+    }
+    assert got["a.bin"].sha256 == hashlib.sha256(b"Z" * 1000).hexdigest()
+    assert not marker.exists()  # the hasher removes its marker

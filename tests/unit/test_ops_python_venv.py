@@ -89,7 +89,8 @@ def test_fresh_host_plan_with_wheelhouse(tmp_path: Path) -> None:
         "sudo mkdir -p /var/cache/opsctl/wheelhouse",
         f"push {tmp_path} -> /var/cache/opsctl/wheelhouse",
         f"write {VENV}/opsctl-lock.txt ({len(spec.lock.text.encode())} bytes, mode 644)",
-        f"sudo {VENV}/bin/pip install --no-index --find-links /var/cache/opsctl/wheelhouse -r {VENV}/opsctl-lock.txt",
+        f"sudo {VENV}/bin/pip install --no-compile --no-index --find-links /var/cache/opsctl/wheelhouse "
+        f"-r {VENV}/opsctl-lock.txt",
         f"verify import torch, transformers, safetensors, fastapi, uvicorn: {VENV}/bin/python -c VERIFY_SCRIPT "
         "torch transformers safetensors fastapi uvicorn",
         f"write {VENV}/.opsctl-venv.json ({len(marker_json(spec).encode())} bytes, mode 644)",
@@ -102,7 +103,7 @@ def test_online_sglang_plan_installs_from_the_lock() -> None:
     plan = plan_venv(spec, VenvFacts((3, 12, 3), (3, 12, 3), "stale"))
     assert plan.commands()[:2] == [
         f"write {VENV}/opsctl-lock.txt ({len(lock.text.encode())} bytes, mode 644)",
-        f"sudo {VENV}/bin/pip install -r {VENV}/opsctl-lock.txt",
+        f"sudo {VENV}/bin/pip install --no-compile -r {VENV}/opsctl-lock.txt",
     ]
     assert plan.commands()[2].endswith("torch sgl_kernel flashinfer sglang")
     verify = plan.actions[2]

@@ -55,17 +55,43 @@ def parse_manifest_json(text: str) -> Manifest | None:
     return Manifest(files)
 
 
-def hash_listing_cmd(directory: str) -> Cmd:
-    """A read-only command printing `<sha256> <size> <path>` per file under `directory` (nothing if absent).
+HOST_HASHER = (Path(__file__).with_name("host_hasher.py")).read_text()
 
-    One sha256sum per file, as many at once as the host has CPUs (a model is a few large shards)."""
-    d = shlex.quote(directory)
+
+def _coreutils_listing(d: str) -> str:
+    """The same listing with coreutils alone (a host without python3): one sha256sum per file, nproc at once."""
     per_file = (
         'for f; do printf "%s %s %s\\n" "$(sha256sum < "$f" | cut -d" " -f1)" "$(stat -c %s "$f")" "${f#./}"; done'
     )
-    script = (
+    return (
         f"if [ -d {d} ]; then cd {d} && find . -type f ! -name {MANIFEST_NAME} -print0"
         f' | xargs -0 -r -n 1 -P "$(nproc)" sh -c {shlex.quote(per_file)} _; fi'
+    )
+
+
+def hash_listing_cmd(directory: str) -> Cmd:
+    """A read-only command printing `<sha256> <size> <path>` per file under `directory` (nothing if absent).
+
+    python3's hashlib on every CPU (host_hasher.py), or coreutils' sha256sum where the host has no python3."""
+    d = shlex.quote(directory)
+    script = (
+        f"if command -v python3 >/dev/null 2>&1; then exec python3 -c {shlex.quote(HOST_HASHER)} {d}; fi; "
+        + _coreutils_listing(d)
+    )
+    return Cmd.of("sh", "-c", script)
+
+
+def watch_listing_cmd(directory: str, manifest: Manifest, marker: str, timeout: float) -> Cmd:
+    """Like `hash_listing_cmd`, but run beside the copy that fills `directory`: each file is hashed as it lands,
+    and the listing is printed once `marker` exists (the copy ended; see host_hasher.py). Without python3 it
+    waits for the marker, then hashes everything with sha256sum."""
+    d, m = shlex.quote(directory), shlex.quote(marker)
+    want = json.dumps({p: e.size for p, e in sorted(manifest.files.items())})
+    script = (
+        "if command -v python3 >/dev/null 2>&1; then "
+        f"exec python3 -c {shlex.quote(HOST_HASHER)} {d} {m} {timeout:g} {shlex.quote(want)}; fi; "
+        f"n=0; while [ ! -e {m} ] && [ $n -lt {int(timeout * 5)} ]; do sleep 0.2; n=$((n+1)); done; rm -f {m}; "
+        + _coreutils_listing(d)
     )
     return Cmd.of("sh", "-c", script)
 

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from ddtree.tiny_version import BUILD_VERSION  # bump it there when the build changes its output
+
 from . import corpus
 from .chain import greedy_chain
 from .distill import DrafterSettings, collect_greedy, make_drafter, train_drafter
@@ -31,7 +33,6 @@ from .tokenizer import IM_END, MASK, TOKEN_IDS, build_tokenizer
 
 __all__ = ["BUILD_VERSION", "Arch", "BuildSettings", "build", "chat_prompt_ids"]
 
-BUILD_VERSION = 2  # bump when the build changes its output; the test fixtures rebuild stale caches
 TARGET_LAYER_IDS = (1, 2)
 log = logging.getLogger(
     "ddtree.tiny"
@@ -104,6 +105,7 @@ def build(arch: Arch, out: Path, seed: int = 0, settings: BuildSettings | None =
     for i, user in enumerate(heldout):
         res = greedy_chain(target, drafter, chat_prompt_ids(tok, user, i % 4 == 3), settings.eval_new_tokens, stop)
         accepts += res.accept_lengths
+        log.info("held-out prompt %d/%d", i + 1, len(heldout))
     tau = sum(accepts) / max(1, len(accepts))
     t_eval = time.perf_counter() - t0
     log.info("held-out tau (linear) %.2f over %d rounds, %.1fs", tau, len(accepts), t_eval)

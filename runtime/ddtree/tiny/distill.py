@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,10 @@ from ddtree.drafter import (
     extract_context_feature,
     position_decay_weights,
 )
+
+from .target import LOG_EVERY
+
+log = logging.getLogger("ddtree.tiny")
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ def collect_greedy(
                 if t in stop_token_ids:
                     break
             seqs.append(p + gen)
+        log.info("greedy continuations: %d/%d prompts", len(seqs), len(prompts))
 
     width = max(len(s) for s in seqs)
     tokens = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
@@ -160,7 +166,7 @@ def train_drafter(
     )
     drafter.train()
     losses: list[float] = []
-    for _ in range(settings.steps):
+    for step in range(settings.steps):
         rows = usable[torch.randint(len(usable), (settings.batch_size,), generator=gen)]  # [B]
         width = int(data.lengths[rows].max())
         toks = data.tokens[rows, :width]  # [B, T]
@@ -188,5 +194,7 @@ def train_drafter(
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if (step + 1) % LOG_EVERY == 0:
+            log.info("drafter step %d/%d, loss %.3f", step + 1, settings.steps, losses[-1])
     drafter.eval()
     return losses

@@ -9,6 +9,7 @@ same seed gives the same weights.
 from __future__ import annotations
 
 import enum
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ import torch
 from transformers import PreTrainedModel, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
 from .tokenizer import ENDOFTEXT, IM_END, TOKEN_IDS, VOCAB_SIZE
+
+log = logging.getLogger("ddtree.tiny")
+LOG_EVERY = 25  # steps between progress lines (a build runs for minutes on a loaded CPU)
 
 
 class Arch(enum.StrEnum):
@@ -112,7 +116,7 @@ def train_target(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     model.train()
     losses: list[float] = []
-    for _ in range(settings.steps):
+    for step in range(settings.steps):
         batch = _windows(stream, starts, settings.batch_size, settings.seq_len, gen)  # [B, L+1]
         logits = model(input_ids=batch[:, :-1]).logits  # [B, L, V]
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
@@ -122,5 +126,7 @@ def train_target(
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if (step + 1) % LOG_EVERY == 0:
+            log.info("target step %d/%d, loss %.3f", step + 1, settings.steps, losses[-1])
     model.eval()
     return losses
