@@ -155,7 +155,7 @@ def test_failed_gate_behind_the_router_restores_the_old_release_in_the_router(
 ) -> None:
     def crash(doc: dict[str, Any]) -> None:
         _with_router(doc)
-        service(doc, "lab2", "ref")["extra_env"] = {"OPSCTL_FAULT_CRASH": "30000:4"}
+        service(doc, "lab2", "ref")["extra_env"] = {"OPSCTL_FAULT_CRASH": "30000:1"}  # before the 3 s re-check
 
     faulty = derived_inventory(tmp_path / "crash.yaml", crash)
     router = f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}"
