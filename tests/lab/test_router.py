@@ -213,8 +213,23 @@ def test_router_release_that_cannot_start_is_rolled_back(router_inventory: Path,
     assert current_release(router_inventory, "lab1", "router-front") == before
     through = opsctl("smoke", "-i", str(router_inventory), "--router", "front", "--json")
     assert through.returncode == 0 and json.loads(through.stdout)[0]["ok"], through.stderr[-2000:]
-    back = opsctl("rollback", "-i", str(router_inventory), "--router", "front")
-    assert back.returncode == 0 and "lab1/router front: reverted" in back.stderr, back.stderr[-3000:]
-    assert current_release(router_inventory, "lab1", "router-front") != before
+    refused = opsctl("rollback", "-i", str(router_inventory), "--router", "front")
+    if refused.returncode == 0:  # a reused lab: an older good router release exists
+        assert "lab1/router front: reverted" in refused.stderr, refused.stderr[-3000:]
+        assert current_release(router_inventory, "lab1", "router-front") != before
+    else:
+        # A fresh lab: the router has one good release, so there is nothing to roll back to (one line, exit 1).
+        assert "nothing to roll back to" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+
+        def random_policy(doc: dict[str, Any]) -> None:
+            _with_router(doc)
+            doc["routers"]["front"]["policy"] = "random"
+
+        other = derived_inventory(tmp_path / "random.yaml", random_policy)
+        changed = opsctl("deploy", "-i", str(other), "--router", "front")
+        assert changed.returncode == 0 and "lab1/router front: deployed" in changed.stderr, changed.stderr[-3000:]
+        back = opsctl("rollback", "-i", str(router_inventory), "--router", "front")
+        assert back.returncode == 0 and "lab1/router front: reverted" in back.stderr, back.stderr[-3000:]
+        assert current_release(router_inventory, "lab1", "router-front") == before
     again = opsctl("deploy", "-i", str(router_inventory), "--router", "front")  # back to the inventory's config
     assert again.returncode == 0, again.stderr[-3000:]
