@@ -3,6 +3,9 @@ health and the last DDTREE metrics."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Annotated
+
 import httpx
 import typer
 
@@ -18,6 +21,7 @@ from opsctl.cli.common import (
     load_inventory,
     split_selector,
 )
+from opsctl.deploy import lock
 from opsctl.errors import ExitCode
 from opsctl.inventory.model import Host, Service
 from opsctl.inventory.select import select
@@ -32,9 +36,12 @@ def register(app: typer.Typer) -> None:
         host: HostOpt = None,
         service: ServiceOpt = None,
         forks: ForksOpt = 16,
+        deep: Annotated[
+            bool, typer.Option("--deep", help="Also sha256 every model file against provision's manifest (slow).")
+        ] = False,
         as_json: JsonOpt = False,
     ) -> None:
-        """Unit state, restarts, current release, health and last DDTREE metrics of every selected service."""
+        """Unit state, restarts, current release, health, model integrity, locks and last DDTREE metrics."""
         from opsctl.remote import connect, run_parallel
 
         inv = load_inventory(inventory)
@@ -43,8 +50,13 @@ def register(app: typer.Typer) -> None:
         def one(item: tuple[Host, list[Service]]) -> list[ServiceStatus]:
             h, svcs = item
             with connect(h) as conn, httpx.Client() as http:
-                return [collect(conn, h, s, http) for s in svcs]
+                rows = [collect(conn, h, s, http, deep=deep) for s in svcs]
+                held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
+                if held is not None:
+                    locks[h.name] = held.describe(datetime.now(UTC))
+                return rows
 
+        locks: dict[str, str] = {}
         outcomes = run_parallel(selection, key=lambda item: item[0].name, fn=one, forks=forks)
         rows: list[ServiceStatus] = []
         errors = []
@@ -54,12 +66,15 @@ def register(app: typer.Typer) -> None:
             else:
                 rows += outcome.value or []
         if as_json:
-            emit_json({"services": rows, "errors": [{"host": h, "error": e} for h, e in errors]})
+            emit_json({"services": rows, "locks": locks, "errors": [{"host": h, "error": e} for h, e in errors]})
         else:
             _table(rows)
+            for h, held in sorted(locks.items()):
+                console.print(f"[yellow]{h}: deploy lock held by {held}[/]", markup=True)
             for h, e in errors:
                 console.print(f"[bold red]{h}: {e}[/]", markup=True)
-        unhealthy = errors or any(not r.healthy or r.missing_models for r in rows)  # missing: next restart fails
+        # a missing or changed model: the next restart fails, or the process runs on files that are gone
+        unhealthy = errors or any(not r.healthy or not r.models_ok for r in rows)
         raise typer.Exit(int(ExitCode.ERROR if unhealthy else ExitCode.OK))
 
 
@@ -77,9 +92,11 @@ def _table(rows: list[ServiceStatus]) -> None:
             f"{metrics}",
             markup=True,
         )
-        if r.missing_models:
+        for line in r.models:
+            console.print(f"[bold red]{r.host}/{r.service}: {line}[/]", markup=True)
+        if r.incomplete_releases:
             console.print(
-                f"[bold red]{r.host}/{r.service}: model {', '.join(r.missing_models)} not on the host[/] "
-                f"(a reboot empties /dev/shm): `opsctl provision --host {r.host}`, then `opsctl deploy --force`",
+                f"[yellow]{r.host}/{r.service}: incomplete release {', '.join(r.incomplete_releases)} "
+                "(staging never finished; the next deploy marks it BAD, pruning removes it)[/]",
                 markup=True,
             )

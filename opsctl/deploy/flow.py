@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 
 import httpx
 
-from opsctl import __version__, health
+from opsctl import __version__, health, modelcheck
 from opsctl.commands import Cmd
-from opsctl.deploy import audit, preflight, release, secret_fp
+from opsctl.deploy import audit, guards, preflight, release, secret_fp
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate, parse_show, show_cmd
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
@@ -40,6 +40,7 @@ LIVE_TIMEOUT_S = 60.0
 @dataclass(frozen=True)
 class DeploySettings:
     keep: int = release.DEFAULT_KEEP  # releases kept per service (current never pruned)
+    allow_old_secrets: bool = False  # rollback: allow a target deployed with other secrets than the current
     force: bool = False  # deploy even when the config hash equals current's
     plan: bool = False  # print what would change, change nothing
     smoke: bool = True  # run the smoke gate after the health gate
@@ -268,7 +269,8 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     new_id = release.unused_release_id(ctx.now, chash, {r.release_id for r in facts.releases})
     same_config = facts.current is not None and facts.current_hash == chash
     rotated = same_config and not settings.force and _secrets_rotated(ctx, str(facts.current), settings.plan)
-    if same_config and not settings.force and not rotated:
+    stale = [] if not same_config or settings.force or rotated else guards.models_changed(ctx)
+    if same_config and not settings.force and not rotated and not stale:
         result.outcome, result.release = Outcome.UNCHANGED, facts.current
         result.message = f"release {facts.current}: same config, nothing restarted"
         probe = health.probe(ctx.http, health.health_url(ctx.inv_host, ctx.service), timeout=5.0)
@@ -278,10 +280,9 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
             result.outcome = Outcome.FAILED
             missing = release.missing_models(ctx.remote, ctx.service)
             fix = (
-                f"model {', '.join(missing)} not on the host (a reboot empties /dev/shm): "
-                "`opsctl provision`, then `opsctl deploy --force`"
+                guards.missing_hint(host, missing)
                 if missing
-                else "`opsctl deploy --force` restarts it, `opsctl logs` shows why"
+                else ("`opsctl deploy --force` restarts it, `opsctl logs` shows why")
             )
             result.message = f"unchanged config (release {facts.current}) but /health: {probe.describe()}; {fix}"
         if not settings.plan:
@@ -289,6 +290,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         return result
     missing = release.missing_models(ctx.remote, ctx.service)
     why = "; API key changed" if rotated else ""
+    why += f"; model changed under the running service ({stale[0].detail})" if stale else ""
     if settings.plan:
         result.outcome, result.release = Outcome.PLANNED, new_id
         result.plan = _plan(ctx, facts, new_id)
@@ -300,10 +302,16 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         raise DeployError(
             f"{host}/{svc}: model {', '.join(missing)} not on the host (/dev/shm is emptied by a reboot); "
             "nothing was changed",
-            f"run `opsctl provision -i INVENTORY --host {host}`, then deploy again",
+            guards.missing_hint(host, missing),
         )
     if rotated:
         ctx.say(f"API key changed since {facts.current}: deploying a new release")
+    if stale:
+        ctx.say(f"{modelcheck.describe(stale[0])}: deploying a new release to restart it")
+    abandoned = guards.mark_incomplete(ctx, facts)
+    if abandoned:
+        ctx.say(f"marked incomplete release {', '.join(abandoned)} BAD (its staging never finished)")
+    guards.check_free_space(ctx)
 
     result.release = new_id
     ctx.audit("deploy-start", new_id, "started", f"previous={facts.current or '-'} mode={ctx.service.mode.value}{why}")
@@ -324,6 +332,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         ctx.check_cancel()
         ctx.run(release.pip_install_cmd(ctx.inv_host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)
         ctx.check_cancel()
+        ctx.say("pre-flight: the host's server checks the release's flags")
         _preflight(ctx, new_id)
         masked, _, _ = _render(ctx, new_id, reveal=False)
         manifest = Manifest(
@@ -339,6 +348,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
                 f"systemd-analyze verify rejected the unit: {out.stdout.strip()[:400] or f'exit {out.exit_code}'}",
                 "fix the service's settings in the inventory (see `opsctl render`)",
             )
+        ctx.check_cancel()  # the last point before the switch: an interrupt up to here changes nothing live
         result.timings["stage_s"] = time.monotonic() - start
     except Interrupted:
         _mark_bad(ctx, new_id, "interrupted while staging")
@@ -346,20 +356,26 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         ctx.audit("deploy", new_id, "interrupted", "while staging")
         return result
     except UnreachableError as exc:
-        result.outcome, result.message = Outcome.UNREACHABLE, exc.one_line()
+        # The release stays incomplete on the host; the next deploy there marks it BAD (guards.mark_incomplete).
+        result.outcome, result.message = Outcome.UNREACHABLE, f"{exc.one_line()} (while staging {new_id})"
         audit.append_local(audit.audit_line(host, svc, "deploy", new_id, "unreachable", exc.one_line()))
         return result
     except OpsctlError as exc:
-        _mark_bad(ctx, new_id, f"staging failed: {exc.message}")
-        result.outcome, result.message = Outcome.FAILED, f"staging failed, nothing switched: {exc.one_line()}"
+        why = guards.bounded(exc.message)
+        _mark_bad(ctx, new_id, f"staging failed: {why}")
+        hint = guards.space_hint(exc) or exc.hint
+        result.outcome = Outcome.FAILED
+        result.message = f"staging failed, nothing switched: {why}" + (f" ({hint})" if hint else "")
         ctx.audit("deploy", new_id, "failed", result.message)
         return result
 
     # --- go live ---
     reason = ""
+    switched = False
     try:
         ctx.check_cancel()
         ctx.say(f"switching to {new_id} and restarting {paths.unit_name}")
+        switched = True
         t_restart = time.monotonic()
         baseline = _restart(ctx, new_id)
         result.timings["restart_s"] = time.monotonic() - t_restart
@@ -383,6 +399,11 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
             reason = f"health gate failed: {gate.reason}"
         ctx.check_cancel()
     except Interrupted:
+        if not switched:
+            _mark_bad(ctx, new_id, "interrupted before the switch")
+            result.outcome, result.message = Outcome.INTERRUPTED, "interrupted before the switch: nothing switched"
+            ctx.audit("deploy", new_id, "interrupted", "before the switch")
+            return result
         reason = "interrupted"
     except (UnreachableError, CommandTimeout) as exc:
         result.outcome, result.message = Outcome.UNREACHABLE, f"host became unreachable mid-deploy: {exc.one_line()}"
@@ -484,6 +505,8 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
             )
         target = found
     result.release = target
+    if not settings.allow_old_secrets:
+        guards.check_rollback_secrets(ctx, target, _secrets(ctx))
     if settings.plan:
         result.outcome, result.message = Outcome.PLANNED, f"would roll back {facts.current} -> {target}"
         return result

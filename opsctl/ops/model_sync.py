@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from opsctl import layout
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host as HostSpec
 from opsctl.inventory.model import ModelSourceKind, ModelSpec
@@ -210,9 +211,13 @@ def manifest_for(ctx: Context, spec: ModelSpec) -> Manifest:
 class ModelSync:
     name = NAME
 
+    def __init__(self) -> None:
+        self.replaced: list[ModelSpec] = []  # models this run copies anew (their users restart afterwards)
+
     def plan(self, ctx: Context) -> Plan:
         actions: list[Action] = []
         notes: list[str] = []
+        self.replaced = []
         for spec in models_of(ctx.spec):
             manifest = manifest_for(ctx, spec)
             if not manifest.files:
@@ -220,11 +225,38 @@ class ModelSync:
             acts, why = plan_model(spec, manifest, read_facts(ctx.remote, spec))
             actions += acts
             notes += why
+            if any(isinstance(a, Verify) for a in acts):  # only a copy verifies
+                self.replaced.append(spec)
         if not models_of(ctx.spec):
             notes.append("no models (the host has no services)")
+        notes += [f"then restart {u} (its model is copied anew)" for u in model_users(ctx.spec, self.replaced)]
         return Plan(NAME, actions=tuple(actions), notes=tuple(notes))
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
         execute(ctx.remote, plan.actions, timeout=7200.0)
         # Re-reading facts would hash everything again; the copy was verified before the rename.
-        return Plan(NAME, notes=plan.notes)
+        restarted = restart_users(ctx.remote, model_users(ctx.spec, self.replaced))
+        return Plan(NAME, notes=(*plan.notes, *(f"restarted {u}: it ran on the old copy" for u in restarted)))
+
+
+def model_users(host: HostSpec, specs: list[ModelSpec]) -> list[str]:
+    """Units of the host's services that use any of these models, in service order, once each."""
+    paths = {s.path.rstrip("/") for s in specs}
+    return [
+        layout.unit_name(svc.name)
+        for svc in host.services
+        if any(m is not None and m.path.rstrip("/") in paths for m in (svc.model, svc.draft_model))
+    ]
+
+
+def restart_users(remote: RemoteHost, units: list[str]) -> list[str]:
+    """Restart the deployed (enabled) ones: a process that mapped the old files keeps them until it restarts,
+    and a unit that crash-looped on a missing model (after a reboot) has given up. Not yet deployed: nothing."""
+    restarted = []
+    for unit in units:
+        if read(remote, Cmd.of("systemctl", "is-enabled", "--quiet", "--", unit, sudo=True)).exit_code != 0:
+            continue
+        remote.run(Cmd.of("systemctl", "reset-failed", "--", unit, sudo=True), check=False)
+        remote.run(Cmd.of("systemctl", "restart", "--no-block", "--", unit, sudo=True))
+        restarted.append(unit)
+    return restarted
