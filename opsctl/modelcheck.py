@@ -18,6 +18,7 @@ from enum import StrEnum
 
 from opsctl.commands import Cmd, sh
 from opsctl.inventory.model import Service
+from opsctl.ops.base import RemoteHost
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -26,7 +27,6 @@ from opsctl.ops.facts.manifest import (
     parse_manifest_json,
 )
 from opsctl.ops.facts.manifest import Manifest as ModelManifest
-from opsctl.remote.base import Host
 
 
 class Problem(StrEnum):
@@ -152,7 +152,7 @@ def _few(names: Sequence[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def check(remote: Host, service: Service, unit: str, deep: bool = False) -> list[ModelVerdict]:
+def check(remote: RemoteHost, service: Service, unit: str, deep: bool = False) -> list[ModelVerdict]:
     """Every model of the service, judged (deep: sha256 of every file too, which reads the whole model)."""
     paths = model_paths(service)
     if not paths:
@@ -174,8 +174,8 @@ def fix_hint(verdict: ModelVerdict, host: str, service: str, restore_unit: str |
         return f"`systemctl start {restore_unit}` on the host, or {provision}"
     if verdict.problem is Problem.CHANGED:
         return (
-            f"the running process still uses the old files: `opsctl deploy -i INVENTORY --host {host} "
-            f"--service {service}` restarts it through the gates"
+            f"the running process still uses the old files: `opsctl provision -i INVENTORY --host {host}` "
+            "checks the copy (sha256), re-copies what is damaged and restarts the services whose model changed"
         )
     return provision
 

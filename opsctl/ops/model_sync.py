@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsctl import layout
+from opsctl import layout, modelcheck
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host as HostSpec
 from opsctl.inventory.model import ModelSourceKind, ModelSpec
@@ -212,7 +212,8 @@ class ModelSync:
     name = NAME
 
     def __init__(self) -> None:
-        self.replaced: list[ModelSpec] = []  # models this run copies anew (their users restart afterwards)
+        self.replaced: list[ModelSpec] = []  # models this run copies anew
+        self.restart: list[str] = []  # units restarted after the copy: they run on files that are gone or changed
 
     def plan(self, ctx: Context) -> Plan:
         actions: list[Action] = []
@@ -229,14 +230,29 @@ class ModelSync:
                 self.replaced.append(spec)
         if not models_of(ctx.spec):
             notes.append("no models (the host has no services)")
-        notes += [f"then restart {u} (its model is copied anew)" for u in model_users(ctx.spec, self.replaced)]
+        self.restart = model_users(ctx.spec, self.replaced)
+        self.restart += [u for u in changed_under(ctx) if u not in self.restart]
+        notes += [f"restart {u}: its model is copied anew or changed after it started" for u in self.restart]
         return Plan(NAME, actions=tuple(actions), notes=tuple(notes))
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
         execute(ctx.remote, plan.actions, timeout=7200.0)
         # Re-reading facts would hash everything again; the copy was verified before the rename.
-        restarted = restart_users(ctx.remote, model_users(ctx.spec, self.replaced))
+        restarted = restart_users(ctx.remote, self.restart)
         return Plan(NAME, notes=(*plan.notes, *(f"restarted {u}: it ran on the old copy" for u in restarted)))
+
+
+def changed_under(ctx: Context) -> list[str]:
+    """Units whose (now verified) model files were written after the unit started: a repair by an earlier run
+    or by hand that the process never saw."""
+    return [
+        layout.unit_name(svc.name)
+        for svc in ctx.spec.services
+        if any(
+            v.problem is modelcheck.Problem.CHANGED
+            for v in modelcheck.check(ctx.remote, svc, layout.unit_name(svc.name))
+        )
+    ]
 
 
 def model_users(host: HostSpec, specs: list[ModelSpec]) -> list[str]:
