@@ -18,7 +18,6 @@ from opsctl.ops.base import PutText
 from opsctl.ops.facts.manifest import FileEntry, Manifest
 from opsctl.systemd import exec_argv, parse_unit
 
-
 SHA_A, SHA_B = "a" * 64, "b" * 64
 MANIFEST = Manifest({"config.json": FileEntry(10, SHA_A), "model.safetensors": FileEntry(1000, SHA_B)})
 ONE_LINE = MANIFEST.to_json().replace("\n", "")
