@@ -11,6 +11,7 @@ from opsctl import modelcheck
 from opsctl.commands import sh
 from opsctl.deploy import release, secret_fp
 from opsctl.errors import DeployError, OpsctlError
+from opsctl.ops.errors import FactError
 from opsctl.ops.facts.system import gib, parse_df
 
 if TYPE_CHECKING:
@@ -67,9 +68,10 @@ def check_free_space(ctx: ServiceContext, need: int = MIN_FREE_BYTES) -> None:
     out = ctx.remote.run(
         sh(f"mkdir -p {shlex.quote(root)} && df -P -B1 {shlex.quote(root)}", sudo=True), check=False, timeout=60
     )
-    if out.exit_code != 0:
+    try:
+        space = parse_df(out.stdout)
+    except FactError:
         return  # cannot tell; staging itself will say what is wrong
-    space = parse_df(out.stdout)
     if space.available < need:
         raise DeployError(
             f"{ctx.inv_host.name}: only {gib(space.available)} free in {space.mount} ({root}), "

@@ -16,6 +16,7 @@ from opsctl.deploy import flow
 from opsctl.deploy.flow import DeploySettings, ServiceContext
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.wheel import RuntimeWheel
+from opsctl.errors import OpsctlError
 from opsctl.inventory.load import load_inventory
 from opsctl.remote.fake import FakeHost
 
@@ -261,6 +262,43 @@ def test_cancel_before_switch(ctx_for):
     result = flow.deploy_service(ctx, wheel, SETTINGS)
     assert result.outcome is Outcome.INTERRUPTED and box.current == OLD
     assert "systemctl restart" not in " ".join(fake.ran)
+
+
+@pytest.mark.parametrize("during", ["--help", "systemd-analyze verify"])
+def test_cancel_during_preflight_or_verify_restarts_nothing(ctx_for, during):
+    # Issue 14: Ctrl-C during the pre-flight or `systemd-analyze verify` restarted the healthy serving release.
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    ctx, fake = make(box)
+
+    def handler(cmd: Cmd):
+        if during in cmd.display():
+            ctx.cancel.set()  # the Ctrl-C arrives while this command runs
+        return box.handler(cmd)
+
+    fake.handler = handler
+    result = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert result.outcome is Outcome.INTERRUPTED and "nothing switched" in result.message
+    assert box.current == OLD and result.release in box.bad
+    assert not any(k in " ".join(fake.ran) for k in ("systemctl restart", "ln -sfn", "daemon-reload"))
+
+
+def test_free_space_checked_before_staging(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    ctx, fake = make(box)
+
+    def handler(cmd: Cmd):
+        if "df -P -B1" in cmd.display():
+            df = "Filesystem 1-blocks Used Available Capacity Mounted on\n/dev/vda1 10000000 9990000 10000 99% /\n"
+            return (0, df, "")
+        return box.handler(cmd)
+
+    fake.handler = handler
+    with pytest.raises(OpsctlError, match=r"only .* free in / .*nothing was changed") as err:
+        flow.deploy_service(ctx, wheel, replace(SETTINGS, force=True))
+    assert "free space on /" in str(err.value.hint)
+    assert not any(k in " ".join(fake.ran) for k in ("mkdir -p -- /opt/opsctl/services/ref-shadow/releases/", "pip"))
 
 
 def test_plan_changes_nothing(ctx_for):
