@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 import httpx
 
 from opsctl import remote
+from opsctl.deploy import audit
 from opsctl.deploy.flow import DeploySettings, ServiceContext, ServiceResult, deploy_service, rollback_service
 from opsctl.deploy.lock import LockHeld, host_lock
 from opsctl.deploy.rollout import Outcome, Target, count_failures, group_by_host, plan_batches, should_continue
@@ -118,6 +119,7 @@ def run(
                         out.append(ServiceResult(host_name, target.service, outcome, message=exc.one_line()))
         except LockHeld as exc:
             out += rest(Outcome.LOCKED, exc.one_line())
+            _audit_refusal(conns.get(host_name), host_name, [r.service for r in out], action, exc.message)
         except UnreachableError as exc:
             out += rest(Outcome.UNREACHABLE, exc.one_line())
         except OpsctlError as exc:
@@ -199,6 +201,18 @@ def rollback(
         connect,
         take_lock=not settings.plan,
     )
+
+
+def _audit_refusal(conn: Host | None, host: str, services: list[str], action: str, why: str) -> None:
+    """A refused deploy is an action too: who tried, and who held the lock (on the host and locally)."""
+    for svc in services:
+        line = audit.audit_line(host, svc, action, None, "locked", why)
+        audit.append_local(line)
+        if conn is not None:
+            try:
+                conn.run(audit.append_host_cmd(line), check=False, timeout=30)
+            except OpsctlError:
+                pass
 
 
 def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
