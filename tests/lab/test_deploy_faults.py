@@ -226,6 +226,12 @@ def test_api_key_rotation_is_deployed_and_never_leaks(base_inventory: Path, tmp_
     assert "API key changed" in rotated and second != first and second[-12:] == first[-12:]
     assert (_get_status(models_url, old_key), _get_status(models_url, new_key)) == (401, 200)
     assert "lab1/ref: unchanged" in deploy(new_key)
+    # Rolling back would serve the rotated-away key again: refused unless asked for.
+    back = opsctl("rollback", "-i", str(keyed), "--host", "lab1", "ref", env={"OPSCTL_LAB_KEY": new_key})
+    outputs.extend([back.stdout, back.stderr])
+    assert back.returncode == 1 and "different API key" in back.stderr and "--allow-old-secrets" in back.stderr
+    assert current_release(base_inventory, "lab1", "ref") == second
+    assert (_get_status(models_url, old_key), _get_status(models_url, new_key)) == (401, 200)
 
     journal = remote_run(base_inventory, "lab1", sh("journalctl --no-pager -o cat -n 20000", sudo=True))
     argv = remote_run(base_inventory, "lab1", sh("ps -eo args; systemctl show -p ExecStart opsctl-ref.service"))
