@@ -181,3 +181,24 @@ def test_dead_holder_lock_is_reported_stale(base_inventory: Path) -> None:
     audit = remote_run(base_inventory, "lab1", sh("tail -n 3 /var/lib/opsctl/audit.log", sudo=True))
     assert "result=locked" in audit
     assert cleared.returncode == 0 and "lock cleared" in cleared.stderr
+
+
+def test_equivalence_finishes_the_others_when_one_service_errors(base_inventory: Path, tmp_path: Path) -> None:
+    def with_ghost(doc):
+        tune(doc)
+        ref = service(doc, "lab1")
+        # listed first and never deployed: connection refused before the real service is compared
+        doc["hosts"]["lab1"]["services"] = {"ghost": {**ref, "port": 30001}, "ref": ref}
+
+    inv = derived_inventory(tmp_path / "ghost.yaml", with_ghost)
+    prompts = tmp_path / "prompts.yaml"
+    prompts.write_text(yaml.safe_dump({"prompts": [{"id": "count", "prompt": "count from 1 to 5", "max_tokens": 8}]}))
+    eq = opsctl(
+        "smoke", "-i", str(inv), "--host", "lab1", "--equivalence", "--baseline", "lab2/ref",
+        "--prompts", str(prompts), "--json",
+    )  # fmt: skip
+    assert eq.returncode == 1, eq.stderr
+    reports = {r["service"]: r for r in json.loads(eq.stdout)}
+    assert reports["lab1/ghost"]["error"] and not reports["lab1/ghost"]["passed"]
+    assert reports["lab1/ref"]["passed"] and reports["lab1/ref"]["error"] is None, reports
+    assert "lab1/ghost: ERROR" in eq.stderr and "Traceback" not in eq.stderr
