@@ -19,14 +19,14 @@ import httpx
 
 from opsctl import __version__, health, modelcheck
 from opsctl.commands import Cmd
-from opsctl.deploy import audit, guards, preflight, release, secret_fp
+from opsctl.deploy import argcheck, audit, guards, preflight, release, secret_fp
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate, parse_show, show_cmd
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.wheel import RuntimeWheel, ensure_on_host
 from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError
+from opsctl.inventory.model import Engine, Service
 from opsctl.inventory.model import Host as InvHost
-from opsctl.inventory.model import Service
 from opsctl.remote.base import Host
 from opsctl.secrets import SecretError
 from opsctl.smoke import smoke_service
@@ -107,14 +107,16 @@ def _render(
     return files, modes, tuple(rendered.exec_start)
 
 
-def _preflight(ctx: ServiceContext, release_id: str) -> None:
-    """The host's own server must know every flag this release passes (before anything live changes)."""
+def _preflight(ctx: ServiceContext, release_id: str, site: str | None = None) -> None:
+    """The host's own server must know every flag this release passes and accept every value (before anything
+    live changes). `site`: the runtime to check with (default: the release's own; --plan: current's)."""
     from opsctl.render import SERVER_MODULE, render_service
 
     rendered = render_service(ctx.inv_host, ctx.service, release_id)
     module = SERVER_MODULE[ctx.service.engine]
+    site = site or ctx.paths.site(release_id)
     out = ctx.remote.run(
-        preflight.help_cmd(ctx.inv_host.venv, module, ctx.paths.site(release_id)),
+        preflight.help_cmd(ctx.inv_host.venv, module, site),
         check=False,
         timeout=preflight.HELP_TIMEOUT_S,
     )
@@ -129,6 +131,14 @@ def _preflight(ctx: ServiceContext, release_id: str) -> None:
         raise DeployError(
             f"the server on the host does not know {', '.join(unknown)} (from its own --help)",
             "fix the service's extra_args / settings in the inventory; nothing was switched",
+        )
+    values = argcheck.values_cmd(ctx.inv_host.venv, ctx.service.engine, site, rendered.flags)
+    checked = ctx.remote.run(values, check=False, timeout=argcheck.TIMEOUT_S)
+    refused = argcheck.refusal(checked.exit_code, checked.stdout, checked.stderr)
+    if refused:
+        raise DeployError(
+            f"the server on the host refuses this release's flag values: {refused}",
+            "fix the service's settings / extra_args in the inventory; nothing was switched",
         )
 
 
@@ -295,6 +305,16 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         result.outcome, result.release = Outcome.PLANNED, new_id
         result.plan = _plan(ctx, facts, new_id)
         result.plan += [f"WARNING model {m} is not on the host: `opsctl provision` first" for m in missing]
+        if facts.current or ctx.service.engine is not Engine.REFERENCE:
+            try:
+                _preflight(ctx, new_id, site=paths.site(facts.current) if facts.current else "/nonexistent")
+                result.plan.append("pre-flight: the host's server knows every flag and accepts every value")
+            except DeployError as exc:
+                result.outcome = Outcome.FAILED
+                result.message = f"pre-flight would refuse {new_id}: {exc.one_line()}"
+                return result
+        else:
+            result.plan.append("pre-flight: at the deploy (the reference server comes with the first release)")
         result.message = f"would deploy {new_id} (current: {facts.current or 'none'}{why})"
         return result
     if missing:

@@ -65,6 +65,8 @@ class Box:
             return (0, "", "")
         if "--help" in text:
             return (0, HELP, "")
+        if "opsctl-args-ok" in text:  # the value pre-flight: the server's own parser accepted the flags
+            return (0, "opsctl-args-ok\n", "")
         if text.startswith("sha256sum"):
             return (1, "", "No such file")
         return (0, "", "")
@@ -262,6 +264,28 @@ def test_cancel_before_switch(ctx_for):
     result = flow.deploy_service(ctx, wheel, SETTINGS)
     assert result.outcome is Outcome.INTERRUPTED and box.current == OLD
     assert "systemctl restart" not in " ".join(fake.ran)
+
+
+def test_bad_flag_value_refused_before_switch(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    ctx, fake = make(box)
+
+    def handler(cmd: Cmd):
+        if "opsctl-args-ok" in cmd.display():
+            return (2, "", "usage: ddtree-serve ...\nddtree-serve: error: --port 0: must be in 1..65535\n")
+        return box.handler(cmd)
+
+    fake.handler = handler
+    result = flow.deploy_service(ctx, wheel, replace(SETTINGS, force=True))
+    assert result.outcome is Outcome.FAILED and "nothing switched" in result.message
+    assert "refuses this release's flag values: ddtree-serve: error: --port 0: must be in 1..65535" in result.message
+    assert box.current == OLD and "systemctl restart" not in " ".join(fake.ran)
+    checks = [c for c in fake.ran if "opsctl-args-ok" in c]
+    assert checks and "k3y-value-never-shown" not in checks[0]  # the masked render: no secret on a command line
+    # --plan runs the same pre-flight (with the current release's runtime) and fails the same way
+    planned = flow.deploy_service(ctx, wheel, replace(SETTINGS, plan=True, force=True))
+    assert planned.outcome is Outcome.FAILED and "pre-flight would refuse" in planned.message
 
 
 @pytest.mark.parametrize("during", ["--help", "systemd-analyze verify"])
