@@ -382,8 +382,13 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         return result
     except OpsctlError as exc:
         why = guards.bounded(exc.message)
-        _mark_bad(ctx, new_id, f"staging failed: {why}")
         hint = guards.space_hint(exc) or exc.hint
+        if guards.space_hint(exc):
+            # Disk full: even a BAD marker cannot be written; the half-written release only holds space.
+            ctx.run(release.remove_releases_cmd(paths, [new_id]), check=False)
+            why += f"; the partial release {new_id} was removed"
+        else:
+            _mark_bad(ctx, new_id, f"staging failed: {why}")
         result.outcome = Outcome.FAILED
         result.message = f"staging failed, nothing switched: {why}" + (f" ({hint})" if hint else "")
         ctx.audit("deploy", new_id, "failed", result.message)

@@ -24,9 +24,13 @@ ERROR_TEXT_MAX = 300  # characters of a remote error kept in a message, the audi
 
 
 def bounded(text: str, limit: int = ERROR_TEXT_MAX) -> str:
-    """One line, at most `limit` characters: a failing command's output can be many kilobytes."""
+    """One line, at most about `limit` characters: a failing command's output can be many kilobytes. Keeps
+    both ends: the start says which command, the end holds the actual error."""
     line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 25] + f" ... ({len(line)} chars)"
+    if len(line) <= limit:
+        return line
+    head, tail = limit // 2, limit // 2 - 30
+    return f"{line[:head]} ... [{len(line) - head - tail} chars cut] ... {line[-tail:]}"
 
 
 def secrets_differ(stored_fp: str | None, secrets: dict[str, str]) -> bool:

@@ -307,6 +307,25 @@ def test_cancel_during_preflight_or_verify_restarts_nothing(ctx_for, during):
     assert not any(k in " ".join(fake.ran) for k in ("systemctl restart", "ln -sfn", "daemon-reload"))
 
 
+def test_disk_full_mid_staging_is_one_bounded_line_and_the_partial_release_goes(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    ctx, fake = make(box)
+    noise = "x" * 21000  # pip's output on a full disk ran to 21 KB, all of it once in the message
+
+    def handler(cmd: Cmd):
+        if "pip install" in cmd.display():
+            return (1, "", f"ERROR: {noise} OSError: [Errno 28] No space left on device")
+        return box.handler(cmd)
+
+    fake.handler = handler
+    result = flow.deploy_service(ctx, wheel, replace(SETTINGS, force=True))
+    assert result.outcome is Outcome.FAILED and len(result.message) < 600, len(result.message)
+    assert "No space left on device" in result.message and "free space under /opt/opsctl" in result.message
+    assert any(c.startswith("rm -rf -- /opt/opsctl/services/ref-shadow/releases/") for c in fake.ran)
+    assert result.release not in box.bad and box.current == OLD
+
+
 def test_free_space_checked_before_staging(ctx_for):
     make, wheel, _ = ctx_for
     box = Box(OLD)
