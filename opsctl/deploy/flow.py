@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-from opsctl import __version__, health, modelcheck
+from opsctl import __version__, health, logs, modelcheck
 from opsctl.commands import Cmd
 from opsctl.deploy import argcheck, audit, guards, preflight, release, secret_fp
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate, parse_show, show_cmd
@@ -185,14 +185,18 @@ def _restart(ctx: ServiceContext, release_id: str) -> int:
 
 
 def journal_tail(ctx: ServiceContext, lines: int = JOURNAL_TAIL_LINES) -> str:
+    """The unit's last lines that say something: the health gate's own /health probes are dropped."""
     try:
-        return ctx.run(
-            Cmd.of("journalctl", "-u", ctx.paths.unit_name, "-n", str(lines), "--no-pager", "-o", "cat", sudo=True),
+        text = ctx.run(
+            Cmd.of(
+                "journalctl", "-u", ctx.paths.unit_name, "-n", str(lines * 20), "--no-pager", "-o", "cat", sudo=True
+            ),
             check=False,
             timeout=30,
-        ).rstrip()
+        )
     except OpsctlError:
         return ""
+    return "\n".join(logs.without_health_probes(text.splitlines())[-lines:]).rstrip()
 
 
 def _stop_and_remove(ctx: ServiceContext) -> None:
@@ -475,6 +479,8 @@ def _roll_back_after_failure(
             outcome = Outcome.INTERRUPTED if interrupted else Outcome.FAILED
             return outcome, f"{reason}; no previous release to roll back to: service stopped"
         ctx.say(f"rolling back to {previous}")
+        # The failed release's crash loop counted in NRestarts; the restored one starts from zero.
+        ctx.run(Cmd.of("systemctl", "reset-failed", "--", ctx.paths.unit_name, sudo=True), check=False)
         baseline = _restart(ctx, previous)
         # A shorter re-check: this release served before; the point is to confirm it answers again.
         delay = settings.readiness_delay if settings.readiness_delay is not None else ctx.service.readiness_delay
@@ -490,6 +496,7 @@ def _roll_back_after_failure(
         return Outcome.FAILED, f"{reason}; rolled back to {previous} but it is not healthy: {gate.reason}"
     ctx.audit("rollback-auto", previous, "ok", reason)
     if interrupted:
+        ctx.audit("deploy", failed, "interrupted", f"after the switch; {previous} restored")
         return Outcome.INTERRUPTED, f"interrupted: {previous} restored and healthy; {failed} marked bad"
     return Outcome.ROLLED_BACK, f"{reason}; rolled back to {previous} (healthy); {failed} marked bad"
 

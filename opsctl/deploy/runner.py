@@ -22,10 +22,11 @@ from opsctl.deploy.flow import DeploySettings, ServiceContext, ServiceResult, de
 from opsctl.deploy.lock import LockHeld, host_lock
 from opsctl.deploy.rollout import Outcome, Target, count_failures, group_by_host, plan_batches, should_continue
 from opsctl.deploy.wheel import RuntimeWheel
-from opsctl.errors import ExitCode, OpsctlError, UnreachableError
+from opsctl.errors import DeployError, ExitCode, OpsctlError, UnreachableError
 from opsctl.inventory.model import Host as InvHost
 from opsctl.inventory.model import Service
 from opsctl.remote.base import Host
+from opsctl.secrets import SecretError
 
 Connect = Callable[[InvHost], Host]
 
@@ -173,6 +174,8 @@ def deploy(
     say: Callable[[str], None],
     connect: Connect = remote.connect,
 ) -> RunReport:
+    if not settings.plan:
+        require_secrets(selection)
     return run(
         "deploy",
         selection,
@@ -201,6 +204,25 @@ def rollback(
         connect,
         take_lock=not settings.plan,
     )
+
+
+def require_secrets(selection: Sequence[tuple[InvHost, Sequence[Service]]]) -> None:
+    """Every selected service's secrets readable before any host is touched: one missing env var found after
+    the first batch went out would leave the fleet half deployed."""
+    missing = []
+    for host, services in selection:
+        for svc in services:
+            if svc.api_key is None:
+                continue
+            try:
+                svc.api_key.reveal()
+            except SecretError as exc:
+                missing.append(f"{host.name}/{svc.name}: {exc.message}")
+    if missing:
+        raise DeployError(
+            f"{len(missing)} service(s) lack a secret: {'; '.join(missing[:3])}; nothing was deployed",
+            "set the variable or file named by the service's api_key, then deploy again",
+        )
 
 
 def _audit_refusal(conn: Host | None, host: str, services: list[str], action: str, why: str) -> None:

@@ -145,7 +145,8 @@ def test_ctrl_c_during_preflight_keeps_the_serving_process(base_inventory: Path)
     release = current_release(base_inventory, "lab1", "ref")
     # An abandoned release (a host that went away mid-staging): status shows it, the next deploy marks it BAD.
     abandoned = "20200101T000000Z-000000000000"
-    remote_run(base_inventory, "lab1", Cmd.of("mkdir", "-p", f"/opt/opsctl/services/ref/releases/{abandoned}"))
+    where = f"/opt/opsctl/services/ref/releases/{abandoned}"
+    remote_run(base_inventory, "lab1", sh(f"rm -rf {where} && mkdir -p {where}", sudo=True))
     status = opsctl("status", "-i", inv, "--host", "lab1")
     assert f"incomplete release {abandoned}" in status.stderr, status.stderr
 

@@ -146,3 +146,16 @@ def test_lock_holder_gone_only_when_it_ran_here_and_is_dead() -> None:
     assert dead.holder_gone() is True and "STALE" in dead.describe(datetime(2026, 12, 1, 5, 10, tzinfo=UTC))
     elsewhere = LockInfo("t", "root@other-machine", dead_pid, "2026-12-01T05:00:00Z", "deploy ref")
     assert elsewhere.holder_gone() is None and "STALE" not in elsewhere.describe(datetime.now(UTC))
+
+
+def test_journal_tail_drops_health_probe_lines() -> None:
+    from opsctl.logs import without_health_probes
+
+    lines = [
+        'INFO:     10.223.0.1:50312 - "GET /health HTTP/1.1" 200 OK',
+        "Traceback (most recent call last):",
+        '[2026-12-01 05:30:00] INFO:     127.0.0.1:1 - "GET /health_generate HTTP/1.1" 503 Service Unavailable',
+        'INFO:     10.223.0.1:50313 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+        "RuntimeError: CUDA out of memory",
+    ]
+    assert without_health_probes(lines) == [lines[1], lines[3], lines[4]]
