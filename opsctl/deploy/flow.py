@@ -132,7 +132,8 @@ def _preflight(ctx: ServiceContext, release_id: str, site: str | None = None) ->
             f"the server on the host does not know {', '.join(unknown)} (from its own --help)",
             "fix the service's extra_args / settings in the inventory; nothing was switched",
         )
-    values = argcheck.values_cmd(ctx.inv_host.venv, ctx.service.engine, site, rendered.flags)
+    flags = (*rendered.flags, *ctx.service.extra_args)  # what the server gets: server.yaml's flags + extra_args
+    values = argcheck.values_cmd(ctx.inv_host.venv, ctx.service.engine, site, flags)
     checked = ctx.remote.run(values, check=False, timeout=argcheck.TIMEOUT_S)
     refused = argcheck.refusal(checked.exit_code, checked.stdout, checked.stderr)
     if refused:

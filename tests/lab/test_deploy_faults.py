@@ -119,6 +119,10 @@ def test_crash_after_healthy_is_caught_and_rolled_back(base_inventory: Path, tmp
     assert props["ActiveState"] == "active"
     status = opsctl("status", "-i", str(base_inventory), "--host", "lab1", "--json")
     assert status.returncode == 0 and '"healthy": true' in status.stdout
+    (row,) = json.loads(status.stdout)["services"]
+    assert row["unit"]["n_restarts"] == 0  # the failed release's crash loop is not counted against the restored one
+    tail = result.stderr.split("--- journal tail", 1)[1]
+    assert "GET /health" not in tail  # the gate's own probes are not what the operator needs to read
 
 
 def test_ctrl_c_leaves_lock_released_and_previous_serving(base_inventory: Path) -> None:

@@ -227,3 +227,20 @@ def test_disk_full_is_refused_before_staging_in_one_line(base_inventory: Path) -
     assert len(line) < 600 and "free in" in line and "free space on" in line and "nothing was changed" in line, line
     assert after_ls == listed  # no partial release left behind
     assert unit_props(base_inventory, "lab1", "opsctl-ref.service") == before
+
+
+def test_bad_flag_value_is_refused_by_plan_and_deploy_before_the_switch(base_inventory: Path, tmp_path: Path) -> None:
+    def bad_value(doc):
+        tune(doc)
+        service(doc, "lab1")["extra_args"] = ["--decode-log-interval", "0"]  # a known flag, a value it refuses
+
+    inv = str(derived_inventory(tmp_path / "bad-value.yaml", bad_value))
+    before = unit_props(base_inventory, "lab1", "opsctl-ref.service")
+    release = current_release(base_inventory, "lab1", "ref")
+    plan = opsctl("deploy", "-i", inv, "--host", "lab1", "--mode", MODE, "--plan")
+    assert plan.returncode == 1 and "pre-flight would refuse" in plan.stderr, plan.stderr[-2000:]
+    result = opsctl("deploy", "-i", inv, "--host", "lab1", "--mode", MODE)
+    assert result.returncode == 1 and "nothing switched" in result.stderr, result.stderr[-3000:]
+    assert "--decode-log-interval 0: must be >= 1" in result.stderr
+    assert unit_props(base_inventory, "lab1", "opsctl-ref.service") == before  # never restarted: no outage
+    assert current_release(base_inventory, "lab1", "ref") == release
