@@ -68,7 +68,7 @@ def mark_incomplete(ctx: ServiceContext, facts: release.ReleaseFacts) -> list[st
 
 def check_free_space(ctx: ServiceContext, need: int = MIN_FREE_BYTES) -> None:
     """Refuse to stage into a filesystem without room: a full disk mid-staging leaves a half-written release."""
-    root = ctx.paths.root
+    root = ctx.paths.releases  # where staging writes (its own filesystem, possibly)
     out = ctx.remote.run(
         sh(f"mkdir -p {shlex.quote(root)} && df -P -B1 {shlex.quote(root)}", sudo=True), check=False, timeout=60
     )
