@@ -21,7 +21,9 @@ OK_MARK = "opsctl-args-ok"
 TIMEOUT_S = 300.0
 _PARSE = {
     Engine.REFERENCE: "from ddtree.serve.args import parse_args as parse",
-    Engine.SGLANG: "from sglang.srt.server_args import prepare_server_args as parse",
+    # plugins first, as launch_server does: DDTREE is a registered algorithm only once the plugin has run
+    Engine.SGLANG: "from sglang.srt.plugins import load_plugins; load_plugins(); "
+    "from sglang.srt.server_args import prepare_server_args as parse",
 }
 
 
