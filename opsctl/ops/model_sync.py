@@ -211,14 +211,10 @@ def manifest_for(ctx: Context, spec: ModelSpec) -> Manifest:
 class ModelSync:
     name = NAME
 
-    def __init__(self) -> None:
-        self.replaced: list[ModelSpec] = []  # models this run copies anew
-        self.restart: list[str] = []  # units restarted after the copy: they run on files that are gone or changed
-
     def plan(self, ctx: Context) -> Plan:
         actions: list[Action] = []
         notes: list[str] = []
-        self.replaced = []
+        replaced: list[ModelSpec] = []  # models this run copies anew
         for spec in models_of(ctx.spec):
             manifest = manifest_for(ctx, spec)
             if not manifest.files:
@@ -227,19 +223,20 @@ class ModelSync:
             actions += acts
             notes += why
             if any(isinstance(a, Verify) for a in acts):  # only a copy verifies
-                self.replaced.append(spec)
+                replaced.append(spec)
         if not models_of(ctx.spec):
             notes.append("no models (the host has no services)")
-        self.restart = model_users(ctx.spec, self.replaced)
-        self.restart += [u for u in changed_under(ctx) if u not in self.restart]
-        notes += [f"restart {u}: its model is copied anew or changed after it started" for u in self.restart]
+        users = model_users(ctx.spec, replaced)
+        users += [u for u in changed_under(ctx) if u not in users]
+        restart = deployed(ctx.remote, users)
+        actions += [cmd for unit in restart for cmd in restart_cmds(unit)]
+        notes += [f"restart {u}: its model is copied anew or changed after it started" for u in restart]
         return Plan(NAME, actions=tuple(actions), notes=tuple(notes))
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
         execute(ctx.remote, plan.actions, timeout=7200.0)
         # Re-reading facts would hash everything again; the copy was verified before the rename.
-        restarted = restart_users(ctx.remote, self.restart)
-        return Plan(NAME, notes=(*plan.notes, *(f"restarted {u}: it ran on the old copy" for u in restarted)))
+        return Plan(NAME, notes=plan.notes)
 
 
 def changed_under(ctx: Context) -> list[str]:
@@ -265,14 +262,15 @@ def model_users(host: HostSpec, specs: list[ModelSpec]) -> list[str]:
     ]
 
 
-def restart_users(remote: RemoteHost, units: list[str]) -> list[str]:
-    """Restart the deployed (enabled) ones: a process that mapped the old files keeps them until it restarts,
-    and a unit that crash-looped on a missing model (after a reboot) has given up. Not yet deployed: nothing."""
-    restarted = []
-    for unit in units:
-        if read(remote, Cmd.of("systemctl", "is-enabled", "--quiet", "--", unit, sudo=True)).exit_code != 0:
-            continue
-        remote.run(Cmd.of("systemctl", "reset-failed", "--", unit, sudo=True), check=False)
-        remote.run(Cmd.of("systemctl", "restart", "--no-block", "--", unit, sudo=True))
-        restarted.append(unit)
-    return restarted
+def deployed(remote: RemoteHost, units: list[str]) -> list[str]:
+    """The units that are deployed (enabled); a service not deployed yet has nothing to restart."""
+    return [u for u in units if read(remote, Cmd.of("systemctl", "is-enabled", "--quiet", "--", u)).exit_code == 0]
+
+
+def restart_cmds(unit: str) -> list[Cmd]:
+    """A process that mapped the old files keeps them until it restarts, and a unit that crash-looped on a
+    missing model (after a reboot) has given up: reset its failure count, then restart (not waiting for it)."""
+    return [
+        Cmd.of("systemctl", "reset-failed", "--", unit, sudo=True),
+        Cmd.of("systemctl", "restart", "--no-block", "--", unit, sudo=True),
+    ]

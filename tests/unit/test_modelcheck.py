@@ -159,3 +159,45 @@ def test_journal_tail_drops_health_probe_lines() -> None:
         "RuntimeError: CUDA out of memory",
     ]
     assert without_health_probes(lines) == [lines[1], lines[3], lines[4]]
+
+
+def test_provision_restarts_a_service_whose_good_model_changed_after_it_started(monkeypatch) -> None:
+    # A repair that the running process never saw (an earlier provision, or by hand): the model matches its
+    # manifest, so nothing is copied, yet the unit must restart. Before the fix the plan had no action at all.
+    from pathlib import Path
+
+    from opsctl.commands import Cmd
+    from opsctl.inventory.load import load_inventory
+    from opsctl.ops.base import Context
+    from opsctl.ops.model_sync import ModelSync
+    from opsctl.remote.fake import FakeHost
+
+    monkeypatch.setenv("OPSCTL_GOLDEN_KEY", "k")
+    host = load_inventory(Path(__file__).parent / "golden" / "inventory.yaml").hosts[0]
+    victim = host.services[0].name
+    listing = f"{SHA_A} 10 w.bin\n"
+    manifest = Manifest({"w.bin": FileEntry(10, SHA_A)}).to_json()
+
+    def handler(cmd: Cmd):
+        text = cmd.display()
+        if "ExecMainStartTimestamp" in text:
+            changed = f"opsctl-{victim}.service" in text
+            files = [f"model 1 {p}\nmanifest {manifest.replace(chr(10), '')}" for p in ("/dev/shm/Qwen3-8B",)]
+            ctime = T_START + 5 if changed else T_START - 5
+            return (0, f"start {STARTED}\n" + "\n".join(files) + f"\nfile 10 {ctime} w.bin\n", "")
+        if "sha256sum" in text:
+            return (0, listing, "")
+        if text.startswith("cat ") and text.endswith(".opsctl-manifest.json"):
+            return (0, manifest, "")
+        if text.startswith("test -d") and ".opsctl-sync-" in text:
+            return (1, "", "")
+        if text.startswith("df "):
+            return (0, "Filesystem 1-blocks Used Available Capacity Mounted on\ntmpfs 100 0 100 0% /dev/shm\n", "")
+        return (0, "", "")
+
+    remote = FakeHost(host.name, handler=handler)
+    plan = ModelSync().plan(Context(host, remote))
+    assert [a.display() for a in plan.actions] == [
+        f"systemctl reset-failed -- opsctl-{victim}.service",
+        f"systemctl restart --no-block -- opsctl-{victim}.service",
+    ]
