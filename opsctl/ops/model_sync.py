@@ -269,8 +269,9 @@ def deployed(remote: RemoteHost, units: list[str]) -> list[str]:
 
 def restart_cmds(unit: str) -> list[Cmd]:
     """A process that mapped the old files keeps them until it restarts, and a unit that crash-looped on a
-    missing model (after a reboot) has given up: reset its failure count, then restart (not waiting for it)."""
+    missing model (after a reboot) has given up: reset its failure count, then restart (waits for the old
+    process to stop, so the next check sees the new start time)."""
     return [
         Cmd.of("systemctl", "reset-failed", "--", unit, sudo=True),
-        Cmd.of("systemctl", "restart", "--no-block", "--", unit, sudo=True),
+        Cmd.of("systemctl", "restart", "--", unit, sudo=True),
     ]

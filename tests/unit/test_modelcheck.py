@@ -199,5 +199,5 @@ def test_provision_restarts_a_service_whose_good_model_changed_after_it_started(
     plan = ModelSync().plan(Context(host, remote))
     assert [a.display() for a in plan.actions] == [
         f"systemctl reset-failed -- opsctl-{victim}.service",
-        f"systemctl restart --no-block -- opsctl-{victim}.service",
+        f"systemctl restart -- opsctl-{victim}.service",
     ]
