@@ -151,6 +151,29 @@ def test_unchanged_restarts_nothing(ctx_for):
     assert _live_steps(fake) == [] and box.restarts == 0
 
 
+def test_same_config_but_model_changed_under_the_service_restarts_it(ctx_for):
+    # Issue 14: provision repaired a model file under a running service; the config hash is the same, but the
+    # process still maps the old file: the deploy must not say `unchanged`.
+    make, wheel, said = ctx_for
+    ctx, _ = make(Box(None))
+    first = flow.deploy_service(ctx, wheel, SETTINGS)
+    box = Box(first.release)
+    ctx, fake = make(box)
+    state = (
+        "start Tue 2026-12-01 05:30:00.000000 UTC\nmodel 1 /dev/shm/Qwen3-8B\n"
+        "file 100 1796103005.0 model.safetensors\n"  # written five seconds after the start
+    )
+
+    def handler(cmd: Cmd):
+        return (0, state, "") if "ExecMainStartTimestamp" in cmd.display() else box.handler(cmd)
+
+    fake.handler = handler
+    again = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert again.outcome is Outcome.DEPLOYED and again.release != first.release
+    assert again.release[-12:] == first.release[-12:] and box.restarts == 0 and box.current == again.release
+    assert any("changed under the running service" in line for line in said)
+
+
 def test_unchanged_but_still_starting_waits_for_health(ctx_for):
     # After a reboot the unit is enabled and starting, but the model is still loading: not a failure.
     make, wheel, said = ctx_for
