@@ -1,4 +1,5 @@
-"""Where opsctl puts things on a host (DESIGN.md, "On the host"). One place, so every module agrees."""
+"""Where opsctl puts things on a host (docs/architecture.md, "On the host"). One place, so every module agrees:
+the service dirs, the release dirs, `current`, and the unit name (`opsctl-<service>.service`)."""
 
 from __future__ import annotations
 

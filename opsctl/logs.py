@@ -1,4 +1,5 @@
-"""journalctl over SSH: commands, output parsing, and the cursor-based follow loop.
+"""journalctl over a connection: the cursor-based follow loop (the commands and their parsing are in
+opsctl.systemd).
 
 Following polls `journalctl --after-cursor` once a second instead of holding a remote `journalctl -f` open:
 every poll is a short command that has exited before the next starts, so Ctrl-C can never leave a remote
@@ -8,53 +9,16 @@ journalctl behind (and a poll in flight is killed with its process group by the 
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
-from opsctl.commands import Cmd, sh
+from opsctl.inventory.model import Host, Service
+from opsctl.remote.base import Connect, Connection
+from opsctl.remote.pool import HostOutcome, run_parallel
+from opsctl.systemd import JournalQuery, journal_cmd, parse_journal
 
-CURSOR_PREFIX = "-- cursor: "
 METRICS_PATTERN = "DDTREE |Decode batch"
-
-
-@dataclass(frozen=True)
-class JournalQuery:
-    unit: str
-    since: str | None = None  # journalctl --since syntax ("10 min ago", "2026-11-29 22:00")
-    lines: int | None = 200  # -n; None = all
-    grep: str | None = None  # extended regex, applied on the host (grep -E)
-    cursor: str | None = None  # continue after this cursor (follow)
-
-
-def journal_cmd(q: JournalQuery) -> Cmd:
-    argv = ["journalctl", "-u", q.unit, "--no-pager", "-o", "short-iso", "--show-cursor"]
-    if q.cursor:
-        argv += ["--after-cursor", q.cursor]
-    else:
-        if q.since:
-            argv += ["--since", q.since]
-        if q.lines is not None:
-            argv += ["-n", str(q.lines)]
-    if not q.grep:
-        return Cmd.of(*argv, sudo=True)
-    # Filter on the host (less to transfer) but keep the cursor line; grep exits 1 on no match: not an error.
-    pattern = shlex.quote(f"({q.grep})|^{CURSOR_PREFIX}")
-    return sh(f"{shlex.join(argv)} | grep -E -- {pattern} || true", sudo=True)
-
-
-def parse_journal(stdout: str) -> tuple[list[str], str | None]:
-    """Lines (without journalctl's '-- No entries --' notices) and the trailing cursor."""
-    lines: list[str] = []
-    cursor: str | None = None
-    for line in stdout.splitlines():
-        if line.startswith(CURSOR_PREFIX):
-            cursor = line[len(CURSOR_PREFIX) :].strip()
-        elif line.startswith("-- ") and line.endswith(" --"):
-            continue  # "-- No entries --", "-- Boot ... --"
-        elif line:
-            lines.append(line)
-    return lines, cursor
 
 
 @dataclass(frozen=True)
@@ -96,6 +60,51 @@ def valid_grep(pattern: str) -> bool:
     except re.error:
         return False
     return bool(_GREP_SAFE.match(pattern))
+
+
+Pair = tuple[Host, Service]
+
+
+def _connections(pairs: Sequence[Pair], connect: Connect, stack: ExitStack) -> dict[str, Connection]:
+    conns: dict[str, Connection] = {}
+    for h, _ in pairs:
+        if h.name not in conns:
+            conns[h.name] = connect(h)
+            stack.callback(conns[h.name].close)
+    return conns
+
+
+def read_logs(
+    pairs: Sequence[Pair], query: JournalQuery, connect: Connect, forks: int = 16
+) -> list[HostOutcome[list[str]]]:
+    """Each (host, service)'s journal lines (`query` with its unit set per service), hosts in parallel; one
+    outcome per pair, labelled host/service."""
+    with ExitStack() as stack:
+        conns = _connections(pairs, connect, stack)
+
+        def one(pair: Pair) -> list[str]:
+            h, s = pair
+            q = JournalQuery(s.unit_name, query.since, query.lines, query.grep)
+            return parse_journal(conns[h.name].run(journal_cmd(q), timeout=120).stdout)[0]
+
+        return run_parallel(pairs, key=lambda p: f"{p[0].name}/{p[1].name}", fn=one, forks=forks)
+
+
+def follow_logs(
+    pairs: Sequence[Pair], query: JournalQuery, connect: Connect, sleep: Callable[[float], None]
+) -> Iterator[tuple[str, str]]:
+    """`follow` over every (host, service): (label, line) as they arrive, until Ctrl-C."""
+    with ExitStack() as stack:
+        conns = _connections(pairs, connect, stack)
+
+        def fetch_for(h: Host) -> Callable[[JournalQuery], str]:
+            return lambda q: conns[h.name].run(journal_cmd(q), timeout=120).stdout
+
+        sources = [
+            Source(f"{h.name}/{s.name}", fetch_for(h), JournalQuery(s.unit_name, query.since, query.lines, query.grep))
+            for h, s in pairs
+        ]
+        yield from follow(sources, sleep)
 
 
 # An HTTP access line for a health probe (uvicorn's and SGLang's shape): `... "GET /health HTTP/1.1" 200 OK`.

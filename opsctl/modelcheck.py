@@ -18,7 +18,6 @@ from enum import StrEnum
 
 from opsctl.commands import Cmd, sh
 from opsctl.inventory.model import Service
-from opsctl.ops.base import RemoteHost
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -27,6 +26,7 @@ from opsctl.ops.facts.manifest import (
     parse_manifest_json,
 )
 from opsctl.ops.facts.manifest import Manifest as ModelManifest
+from opsctl.remote.base import Connection
 
 
 class Problem(StrEnum):
@@ -152,7 +152,7 @@ def _few(names: Sequence[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def check(remote: RemoteHost, service: Service, unit: str, deep: bool = False) -> list[ModelVerdict]:
+def check(remote: Connection, service: Service, unit: str, deep: bool = False) -> list[ModelVerdict]:
     """Every model of the service, judged (deep: sha256 of every file too, which reads the whole model)."""
     paths = model_paths(service)
     if not paths:

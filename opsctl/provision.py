@@ -16,11 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from opsctl import wheelhouse
+from opsctl import artifact, wheelhouse
 from opsctl.errors import ExitCode, OpsctlError
-from opsctl.inventory.model import Host as HostSpec
-from opsctl.inventory.model import ModelSourceKind
-from opsctl.ops.base import Artifacts, Context, Operation, Options, Plan, RemoteHost
+from opsctl.inventory.model import Host, ModelSourceKind
+from opsctl.ops.base import Artifacts, Context, Operation, Options, Plan
 from opsctl.ops.cuda_toolkit import CudaToolkit
 from opsctl.ops.errors import ProvisionError
 from opsctl.ops.facts.manifest import Manifest, build_local_manifest
@@ -29,7 +28,8 @@ from opsctl.ops.locks import lock_for
 from opsctl.ops.model_restore import ModelRestore
 from opsctl.ops.model_sync import ModelSync, models_of
 from opsctl.ops.python_venv import PythonVenv
-from opsctl.ops.runtime_wheel import RuntimeWheel
+from opsctl.ops.runtime_wheel import PushRuntimeWheel
+from opsctl.remote.base import Connect, Connection
 
 PLAYBOOK = Path(__file__).resolve().parents[1] / "playbooks" / "provision.yaml"
 MANIFEST_CACHE = Path("/var/cache/opsctl/manifests")
@@ -38,7 +38,7 @@ OPERATIONS: dict[str, Callable[[], Operation]] = {
     "gpu_driver": GpuDriver,
     "cuda_toolkit": CudaToolkit,
     "python_venv": PythonVenv,
-    "runtime_wheel": RuntimeWheel,
+    "runtime_wheel": PushRuntimeWheel,
     "model_sync": ModelSync,
     "model_restore": ModelRestore,
 }
@@ -137,7 +137,7 @@ def load_playbook(path: Path) -> tuple[str, ...]:
     return tuple(steps)
 
 
-def prepare(hosts: Sequence[HostSpec], steps: Sequence[str], settings: Settings) -> Artifacts:
+def prepare(hosts: Sequence[Host], steps: Sequence[str], settings: Settings) -> Artifacts:
     """Build what every host shares, once, on the control machine (also for --plan: caches only)."""
     wheelhouses: dict[str, Path] = {}
     if "python_venv" in steps:
@@ -147,11 +147,7 @@ def prepare(hosts: Sequence[HostSpec], steps: Sequence[str], settings: Settings)
                 wheelhouses[lock.profile] = wheelhouse.given(settings.wheelhouse).path
             elif host.wheelhouse is not None and lock.profile not in wheelhouses:
                 wheelhouses[lock.profile] = wheelhouse.ensure(lock, Path(host.wheelhouse)).path
-    runtime = None
-    if "runtime_wheel" in steps:
-        from opsctl.deploy.wheel import runtime_wheel
-
-        runtime = runtime_wheel(settings.runtime_wheel).path
+    runtime = artifact.runtime_wheel(settings.runtime_wheel) if "runtime_wheel" in steps else None
     manifests: dict[str, Manifest] = {}
     if "model_sync" in steps:
         for host in hosts:
@@ -173,8 +169,8 @@ def control_manifest(source: Path) -> Manifest:
 
 
 def provision_host(
-    spec: HostSpec,
-    remote: RemoteHost,
+    spec: Host,
+    remote: Connection,
     steps: Sequence[str],
     settings: Settings,
     artifacts: Artifacts,
@@ -224,9 +220,9 @@ def run_step(op: Operation, ctx: Context, plan_only: bool) -> StepReport:
 
 
 def provision(
-    hosts: Sequence[HostSpec],
+    hosts: Sequence[Host],
     settings: Settings,
-    connect: Callable[[HostSpec], RemoteHost] | None = None,
+    connect: Connect | None = None,
     progress: Callable[[str, StepReport], None] | None = None,
 ) -> Result:
     from opsctl.remote import connect as ssh_connect
@@ -234,9 +230,9 @@ def provision(
 
     steps = load_playbook(settings.playbook)
     artifacts = prepare(hosts, steps, settings)
-    opener: Callable[[HostSpec], RemoteHost] = connect or ssh_connect
+    opener: Connect = connect or ssh_connect
 
-    def one(spec: HostSpec) -> HostReport:
+    def one(spec: Host) -> HostReport:
         remote = opener(spec)
         try:
             return provision_host(spec, remote, steps, settings, artifacts, progress)

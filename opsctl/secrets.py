@@ -1,7 +1,9 @@
 """Secrets by reference. The inventory names where a secret lives (`env:NAME` or `file:PATH`), never its value.
 
-`SecretRef` prints as `***` everywhere (repr, str, JSON); only `reveal()` reads the value, and only the
-EnvironmentFile renderer and the remote layer's stdin/file transport call it.
+`SecretRef` prints as `***` everywhere (repr, str, JSON); only `reveal()` reads the value. Its callers:
+the renderer (`render.server_options`, for server.yaml's 0600 copy on the host), `deploy.staged` (the
+secrets' salted fingerprint, `secrets.fp`) and `health.auth_headers` (the Bearer header of HTTP requests to
+the service). A revealed value travels to a host only inside a 0600 file (`put_text`), never on a command line.
 """
 
 from __future__ import annotations

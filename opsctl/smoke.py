@@ -11,13 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
+from opsctl.chat import chat_body, first_model, load_prompt_items
 from opsctl.errors import SmokeError
 
 SMOKE_PROMPT = "What is 2+2? Answer with just the number."
@@ -84,31 +83,6 @@ class SmokeResult:
     latency_s: float
 
 
-def chat_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "temperature": 0,
-        "max_tokens": max_tokens,
-        "chat_template_kwargs": {"enable_thinking": False},
-    }
-
-
-def first_model(client: httpx.Client, base: str, headers: Mapping[str, str], timeout: float) -> str:
-    """The served model name from /v1/models (the name every request must carry)."""
-    try:
-        response = client.get(f"{base}/v1/models", headers=dict(headers), timeout=timeout)
-    except httpx.HTTPError as exc:
-        raise SmokeError(f"{base}/v1/models: {type(exc).__name__}: {exc}", "is the service running?") from None
-    if response.status_code != 200:
-        raise SmokeError(f"{base}/v1/models: HTTP {response.status_code}", "check the API key and the service")
-    try:
-        data = response.json()["data"]
-        return str(data[0]["id"])
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise SmokeError(f"{base}/v1/models: no model listed", "check the server's --served-model-name") from None
-
-
 def smoke_service(
     client: httpx.Client,
     host: str,
@@ -158,34 +132,9 @@ def load_prompts(path: Path | None = None) -> list[Prompt]:
 
     Format: `prompts: [{id: name, prompt: text, max_tokens: 64}, ...]` (max_tokens optional).
     """
-    if path is None:
-        text = resources.files("opsctl").joinpath("data/prompts/equivalence.yaml").read_text()
-        where = "the shipped prompt set"
-    else:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise SmokeError(f"cannot read prompt file {path}: {exc.strerror}", "check the --prompts path") from None
-        where = str(path)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SmokeError(f"{where}: not valid YAML: {str(exc).splitlines()[0]}", "fix the file") from None
-    items = data.get("prompts") if isinstance(data, dict) else None
-    if not isinstance(items, list) or not items:
-        raise SmokeError(f"{where}: expected `prompts:` with a non-empty list", "see docs/deploy.md for the format")
+    where, items = load_prompt_items(path, "equivalence.yaml", frozenset({"id", "prompt", "max_tokens"}))
     prompts: list[Prompt] = []
-    seen: set[str] = set()
-    for i, item in enumerate(items):
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
-            raise SmokeError(f"{where}: prompts[{i}] needs a non-empty `prompt` string", "fix the file")
-        unknown = set(item) - {"id", "prompt", "max_tokens"}
-        if unknown:
-            raise SmokeError(f"{where}: prompts[{i}]: unknown keys {sorted(unknown)}", "use id, prompt, max_tokens")
-        pid = str(item.get("id", f"p{i}"))
-        if pid in seen:
-            raise SmokeError(f"{where}: prompts[{i}]: duplicate id {pid!r}", "ids must be unique")
-        seen.add(pid)
+    for i, (pid, item) in enumerate(items):
         max_tokens = item.get("max_tokens", 64)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 4096:
             raise SmokeError(f"{where}: prompts[{i}].max_tokens must be an integer 1..4096", "fix the file")

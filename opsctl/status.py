@@ -3,26 +3,26 @@ last DDTREE metrics. Reads only."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import httpx
 
-from opsctl import health, metrics, modelcheck
-from opsctl.commands import Cmd, sh
-from opsctl.deploy import release
-from opsctl.deploy.gate import UnitState, parse_show, show_cmd
+from opsctl import health, metrics, modelcheck, systemd
+from opsctl.deploy import lock, release
 from opsctl.errors import OpsctlError
-from opsctl.inventory.model import Host as InvHost
-from opsctl.inventory.model import ModelSourceKind, Service
+from opsctl.inventory.model import Host, ModelSourceKind, Service
 from opsctl.ops import model_restore
-from opsctl.remote.base import Host
+from opsctl.remote.base import Connect, Connection
+from opsctl.remote.pool import HostOutcome, run_parallel
 
 
 @dataclass(frozen=True)
 class ServiceStatus:
     host: str
     service: str
-    unit: UnitState | None
+    unit: systemd.UnitState | None
     current: str | None
     mode: str | None  # from the current release's manifest (what runs), not the inventory
     released_at: str | None
@@ -38,19 +38,13 @@ class ServiceStatus:
     models: list[str] = field(default_factory=list)  # one line per model problem, with the command that fixes it
     models_ok: bool = True  # every model whole and the same the running process started with
     incomplete_releases: list[str] = field(default_factory=list)  # staged, never finished, not marked BAD
+    lock: str | None = None  # the host's deploy lock: holder, age, STALE when its process is gone
     error: str | None = None
 
 
-def last_ddtree_cmd(unit: str) -> Cmd:
-    return sh(
-        f"journalctl -u {unit} --no-pager -o cat -n 20000 | grep -E 'DDTREE (init|metrics) ' | tail -n 50 || true",
-        sudo=True,
-    )
-
-
-def collect(conn: Host, inv_host: InvHost, service: Service, http: httpx.Client, deep: bool = False) -> ServiceStatus:
+def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, deep: bool = False) -> ServiceStatus:
     paths = release.ServicePaths(service.name)
-    unit = parse_show(conn.run(show_cmd(paths.unit_name)).stdout)
+    unit = systemd.parse_show(conn.run(systemd.show_cmd(paths.unit_name)).stdout)
     facts = release.parse_release_facts(conn.run(release.facts_cmd(paths)).stdout)
     manifest: release.Manifest | None = None
     if facts.current:
@@ -58,12 +52,13 @@ def collect(conn: Host, inv_host: InvHost, service: Service, http: httpx.Client,
             manifest = release.Manifest.from_json(conn.get_text(f"{paths.release(facts.current)}/{release.MANIFEST}"))
         except OpsctlError:
             manifest = None
-    probe = health.probe(http, health.health_url(inv_host, service), timeout=5.0)
-    journal = conn.run(last_ddtree_cmd(paths.unit_name), check=False).stdout
+    probe = health.probe(http, health.health_url(host, service), timeout=5.0)
+    journal = conn.run(systemd.ddtree_lines_cmd(paths.unit_name), check=False).stdout
     summary = metrics.summarize(metrics.parse_lines(journal.splitlines()))
     verdicts = modelcheck.check(conn, service, paths.unit_name, deep=deep)
+    held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
     return ServiceStatus(
-        host=inv_host.name,
+        host=host.name,
         service=service.name,
         unit=unit,
         current=facts.current,
@@ -78,15 +73,33 @@ def collect(conn: Host, inv_host: InvHost, service: Service, http: httpx.Client,
         last_metrics=summary.last_metrics,
         init=summary.init,
         missing_models=[v.path for v in verdicts if v.problem is modelcheck.Problem.MISSING],
-        models=[_model_line(v, inv_host, service) for v in verdicts if v.problem is not None],
+        models=[_model_line(v, host, service) for v in verdicts if v.problem is not None],
         models_ok=all(v.ok for v in verdicts),
         incomplete_releases=[
             r.release_id for r in facts.releases if not r.complete and not r.bad and r.release_id != facts.current
         ],
+        lock=held.describe(datetime.now(UTC)) if held is not None else None,
     )
 
 
-def _model_line(verdict: modelcheck.ModelVerdict, inv_host: InvHost, service: Service) -> str:
+def _model_line(verdict: modelcheck.ModelVerdict, host: Host, service: Service) -> str:
     spec = next(m for m in (service.model, service.draft_model) if m is not None and m.path.rstrip("/") == verdict.path)
     restore = model_restore.unit_name(spec) if spec.source_on is ModelSourceKind.HOST else None
-    return f"{modelcheck.describe(verdict)}: {modelcheck.fix_hint(verdict, inv_host.name, service.name, restore)}"
+    return f"{modelcheck.describe(verdict)}: {modelcheck.fix_hint(verdict, host.name, service.name, restore)}"
+
+
+def collect_all(
+    selection: Sequence[tuple[Host, Sequence[Service]]], connect: Connect, forks: int = 16, deep: bool = False
+) -> list[HostOutcome[list[ServiceStatus]]]:
+    """`collect` for every selected service, one connection per host, hosts in parallel."""
+
+    def one(item: tuple[Host, Sequence[Service]]) -> list[ServiceStatus]:
+        h, svcs = item
+        conn = connect(h)
+        try:
+            with httpx.Client() as http:
+                return [collect(conn, h, s, http, deep=deep) for s in svcs]
+        finally:
+            conn.close()
+
+    return run_parallel(selection, key=lambda item: item[0].name, fn=one, forks=forks)

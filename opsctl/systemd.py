@@ -1,4 +1,11 @@
-"""systemd's own syntax rules for the two files opsctl writes: unit files and EnvironmentFiles. Pure.
+"""Everything opsctl says to or reads from systemd, in one place. Pure: commands are `Cmd` values, the
+readers parse text; running them is the caller's (through its connection).
+
+Commands and facts: `systemctl` (show -> `UnitState`, daemon-reload, enable, restart, disable, reset-failed),
+`journalctl` (queries with cursors, the journal tail, the DDTREE lines) and `systemd-analyze verify`. Deploy,
+the health gate, `status` and `logs` all build their systemd lines here.
+
+Syntax: systemd's own rules for the two files opsctl writes: unit files and EnvironmentFiles.
 
 `quote_exec` / `quote_env` / `escape_specifiers` write values; `parse_unit`, `exec_argv` and
 `parse_env_file` read files back the way systemd would (src/shared/conf-parser.c, load-fragment.c
@@ -12,9 +19,11 @@ with them before it is returned.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 
-from opsctl.errors import OpsctlError
+from opsctl.commands import Cmd, sh
+from opsctl.errors import DeployError, OpsctlError
 
 
 class SystemdSyntaxError(OpsctlError):
@@ -378,3 +387,136 @@ def check_env_file(text: str, expected: list[tuple[str, str]], what: str) -> Non
     else:
         detail = f"a different value of {next(k for (k, a), (_, b) in zip(got, expected, strict=True) if a != b)}"
     raise SystemdSyntaxError(f"{what}: systemd would set {detail}", "a bug in opsctl's rendering; report it")
+
+
+# --- systemctl: commands and the unit's state ----------------------------------------------------------------
+
+SHOW_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ActiveEnterTimestamp")
+
+
+@dataclass(frozen=True)
+class UnitState:
+    load_state: str
+    active_state: str  # active | activating | deactivating | inactive | failed | reloading
+    sub_state: str  # running | auto-restart | dead | ...
+    result: str  # success | exit-code | signal | start-limit-hit | ...
+    n_restarts: int
+    main_pid: int
+    active_enter: str  # ActiveEnterTimestamp, as systemd prints it ("" when never active)
+
+    @property
+    def running(self) -> bool:
+        return self.active_state == "active" and self.sub_state == "running"
+
+    def describe(self) -> str:
+        return f"{self.active_state}/{self.sub_state} (result {self.result}, NRestarts {self.n_restarts})"
+
+
+def show_cmd(unit: str) -> Cmd:
+    return Cmd.of("systemctl", "show", "-p", ",".join(SHOW_PROPS), "--", unit)
+
+
+def parse_show(stdout: str) -> UnitState:
+    """`systemctl show -p ...` output (KEY=VALUE lines)."""
+    values = dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+    if "ActiveState" not in values:
+        raise DeployError(f"unexpected `systemctl show` output: {stdout.strip()[:200]!r}")
+
+    def _int(key: str) -> int:
+        try:
+            return int(values.get(key, "0") or 0)
+        except ValueError:
+            return 0
+
+    return UnitState(
+        load_state=values.get("LoadState", ""),
+        active_state=values["ActiveState"],
+        sub_state=values.get("SubState", ""),
+        result=values.get("Result", ""),
+        n_restarts=_int("NRestarts"),
+        main_pid=_int("MainPID"),
+        active_enter=values.get("ActiveEnterTimestamp", ""),
+    )
+
+
+def daemon_reload_cmd() -> Cmd:
+    return Cmd.of("systemctl", "daemon-reload", sudo=True)
+
+
+def enable_cmd(unit: str) -> Cmd:
+    return Cmd.of("systemctl", "enable", "--quiet", "--", unit, sudo=True)
+
+
+def restart_cmd(unit: str) -> Cmd:
+    return Cmd.of("systemctl", "restart", "--", unit, sudo=True)
+
+
+def disable_now_cmd(unit: str) -> Cmd:
+    return Cmd.of("systemctl", "disable", "--now", "--quiet", "--", unit, sudo=True)
+
+
+def reset_failed_cmd(unit: str) -> Cmd:
+    return Cmd.of("systemctl", "reset-failed", "--", unit, sudo=True)
+
+
+def verify_cmd(unit_file: str) -> Cmd:
+    """`systemd-analyze verify`; 2>&1: warnings go to stderr and count as failures too (no output allowed)."""
+    return sh(f"systemd-analyze verify {shlex.quote(unit_file)} 2>&1", sudo=True)
+
+
+# --- journalctl ----------------------------------------------------------------------------------------------
+
+CURSOR_PREFIX = "-- cursor: "
+JOURNAL_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class JournalQuery:
+    unit: str
+    since: str | None = None  # journalctl --since syntax ("10 min ago", "2026-11-29 22:00")
+    lines: int | None = 200  # -n; None = all
+    grep: str | None = None  # extended regex, applied on the host (grep -E)
+    cursor: str | None = None  # continue after this cursor (follow)
+
+
+def journal_cmd(q: JournalQuery) -> Cmd:
+    argv = ["journalctl", "-u", q.unit, "--no-pager", "-o", "short-iso", "--show-cursor"]
+    if q.cursor:
+        argv += ["--after-cursor", q.cursor]
+    else:
+        if q.since:
+            argv += ["--since", q.since]
+        if q.lines is not None:
+            argv += ["-n", str(q.lines)]
+    if not q.grep:
+        return Cmd.of(*argv, sudo=True)
+    # Filter on the host (less to transfer) but keep the cursor line; grep exits 1 on no match: not an error.
+    pattern = shlex.quote(f"({q.grep})|^{CURSOR_PREFIX}")
+    return sh(f"{shlex.join(argv)} | grep -E -- {pattern} || true", sudo=True)
+
+
+def parse_journal(stdout: str) -> tuple[list[str], str | None]:
+    """Lines (without journalctl's '-- No entries --' notices) and the trailing cursor."""
+    lines: list[str] = []
+    cursor: str | None = None
+    for line in stdout.splitlines():
+        if line.startswith(CURSOR_PREFIX):
+            cursor = line[len(CURSOR_PREFIX) :].strip()
+        elif line.startswith("-- ") and line.endswith(" --"):
+            continue  # "-- No entries --", "-- Boot ... --"
+        elif line:
+            lines.append(line)
+    return lines, cursor
+
+
+def journal_tail_cmd(unit: str, lines: int = JOURNAL_TAIL_LINES) -> Cmd:
+    """The unit's last lines, message only (what a failed deploy prints)."""
+    return Cmd.of("journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat", sudo=True)
+
+
+def ddtree_lines_cmd(unit: str) -> Cmd:
+    """The unit's last DDTREE init/metrics lines (what `opsctl status` summarises)."""
+    return sh(
+        f"journalctl -u {unit} --no-pager -o cat -n 20000 | grep -E 'DDTREE (init|metrics) ' | tail -n 50 || true",
+        sudo=True,
+    )

@@ -5,6 +5,7 @@
 # From the repository root, with the SGLang wheels in .whl/ (issue 18; /work/shared/notes/sglang-on-h200.md) and,
 # ideally, the tiny pairs pre-built into .cache/sglang_gpu (dev/sglang_gpu/prepare.sh); carry both:
 #     bash dev/sglang_gpu/run.sh --models dense,hybrid --modes baseline,dflash,shadow,tree
+#     bash dev/sglang_gpu/run.sh cost --models dense,hybrid     # DFLASH vs DDTREE round cost (cost_bench.py)
 # Steps:
 # 1. pip-installs .whl/*.whl into $SGLANG_GPU_SITE (default /tmp/site; skipped when already there);
 # 2. installs the ddtree runtime there with its entry-point metadata (a real wheel via `pip wheel` when
@@ -54,4 +55,8 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, triton {trit
       f"plugins {plugins}, {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA'}")
 PY
 
+if [ "${1:-}" = cost ]; then  # issue 18's cost at real shapes: cost_bench.py (random-weight 8B / 27B shapes)
+    shift
+    exec "$PY" dev/sglang_gpu/cost_bench.py --json "$RESULTS/cost.json" --log-dir "${LOG_DIR:-/tmp/cost_logs}" "$@"
+fi
 exec "$PY" dev/sglang_gpu/harness.py --json "$RESULTS/sglang_gpu.json" --log-dir "$RESULTS/sglang_gpu_logs" "$@"

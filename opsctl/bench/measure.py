@@ -26,18 +26,6 @@ class Sample:
         return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def chat_body(model: str, prompt: str, max_tokens: int) -> dict[str, object]:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "chat_template_kwargs": {"enable_thinking": False},
-    }
-
-
 def parse_stream(lines: list[tuple[float, str]]) -> tuple[float | None, int | None, str | None]:
     """From (arrival time, SSE line) pairs: time of the first text delta, usage.completion_tokens, finish reason."""
     first: float | None = None

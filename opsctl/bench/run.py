@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import httpx
 
-from opsctl.bench.measure import Sample, chat_body, stream_chat
+from opsctl.bench.measure import Sample, stream_chat
 from opsctl.bench.prompts import BenchPrompt
 from opsctl.bench.report import BIAS_KEYS, Arm, parse_prometheus
-from opsctl.errors import OpsctlError
+from opsctl.chat import chat_body, first_model
 from opsctl.health import auth_headers, base_url
 from opsctl.inventory.model import Host, Service
 
@@ -24,15 +24,6 @@ class BenchSettings:
     max_tokens: int = 128
     warmup: int = 1
     timeout_s: float = 600.0
-
-
-def served_model(client: httpx.Client, base: str, headers: dict[str, str]) -> str:
-    try:
-        response = client.get(f"{base}/v1/models", headers=headers, timeout=30)
-        response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-        raise OpsctlError(f"{base}/v1/models: {type(exc).__name__}", "is the service up? try `opsctl status`") from None
 
 
 def server_settings(client: httpx.Client, base: str, headers: dict[str, str]) -> dict[str, object]:
@@ -63,16 +54,20 @@ def bench_service(
     base = base_url(host, service)
     headers = auth_headers(service.api_key)
     with httpx.Client() as client:
-        model = served_model(client, base, headers)
+        model = first_model(client, base, headers, 30)
         url = f"{base}/v1/chat/completions"
         for _ in range(settings.warmup):
             stream_chat(
-                client, url, chat_body(model, prompts[0].prompt, settings.max_tokens), headers, settings.timeout_s
+                client,
+                url,
+                chat_body(model, prompts[0].prompt, settings.max_tokens, stream=True),
+                headers,
+                settings.timeout_s,
             )
         samples: list[Sample] = []
         for repeat in range(settings.repeat):
             for prompt in prompts:
-                body = chat_body(model, prompt.prompt, settings.max_tokens)
+                body = chat_body(model, prompt.prompt, settings.max_tokens, stream=True)
                 wall, ttft, tokens, finish = stream_chat(client, url, body, headers, settings.timeout_s)
                 samples.append(Sample(prompt.id, repeat, tokens, wall, ttft, finish))
                 progress(f"{label or service.name}: {prompt.id} #{repeat + 1}: {tokens} tok in {wall:.2f}s")

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from opsctl import layout
 from opsctl.cli.common import (
     ForksOpt,
     HostOpt,
@@ -28,6 +29,7 @@ from opsctl.errors import DeployError
 from opsctl.inventory.load import Override
 from opsctl.inventory.model import Host, Mode, Service
 from opsctl.inventory.select import select
+from opsctl.remote.base import Connect
 
 ModeOpt = Annotated[
     Mode | None, typer.Option("--mode", help="Deploy the selected services in this mode (overrides the inventory).")
@@ -103,7 +105,7 @@ def _print_result(r: ServiceResult, plan: bool) -> None:
     for line in r.plan:
         console.print(f"    {line}", markup=False)
     if r.journal_tail:
-        console.print(f"    --- journal tail of opsctl-{r.service}.service on {r.host} ---", markup=False)
+        console.print(f"    --- journal tail of {layout.unit_name(r.service)} on {r.host} ---", markup=False)
         for line in r.journal_tail.splitlines():
             console.print(f"    {line}", markup=False)
     if r.timings and not plan:
@@ -145,8 +147,8 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Deploy a release per service: stage, verify, switch, restart, health + smoke gates, auto-rollback."""
+        from opsctl.artifact import runtime_wheel as build_wheel
         from opsctl.deploy import runner
-        from opsctl.deploy.wheel import runtime_wheel as build_wheel
 
         selection = _selection(inventory, host, service, mode, health_timeout, readiness_delay)
         if break_lock:
@@ -197,11 +199,14 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(int(report.exit_code(plan)))
 
 
-def _break_locks(selection: list[tuple[Host, list[Service]]]) -> None:
-    from opsctl.remote import connect
+def _break_locks(selection: list[tuple[Host, list[Service]]], connect: Connect | None = None) -> None:
+    from opsctl.remote import connect as ssh_connect
 
     for h, _ in selection:
-        with connect(h) as conn:
+        conn = (connect or ssh_connect)(h)
+        try:
             holder = conn.run(lock.read_cmd()).stdout.strip()
             conn.run(lock.break_cmd())
+        finally:
+            conn.close()
         console.print(f"{h.name}: lock cleared" + (f" (was: {' '.join(holder.split())})" if holder else " (none held)"))

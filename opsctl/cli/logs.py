@@ -5,7 +5,6 @@ SGLang `Decode batch` lines into a table or --json."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -24,9 +23,9 @@ from opsctl.cli.common import (
     split_selector,
 )
 from opsctl.errors import ExitCode, SelectorError
-from opsctl.inventory.model import Host, Service
 from opsctl.inventory.select import select
-from opsctl.logs import METRICS_PATTERN, JournalQuery, Source, follow, journal_cmd, parse_journal, valid_grep
+from opsctl.logs import METRICS_PATTERN, follow_logs, read_logs, valid_grep
+from opsctl.systemd import JournalQuery
 
 
 def register(app: typer.Typer) -> None:
@@ -50,7 +49,7 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Show the services' journal, each line prefixed with host/service."""
-        from opsctl.remote import connect, run_parallel
+        from opsctl.remote import connect
 
         if grep is not None and not valid_grep(grep):
             raise SelectorError(f"--grep {grep!r} is not a valid regular expression", "fix the pattern")
@@ -62,32 +61,15 @@ def register(app: typer.Typer) -> None:
         if show_metrics:
             grep = METRICS_PATTERN if grep is None else grep
             lines = max(lines, 20000) if since is None else lines
-        conns = {h.name: connect(h) for h, _ in pairs}
-        try:
-
-            def fetch_for(h: Host) -> Callable[[JournalQuery], str]:
-                return lambda q: conns[h.name].run(journal_cmd(q), timeout=120).stdout
-
-            def one(pair: tuple[Host, Service]) -> list[str]:
-                h, s = pair
-                out = conns[h.name].run(journal_cmd(JournalQuery(s.unit_name, since, lines, grep)), timeout=120)
-                return parse_journal(out.stdout)[0]
-
-            if follow_ and not show_metrics:
-                sources = [
-                    Source(f"{h.name}/{s.name}", fetch_for(h), JournalQuery(s.unit_name, since, lines, grep))
-                    for h, s in pairs
-                ]
-                try:
-                    for label, line in follow(sources, time.sleep):
-                        typer.echo(f"{label} | {line}")
-                except KeyboardInterrupt:
-                    raise typer.Exit(int(ExitCode.OK)) from None  # a clean stop, not an error
-                return
-            outcomes = run_parallel(pairs, key=lambda p: f"{p[0].name}/{p[1].name}", fn=one, forks=forks)
-        finally:
-            for c in conns.values():
-                c.close()
+        query = JournalQuery("", since, lines, grep)
+        if follow_ and not show_metrics:
+            try:
+                for label, line in follow_logs(pairs, query, connect, time.sleep):
+                    typer.echo(f"{label} | {line}")
+            except KeyboardInterrupt:
+                raise typer.Exit(int(ExitCode.OK)) from None  # a clean stop, not an error
+            return
+        outcomes = read_logs(pairs, query, connect, forks)
         failed = False
         collected: dict[str, list[str]] = {}
         for outcome in outcomes:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from opsctl import layout
 from opsctl.cli.common import (
     HostOpt,
     InventoryOpt,
@@ -60,7 +61,7 @@ def _write(out: Path, item: RenderedService) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for file in item.files:
-            path = folder / (f"opsctl-{item.service}.service" if file.name == "unit" else file.name)
+            path = folder / (layout.unit_name(item.service) if file.name == "unit" else file.name)
             path.write_text(file.text)
             path.chmod(file.mode)
     except OSError as exc:

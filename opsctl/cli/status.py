@@ -3,10 +3,8 @@ health and the last DDTREE metrics."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated
 
-import httpx
 import typer
 
 from opsctl.cli.common import (
@@ -21,11 +19,9 @@ from opsctl.cli.common import (
     load_inventory,
     split_selector,
 )
-from opsctl.deploy import lock
 from opsctl.errors import ExitCode
-from opsctl.inventory.model import Host, Service
 from opsctl.inventory.select import select
-from opsctl.status import ServiceStatus, collect
+from opsctl.status import ServiceStatus, collect_all
 
 
 def register(app: typer.Typer) -> None:
@@ -42,22 +38,12 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Unit state, restarts, current release, health, model integrity, locks and last DDTREE metrics."""
-        from opsctl.remote import connect, run_parallel
+        from opsctl.remote import connect
 
         inv = load_inventory(inventory)
         selection = [(h, svcs) for h, svcs in select(inv, split_selector(host), split_selector(service)) if svcs]
 
-        def one(item: tuple[Host, list[Service]]) -> list[ServiceStatus]:
-            h, svcs = item
-            with connect(h) as conn, httpx.Client() as http:
-                rows = [collect(conn, h, s, http, deep=deep) for s in svcs]
-                held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
-                if held is not None:
-                    locks[h.name] = held.describe(datetime.now(UTC))
-                return rows
-
-        locks: dict[str, str] = {}
-        outcomes = run_parallel(selection, key=lambda item: item[0].name, fn=one, forks=forks)
+        outcomes = collect_all(selection, connect, forks, deep=deep)
         rows: list[ServiceStatus] = []
         errors = []
         for outcome in outcomes:
@@ -66,10 +52,11 @@ def register(app: typer.Typer) -> None:
             else:
                 rows += outcome.value or []
         if as_json:
+            locks = {r.host: r.lock for r in rows if r.lock}
             emit_json({"services": rows, "locks": locks, "errors": [{"host": h, "error": e} for h, e in errors]})
         else:
             _table(rows)
-            for h, held in sorted(locks.items()):
+            for h, held in sorted({r.host: r.lock for r in rows if r.lock}.items()):
                 console.print(f"[yellow]{h}: deploy lock held by {held}[/]", markup=True)
             for h, e in errors:
                 console.print(f"[bold red]{h}: {e}[/]", markup=True)

@@ -6,38 +6,43 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opsctl import remote
+from opsctl.artifact import runtime_wheel
 from opsctl.deploy import release, runner
 from opsctl.deploy.flow import DeploySettings
 from opsctl.deploy.rollout import Outcome
-from opsctl.deploy.wheel import runtime_wheel
 from opsctl.errors import DeployError
 from opsctl.inventory.model import Host, Service
+from opsctl.remote.base import Connect
 
 
-def current_release(host: Host, service: Service) -> str | None:
-    connection = remote.connect(host)
+def current_release(host: Host, service: Service, connect: Connect = remote.connect) -> str | None:
+    conn = connect(host)
     try:
-        facts = release.parse_release_facts(
-            connection.run(release.facts_cmd(release.ServicePaths(service.name))).stdout
-        )
+        facts = release.parse_release_facts(conn.run(release.facts_cmd(release.ServicePaths(service.name))).stdout)
     finally:
-        connection.close()
+        conn.close()
     return facts.current
 
 
-def deploy_variant(host: Host, service: Service, say: Callable[[str], None] = lambda _: None) -> None:
+def deploy_variant(
+    host: Host, service: Service, say: Callable[[str], None] = lambda _: None, connect: Connect = remote.connect
+) -> None:
     """Deploy `service` (e.g. with other DDTree knobs) with the usual gates; raise if it did not go live."""
-    report = runner.deploy([(host, [service])], runtime_wheel(), DeploySettings(), runner.RolloutOptions(), say)
+    wheel = runtime_wheel()
+    report = runner.deploy([(host, [service])], wheel, DeploySettings(), runner.RolloutOptions(), say, connect)
     (result,) = report.results
     if result.outcome not in (Outcome.DEPLOYED, Outcome.UNCHANGED):
         raise DeployError(f"{host.name}/{service.name}: {result.outcome.value}: {result.message}")
 
 
-def restore_release(host: Host, service: Service, release_id: str | None, say: Callable[[str], None]) -> None:
+def restore_release(
+    host: Host, service: Service, release_id: str | None, say: Callable[[str], None], connect: Connect = remote.connect
+) -> None:
     """Make `release_id` current again (health gated); nothing to do when it already is."""
-    if release_id is None or current_release(host, service) == release_id:
+    if release_id is None or current_release(host, service, connect) == release_id:
         return
-    report = runner.rollback([(host, [service])], DeploySettings(), runner.RolloutOptions(), say, to=release_id)
+    settings, options = DeploySettings(), runner.RolloutOptions()
+    report = runner.rollback([(host, [service])], settings, options, say, to=release_id, connect=connect)
     (result,) = report.results
     if result.outcome is not Outcome.REVERTED:
         raise DeployError(

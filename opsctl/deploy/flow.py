@@ -17,24 +17,26 @@ from datetime import UTC, datetime
 
 import httpx
 
-from opsctl import __version__, health, logs, modelcheck
+from opsctl import __version__, artifact, health, logs, modelcheck, systemd
+from opsctl.artifact import RuntimeWheel
 from opsctl.commands import Cmd
 from opsctl.deploy import argcheck, audit, guards, preflight, release, secret_fp
-from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate, parse_show, show_cmd
+from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
-from opsctl.deploy.wheel import RuntimeWheel, ensure_on_host
+from opsctl.deploy.staged import StagedRelease
 from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError
-from opsctl.inventory.model import Engine, Service
-from opsctl.inventory.model import Host as InvHost
-from opsctl.remote.base import Host
+from opsctl.inventory.model import Engine, Host, Service
+from opsctl.remote.base import Connection
+from opsctl.render import SERVER_MODULE
 from opsctl.secrets import SecretError
 from opsctl.smoke import smoke_service
 
-JOURNAL_TAIL_LINES = 30
 # Commands after the switch are short (systemctl, ln, install): one that takes longer means the host is gone
 # or hung, and is reported like an unreachable host instead of waiting for the inventory's command timeout.
 LIVE_TIMEOUT_S = 60.0
+JOURNAL_TAIL_LINES = 30
+NOT_SWITCHED = "interrupted before the switch"  # a reason that needs no rollback: nothing live changed
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,9 @@ class ServiceResult:
 
 @dataclass
 class ServiceContext:
-    inv_host: InvHost
+    host: Host
     service: Service
-    remote: Host
+    conn: Connection
     http: httpx.Client
     cancel: threading.Event
     say: Callable[[str], None]  # progress line (already prefixed by the caller)
@@ -81,13 +83,16 @@ class ServiceContext:
             raise Interrupted()
 
     def run(self, cmd: Cmd, check: bool = True, timeout: float | None = None) -> str:
-        return self.remote.run(cmd, timeout=timeout, check=check).stdout
+        return self.conn.run(cmd, timeout=timeout, check=check).stdout
+
+    def unit_state(self) -> systemd.UnitState:
+        return systemd.parse_show(self.run(systemd.show_cmd(self.paths.unit_name), timeout=LIVE_TIMEOUT_S))
 
     def audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
-        line = audit.audit_line(self.inv_host.name, self.service.name, action, release_id, result, detail)
+        line = audit.audit_line(self.host.name, self.service.name, action, release_id, result, detail)
         audit.append_local(line)
         try:
-            self.remote.run(audit.append_host_cmd(line), check=False, timeout=30)
+            self.conn.run(audit.append_host_cmd(line), check=False, timeout=30)
         except OpsctlError:
             pass  # host gone: the local line still records it
 
@@ -96,27 +101,23 @@ def read_facts(ctx: ServiceContext) -> ReleaseFacts:
     return release.parse_release_facts(ctx.run(release.facts_cmd(ctx.paths)))
 
 
-def _render(
-    ctx: ServiceContext, release_id: str, reveal: bool
-) -> tuple[dict[str, str], dict[str, int], tuple[str, ...]]:
-    from opsctl.render import Secrets, render_service
+def render_release(ctx: ServiceContext, wheel: RuntimeWheel, facts: ReleaseFacts) -> tuple[StagedRelease, str]:
+    """The service rendered once, bound to its new id; and its config hash (files, argv, wheel, models)."""
+    staged = StagedRelease.render(ctx.host, ctx.service)
+    models = [m.path for m in (ctx.service.model, ctx.service.draft_model) if m is not None]
+    digests = release.parse_model_manifests(ctx.run(release.model_manifests_cmd(models), check=False), models)
+    chash = staged.config_hash(wheel.sha256, digests)
+    new_id = release.unused_release_id(ctx.now, chash, {r.release_id for r in facts.releases})
+    return staged.bind(new_id), chash
 
-    rendered = render_service(ctx.inv_host, ctx.service, release_id, Secrets.REVEAL if reveal else Secrets.MASK)
-    files = {f.name: f.text for f in rendered.files}
-    modes = {f.name: f.mode for f in rendered.files}
-    return files, modes, tuple(rendered.exec_start)
 
-
-def _preflight(ctx: ServiceContext, release_id: str, site: str | None = None) -> None:
+def _preflight(ctx: ServiceContext, staged: StagedRelease, site: str | None = None) -> None:
     """The host's own server must know every flag this release passes and accept every value (before anything
     live changes). `site`: the runtime to check with (default: the release's own; --plan: current's)."""
-    from opsctl.render import SERVER_MODULE, render_service
-
-    rendered = render_service(ctx.inv_host, ctx.service, release_id)
     module = SERVER_MODULE[ctx.service.engine]
-    site = site or ctx.paths.site(release_id)
-    out = ctx.remote.run(
-        preflight.help_cmd(ctx.inv_host.venv, module, site),
+    site = site or ctx.paths.site(staged.release_id)
+    out = ctx.conn.run(
+        preflight.help_cmd(ctx.host.venv, module, site),
         check=False,
         timeout=preflight.HELP_TIMEOUT_S,
     )
@@ -126,31 +127,21 @@ def _preflight(ctx: ServiceContext, release_id: str, site: str | None = None) ->
             f"`python -m {module} --help` fails on the host: {last}",
             "check the host's venv (`opsctl provision --plan`) and the runtime wheel",
         )
-    unknown = preflight.unknown_flags((*rendered.flags, *rendered.exec_start[3:]), out.stdout)
+    unknown = preflight.unknown_flags(staged.server_args, out.stdout)
     if unknown:
         raise DeployError(
             f"the server on the host does not know {', '.join(unknown)} (from its own --help)",
             "fix the service's extra_args / settings in the inventory; nothing was switched",
         )
-    flags = (*rendered.flags, *ctx.service.extra_args)  # what the server gets: server.yaml's flags + extra_args
-    values = argcheck.values_cmd(ctx.inv_host.venv, ctx.service.engine, site, flags)
-    checked = ctx.remote.run(values, check=False, timeout=argcheck.TIMEOUT_S)
+    flags = (*staged.flags, *ctx.service.extra_args)  # what the server gets: server.yaml's flags + extra_args
+    values = argcheck.values_cmd(ctx.host.venv, ctx.service.engine, site, flags)
+    checked = ctx.conn.run(values, check=False, timeout=argcheck.TIMEOUT_S)
     refused = argcheck.refusal(checked.exit_code, checked.stdout, checked.stderr)
     if refused:
         raise DeployError(
             f"the server on the host refuses this release's flag values: {refused}",
             "fix the service's settings / extra_args in the inventory; nothing was switched",
         )
-
-
-def config_hash_for(ctx: ServiceContext, wheel: RuntimeWheel) -> str:
-    # Rendered with secrets masked and a placeholder id: the hash never depends on a secret nor on its own id.
-    files, _, argv = _render(ctx, release.PLACEHOLDER_ID, reveal=False)
-    files = {k: v.replace(release.PLACEHOLDER_ID, "<release>") for k, v in files.items()}
-    argv = tuple(a.replace(release.PLACEHOLDER_ID, "<release>") for a in argv)
-    models = [m.path for m in (ctx.service.model, ctx.service.draft_model) if m is not None]
-    digests = release.parse_model_manifests(ctx.run(release.model_manifests_cmd(models), check=False), models)
-    return release.config_hash(files, argv, wheel.sha256, digests)
 
 
 def _gate(
@@ -163,9 +154,9 @@ def _gate(
         readiness_delay=settings.readiness_delay if settings.readiness_delay is not None else svc.readiness_delay,
         poll_s=settings.poll_s,
     )
-    url = health.health_url(ctx.inv_host, svc)
+    url = health.health_url(ctx.host, svc)
     return health_gate(
-        read_unit=lambda: parse_show(ctx.run(show_cmd(ctx.paths.unit_name), timeout=LIVE_TIMEOUT_S)),
+        read_unit=lambda: ctx.unit_state(),
         probe=lambda: health.probe(ctx.http, url, timeout=5.0),
         baseline_restarts=baseline_restarts,
         config=config,
@@ -179,22 +170,16 @@ def _restart(ctx: ServiceContext, release_id: str) -> int:
     paths, t = ctx.paths, LIVE_TIMEOUT_S
     ctx.run(release.switch_cmd(paths, release_id), timeout=t)
     ctx.run(release.install_unit_cmd(paths, release_id), timeout=t)
-    ctx.run(Cmd.of("systemctl", "daemon-reload", sudo=True), timeout=t)
-    ctx.run(Cmd.of("systemctl", "enable", "--quiet", "--", paths.unit_name, sudo=True), check=False, timeout=t)
-    ctx.run(Cmd.of("systemctl", "restart", "--", paths.unit_name, sudo=True), timeout=t)
-    return parse_show(ctx.run(show_cmd(paths.unit_name), timeout=t)).n_restarts
+    ctx.run(systemd.daemon_reload_cmd(), timeout=t)
+    ctx.run(systemd.enable_cmd(paths.unit_name), check=False, timeout=t)
+    ctx.run(systemd.restart_cmd(paths.unit_name), timeout=t)
+    return ctx.unit_state().n_restarts
 
 
 def journal_tail(ctx: ServiceContext, lines: int = JOURNAL_TAIL_LINES) -> str:
     """The unit's last lines that say something: the health gate's own /health probes are dropped."""
     try:
-        text = ctx.run(
-            Cmd.of(
-                "journalctl", "-u", ctx.paths.unit_name, "-n", str(lines * 20), "--no-pager", "-o", "cat", sudo=True
-            ),
-            check=False,
-            timeout=30,
-        )
+        text = ctx.run(systemd.journal_tail_cmd(ctx.paths.unit_name, lines * 20), check=False, timeout=30)
     except OpsctlError:
         return ""
     return "\n".join(logs.without_health_probes(text.splitlines())[-lines:]).rstrip()
@@ -203,52 +188,45 @@ def journal_tail(ctx: ServiceContext, lines: int = JOURNAL_TAIL_LINES) -> str:
 def _stop_and_remove(ctx: ServiceContext) -> None:
     """First deploy failed with nothing to go back to: stop the unit and remove what this deploy installed."""
     p = ctx.paths
-    ctx.run(Cmd.of("systemctl", "disable", "--now", "--quiet", "--", p.unit_name, sudo=True), check=False)
+    ctx.run(systemd.disable_now_cmd(p.unit_name), check=False)
     ctx.run(Cmd.of("rm", "-f", "--", p.current, p.installed_unit, sudo=True), check=False)
-    ctx.run(Cmd.of("systemctl", "daemon-reload", sudo=True), check=False)
-    ctx.run(Cmd.of("systemctl", "reset-failed", "--", p.unit_name, sudo=True), check=False)
+    ctx.run(systemd.daemon_reload_cmd(), check=False)
+    ctx.run(systemd.reset_failed_cmd(p.unit_name), check=False)
 
 
-def _plan(ctx: ServiceContext, facts: ReleaseFacts, new_id: str) -> list[str]:
+def _plan(ctx: ServiceContext, facts: ReleaseFacts, staged: StagedRelease) -> list[str]:
     """Human plan lines: the release switch and a diff of each file against the current release."""
+    new_id, paths = staged.release_id, ctx.paths
     lines = [f"release {facts.current or '(none)'} -> {new_id}"]
-    files, _, argv = _render(ctx, new_id, reveal=False)
-    for name, text in files.items():
+    for f in staged.files:
+        if f.name == "env" or "api-key" in f.masked or "api_key" in f.masked:
+            # May hold secrets: never printed, only whether it changes (compared with the id normalised).
+            lines.append(f"{f.name}: (content not shown: may hold secrets)")
+            continue
         old = ""
         if facts.current:
             try:
-                old = ctx.remote.get_text(ctx.paths.release_file(facts.current, name))
+                old = ctx.conn.get_text(paths.release_file(facts.current, f.name)).replace(facts.current, new_id)
             except OpsctlError:
                 old = ""
-        if name == "env" or "api-key" in text or "api_key" in text:
-            # May hold secrets: never printed, only whether it changes (compared with the id normalised).
-            lines.append(f"{name}: (content not shown: may hold secrets)")
-            continue
-        if facts.current:
-            old = old.replace(facts.current, new_id)
-        diff = list(
-            difflib.unified_diff(old.splitlines(), text.splitlines(), f"current/{name}", f"new/{name}", lineterm="")
+        diff = difflib.unified_diff(
+            old.splitlines(), f.masked.splitlines(), f"current/{f.name}", f"new/{f.name}", lineterm=""
         )
-        lines += diff if diff else [f"{name}: unchanged"]
+        lines += list(diff) or [f"{f.name}: unchanged"]
     lines += [
-        f"stage {ctx.paths.release(new_id)} (pip install --target site from the runtime wheel)",
-        f"systemd-analyze verify {ctx.paths.release_unit(new_id)}",
-        f"switch {ctx.paths.current} -> releases/{new_id}; install {ctx.paths.installed_unit}; daemon-reload",
-        f"restart {ctx.paths.unit_name}; health gate; smoke gate",
-        "ExecStart " + " ".join(argv),
+        f"stage {paths.release(new_id)} (pip install --target site from the runtime wheel)",
+        f"systemd-analyze verify {paths.release_unit(new_id)}",
+        f"switch {paths.current} -> releases/{new_id}; install {paths.installed_unit}; daemon-reload",
+        f"restart {paths.unit_name}; health gate; smoke gate",
+        "ExecStart " + " ".join(staged.argv),
     ]
     return lines
 
 
-def _secrets(ctx: ServiceContext) -> dict[str, str]:
-    api_key = ctx.service.api_key
-    return {"api_key": api_key.reveal()} if api_key is not None else {}
-
-
-def _secrets_rotated(ctx: ServiceContext, current: str, plan: bool) -> bool:
+def _secrets_rotated(ctx: ServiceContext, staged: StagedRelease, current: str, plan: bool) -> bool:
     """Whether the service's secrets differ from those the current release was deployed with."""
     try:
-        secrets = _secrets(ctx)
+        secrets = staged.checked_secrets()
     except SecretError:
         if plan:
             return False  # a plan may be made without the secret at hand; the real deploy needs it
@@ -256,7 +234,7 @@ def _secrets_rotated(ctx: ServiceContext, current: str, plan: bool) -> bool:
     if not secrets:
         return False  # no secrets now; had there been some, the masked server.yaml (and the hash) changed
     try:
-        stored = ctx.remote.get_text(ctx.paths.release_file(current, secret_fp.FP_FILE))
+        stored = ctx.conn.get_text(ctx.paths.release_file(current, secret_fp.FP_FILE))
     except OpsctlError:
         stored = ""
     return secret_fp.matches(stored, secrets) is False
@@ -264,7 +242,7 @@ def _secrets_rotated(ctx: ServiceContext, current: str, plan: bool) -> bool:
 
 def _came_up(ctx: ServiceContext, settings: DeploySettings, result: ServiceResult) -> bool:
     """A unit still starting (right after a reboot, say) gets the health gate's time before it is judged."""
-    unit = parse_show(ctx.run(show_cmd(ctx.paths.unit_name), timeout=LIVE_TIMEOUT_S))
+    unit = ctx.unit_state()
     if unit.active_state not in ("active", "activating"):
         return False
     ctx.say(f"unchanged config; {ctx.paths.unit_name} is {unit.describe()} but /health does not answer yet: waiting")
@@ -275,60 +253,24 @@ def _came_up(ctx: ServiceContext, settings: DeploySettings, result: ServiceResul
 
 
 def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySettings) -> ServiceResult:
+    """Render -> unchanged? -> plan? -> stage -> go live -> (roll back). Each step is a function below."""
     start = time.monotonic()
-    host, svc, paths = ctx.inv_host.name, ctx.service.name, ctx.paths
-    result = ServiceResult(host, svc, Outcome.FAILED)
+    result = ServiceResult(ctx.host.name, ctx.service.name, Outcome.FAILED)
     facts = read_facts(ctx)
     result.previous = facts.current
-    chash = config_hash_for(ctx, wheel)
-    new_id = release.unused_release_id(ctx.now, chash, {r.release_id for r in facts.releases})
-    same_config = facts.current is not None and facts.current_hash == chash
-    rotated = same_config and not settings.force and _secrets_rotated(ctx, str(facts.current), settings.plan)
-    stale = [] if not same_config or settings.force or rotated else guards.models_changed(ctx)
-    if same_config and not settings.force and not rotated and not stale:
-        result.outcome, result.release = Outcome.UNCHANGED, facts.current
-        result.message = f"release {facts.current}: same config, nothing restarted"
-        probe = health.probe(ctx.http, health.health_url(ctx.inv_host, ctx.service), timeout=5.0)
-        ok = probe.ok or (not settings.plan and _came_up(ctx, settings, result))
-        if not ok:
-            # Same config, but not serving: say so (and fail) instead of reporting success.
-            result.outcome = Outcome.FAILED
-            missing = release.missing_models(ctx.remote, ctx.service)
-            fix = (
-                guards.missing_hint(host, missing)
-                if missing
-                else ("`opsctl deploy --force` restarts it, `opsctl logs` shows why")
-            )
-            result.message = f"unchanged config (release {facts.current}) but /health: {probe.describe()}; {fix}"
-        if not settings.plan:
-            ctx.audit("deploy", facts.current, "unchanged" if ok else "unchanged-unhealthy")
-        return result
-    missing = release.missing_models(ctx.remote, ctx.service)
+    staged, chash = render_release(ctx, wheel, facts)
+    same_config = facts.current is not None and facts.current_hash == chash and not settings.force
+    rotated = same_config and _secrets_rotated(ctx, staged, str(facts.current), settings.plan)
+    # A model written after the service started: the process runs on the old files, so restart it.
+    stale = guards.models_changed(ctx) if same_config and not rotated else []
+    if same_config and not rotated and not stale:
+        return _unchanged(ctx, settings, facts, result)
+    missing = release.missing_models(ctx.conn, ctx.service)
     why = "; API key changed" if rotated else ""
     why += f"; model changed under the running service ({stale[0].detail})" if stale else ""
     if settings.plan:
-        result.outcome, result.release = Outcome.PLANNED, new_id
-        result.plan = _plan(ctx, facts, new_id)
-        result.plan += [f"WARNING model {m} is not on the host: `opsctl provision` first" for m in missing]
-        if facts.current or ctx.service.engine is not Engine.REFERENCE:
-            try:
-                _preflight(ctx, new_id, site=paths.site(facts.current) if facts.current else "/nonexistent")
-                result.plan.append("pre-flight: the host's server knows every flag and accepts every value")
-            except DeployError as exc:
-                result.outcome = Outcome.FAILED
-                result.message = f"pre-flight would refuse {new_id}: {exc.one_line()}"
-                return result
-        else:
-            result.plan.append("pre-flight: at the deploy (the reference server comes with the first release)")
-        result.message = f"would deploy {new_id} (current: {facts.current or 'none'}{why})"
-        return result
-    if missing:
-        # After a reboot /dev/shm is empty: starting the server would only crash-loop, and so would a rollback.
-        raise DeployError(
-            f"{host}/{svc}: model {', '.join(missing)} not on the host (/dev/shm is emptied by a reboot); "
-            "nothing was changed",
-            guards.missing_hint(host, missing),
-        )
+        return _planned(ctx, facts, staged, missing, why, result)
+    _refuse_missing_models(ctx, missing)
     if rotated:
         ctx.say(f"API key changed since {facts.current}: deploying a new release")
     if stale:
@@ -337,128 +279,214 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     if abandoned:
         ctx.say(f"marked incomplete release {', '.join(abandoned)} BAD (its staging never finished)")
     guards.check_free_space(ctx)
+    result.release = staged.release_id
+    ctx.audit(
+        "deploy-start", staged.release_id, "started",
+        f"previous={facts.current or '-'} mode={ctx.service.mode.value}{why}",
+    )  # fmt: skip
+    if _stage(ctx, staged, wheel, facts, chash, result):
+        _go_live(ctx, settings, staged.release_id, facts.current, result)
+        result.timings["total_s"] = time.monotonic() - start
+    return result
 
-    result.release = new_id
-    ctx.audit("deploy-start", new_id, "started", f"previous={facts.current or '-'} mode={ctx.service.mode.value}{why}")
-    # --- stage (nothing live changes yet) ---
+
+def _unchanged(
+    ctx: ServiceContext, settings: DeploySettings, facts: ReleaseFacts, result: ServiceResult
+) -> ServiceResult:
+    """Same config as current: nothing restarts, but a service that does not serve is a failure, not success."""
+    result.outcome, result.release = Outcome.UNCHANGED, facts.current
+    result.message = f"release {facts.current}: same config, nothing restarted"
+    probe = health.probe(ctx.http, health.health_url(ctx.host, ctx.service), timeout=5.0)
+    ok = probe.ok or (not settings.plan and _came_up(ctx, settings, result))
+    if not ok:
+        result.outcome = Outcome.FAILED
+        missing = release.missing_models(ctx.conn, ctx.service)
+        fix = (
+            guards.missing_hint(ctx.host.name, missing)
+            if missing
+            else "`opsctl deploy --force` restarts it, `opsctl logs` shows why"
+        )
+        result.message = f"unchanged config (release {facts.current}) but /health: {probe.describe()}; {fix}"
+    if not settings.plan:
+        ctx.audit("deploy", facts.current, "unchanged" if ok else "unchanged-unhealthy")
+    return result
+
+
+def _planned(
+    ctx: ServiceContext, facts: ReleaseFacts, staged: StagedRelease, missing: list[str], why: str, result: ServiceResult
+) -> ServiceResult:
+    result.outcome, result.release = Outcome.PLANNED, staged.release_id
+    result.plan = _plan(ctx, facts, staged)
+    result.plan += [f"WARNING model {m} is not on the host: `opsctl provision` first" for m in missing]
+    if facts.current or ctx.service.engine is not Engine.REFERENCE:
+        try:  # with the current release's runtime (the new one is not staged)
+            _preflight(ctx, staged, site=ctx.paths.site(facts.current) if facts.current else "/nonexistent")
+            result.plan.append("pre-flight: the host's server knows every flag and accepts every value")
+        except DeployError as exc:
+            result.outcome = Outcome.FAILED
+            result.message = f"pre-flight would refuse {staged.release_id}: {exc.one_line()}"
+            return result
+    else:
+        result.plan.append("pre-flight: at the deploy (the reference server comes with the first release)")
+    result.message = f"would deploy {staged.release_id} (current: {facts.current or 'none'}{why})"
+    return result
+
+
+def _refuse_missing_models(ctx: ServiceContext, missing: list[str]) -> None:
+    if missing:
+        # After a reboot /dev/shm is empty: starting the server would only crash-loop, and so would a rollback.
+        host = ctx.host.name
+        raise DeployError(
+            f"{host}/{ctx.service.name}: model {', '.join(missing)} not on the host (/dev/shm is emptied by a "
+            "reboot); nothing was changed",
+            guards.missing_hint(host, missing),
+        )
+
+
+def _write_release(
+    ctx: ServiceContext, staged: StagedRelease, wheel: RuntimeWheel, facts: ReleaseFacts, chash: str
+) -> None:
+    """Stage the release dir: files, runtime, pre-flight, `systemd-analyze verify`, and the manifest last (a
+    release with a manifest is complete). Nothing live changes."""
+    paths, new_id = ctx.paths, staged.release_id
+    files = staged.revealed()
+    ctx.run(Cmd.of("mkdir", "-p", "--", paths.release(new_id), sudo=True))
+    for f in files:
+        ctx.conn.put_text(f.text, paths.release_file(new_id, f.name), f.mode)
+    if facts.current:
+        ctx.conn.put_text(facts.current + "\n", paths.release_file(new_id, release.PREVIOUS), 0o644)
+    secrets = staged.checked_secrets()
+    if secrets:
+        ctx.conn.put_text(secret_fp.fingerprint(secrets), paths.release_file(new_id, secret_fp.FP_FILE), 0o600)
+    artifact.ensure_on_host(ctx.conn, wheel)
+    ctx.check_cancel()
+    ctx.run(release.pip_install_cmd(ctx.host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)
+    ctx.check_cancel()
+    ctx.say("pre-flight: the host's server checks the release's flags")
+    _preflight(ctx, staged)
+    out = ctx.conn.run(systemd.verify_cmd(paths.release_unit(new_id)), check=False)
+    if not out.ok or out.stdout.strip():
+        raise DeployError(
+            f"systemd-analyze verify rejected the unit: {out.stdout.strip()[:400] or f'exit {out.exit_code}'}",
+            "fix the service's settings in the inventory (see `opsctl render`)",
+        )
+    ctx.check_cancel()  # an interrupt up to here changes nothing live (the release stays incomplete, then BAD)
+    manifest = Manifest(
+        release_id=new_id, service=ctx.service.name, host=ctx.host.name, mode=ctx.service.mode.value,
+        engine=ctx.service.engine.value, config_hash=chash, created_at=ctx.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        runtime_wheel=wheel.name, runtime_sha256=wheel.sha256, runtime_version=wheel.version,
+        opsctl_version=__version__, argv=staged.argv, files=staged.digests(),
+    )  # fmt: skip
+    ctx.conn.put_text(manifest.to_json(), f"{paths.release(new_id)}/{release.MANIFEST}", 0o644)
+
+
+def _stage(
+    ctx: ServiceContext, staged: StagedRelease, wheel: RuntimeWheel, facts: ReleaseFacts, chash: str,
+    result: ServiceResult,
+) -> bool:  # fmt: skip
+    """Stage; on failure fill `result` (nothing was switched) and return False."""
+    start, new_id = time.monotonic(), staged.release_id
     ctx.say(f"staging {new_id}")
     try:
         ctx.check_cancel()
-        files, modes, argv = _render(ctx, new_id, reveal=True)
-        ctx.run(Cmd.of("mkdir", "-p", "--", paths.release(new_id), sudo=True))
-        for name, text in files.items():
-            ctx.remote.put_text(text, paths.release_file(new_id, name), modes[name])
-        if facts.current:
-            ctx.remote.put_text(facts.current + "\n", paths.release_file(new_id, release.PREVIOUS), 0o644)
-        secrets = _secrets(ctx)
-        if secrets:
-            ctx.remote.put_text(secret_fp.fingerprint(secrets), paths.release_file(new_id, secret_fp.FP_FILE), 0o600)
-        ensure_on_host(ctx.remote, wheel)
-        ctx.check_cancel()
-        ctx.run(release.pip_install_cmd(ctx.inv_host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)
-        ctx.check_cancel()
-        ctx.say("pre-flight: the host's server checks the release's flags")
-        _preflight(ctx, new_id)
-        masked, _, _ = _render(ctx, new_id, reveal=False)
-        manifest = Manifest(
-            release_id=new_id, service=svc, host=host, mode=ctx.service.mode.value, engine=ctx.service.engine.value,
-            config_hash=chash, created_at=ctx.now.strftime("%Y-%m-%dT%H:%M:%SZ"), runtime_wheel=wheel.name,
-            runtime_sha256=wheel.sha256, runtime_version=wheel.version, opsctl_version=__version__, argv=argv,
-            files=release.file_digests(masked),
-        )  # fmt: skip
-        ctx.remote.put_text(manifest.to_json(), f"{paths.release(new_id)}/{release.MANIFEST}", 0o644)
-        out = ctx.remote.run(release.verify_unit_cmd(paths, new_id), check=False)
-        if not out.ok or out.stdout.strip():
-            raise DeployError(
-                f"systemd-analyze verify rejected the unit: {out.stdout.strip()[:400] or f'exit {out.exit_code}'}",
-                "fix the service's settings in the inventory (see `opsctl render`)",
-            )
-        ctx.check_cancel()  # the last point before the switch: an interrupt up to here changes nothing live
+        _write_release(ctx, staged, wheel, facts, chash)
         result.timings["stage_s"] = time.monotonic() - start
+        return True
     except Interrupted:
         _mark_bad(ctx, new_id, "interrupted while staging")
         result.outcome, result.message = Outcome.INTERRUPTED, "interrupted while staging: nothing switched"
         ctx.audit("deploy", new_id, "interrupted", "while staging")
-        return result
     except UnreachableError as exc:
         # The release stays incomplete on the host; the next deploy there marks it BAD (guards.mark_incomplete).
         result.outcome, result.message = Outcome.UNREACHABLE, f"{exc.one_line()} (while staging {new_id})"
-        audit.append_local(audit.audit_line(host, svc, "deploy", new_id, "unreachable", exc.one_line()))
-        return result
+        audit.append_local(
+            audit.audit_line(ctx.host.name, ctx.service.name, "deploy", new_id, "unreachable", exc.one_line())
+        )
     except OpsctlError as exc:
         why = guards.bounded(exc.message)
         hint = guards.space_hint(exc) or exc.hint
         if guards.space_hint(exc):
             # Disk full: even a BAD marker cannot be written; the half-written release only holds space.
-            ctx.run(release.remove_releases_cmd(paths, [new_id]), check=False)
+            ctx.run(release.remove_releases_cmd(ctx.paths, [new_id]), check=False)
             why += f"; the partial release {new_id} was removed"
         else:
             _mark_bad(ctx, new_id, f"staging failed: {why}")
         result.outcome = Outcome.FAILED
         result.message = f"staging failed, nothing switched: {why}" + (f" ({hint})" if hint else "")
         ctx.audit("deploy", new_id, "failed", result.message)
-        return result
+    return False
 
-    # --- go live ---
-    reason = ""
-    switched = False
+
+def _smoke(ctx: ServiceContext, result: ServiceResult) -> str:
+    """The smoke gate; the failure reason, or "" when it passed."""
+    t_smoke = time.monotonic()
+    smoke = smoke_service(
+        ctx.http, ctx.host.name, ctx.service.name, health.base_url(ctx.host, ctx.service),
+        health.auth_headers(ctx.service.api_key),
+    )  # fmt: skip
+    result.timings["smoke_s"] = time.monotonic() - t_smoke
+    if not smoke.ok:
+        return "smoke gate failed: " + "; ".join(smoke.reasons)
+    ctx.say(f"smoke ok: {smoke.text.strip()[:60]!r}")
+    return ""
+
+
+def _switch_and_gate(ctx: ServiceContext, settings: DeploySettings, new_id: str, result: ServiceResult) -> str:
+    """Switch to the new release, restart, health gate, smoke gate; the failure reason, or "" when live."""
+    if ctx.cancel.is_set():
+        return NOT_SWITCHED
     try:
-        ctx.check_cancel()
-        ctx.say(f"switching to {new_id} and restarting {paths.unit_name}")
-        switched = True
+        ctx.say(f"switching to {new_id} and restarting {ctx.paths.unit_name}")
         t_restart = time.monotonic()
         baseline = _restart(ctx, new_id)
         result.timings["restart_s"] = time.monotonic() - t_restart
         gate = _gate(ctx, settings, baseline)
-        if gate.ok:
-            result.timings["healthy_s"] = gate.time_to_healthy or 0.0
-            ctx.say(f"healthy after {gate.time_to_healthy:.1f}s; re-checked after the readiness delay")
-            if settings.smoke:
-                ctx.check_cancel()
-                t_smoke = time.monotonic()
-                smoke = smoke_service(
-                    ctx.http, host, svc, health.base_url(ctx.inv_host, ctx.service),
-                    health.auth_headers(ctx.service.api_key),
-                )  # fmt: skip
-                result.timings["smoke_s"] = time.monotonic() - t_smoke
-                if not smoke.ok:
-                    reason = "smoke gate failed: " + "; ".join(smoke.reasons)
-                else:
-                    ctx.say(f"smoke ok: {smoke.text.strip()[:60]!r}")
-        else:
-            reason = f"health gate failed: {gate.reason}"
+        if not gate.ok:
+            return f"health gate failed: {gate.reason}"
+        result.timings["healthy_s"] = gate.time_to_healthy or 0.0
+        ctx.say(f"healthy after {gate.time_to_healthy:.1f}s; re-checked after the readiness delay")
+        reason = ""
+        if settings.smoke:
+            ctx.check_cancel()
+            reason = _smoke(ctx, result)
         ctx.check_cancel()
+        return reason
     except Interrupted:
-        if not switched:
-            _mark_bad(ctx, new_id, "interrupted before the switch")
-            result.outcome, result.message = Outcome.INTERRUPTED, "interrupted before the switch: nothing switched"
-            ctx.audit("deploy", new_id, "interrupted", "before the switch")
-            return result
-        reason = "interrupted"
+        return "interrupted"
+    except (UnreachableError, CommandTimeout):
+        raise
+    except OpsctlError as exc:
+        return exc.one_line()
+
+
+def _go_live(
+    ctx: ServiceContext, settings: DeploySettings, new_id: str, previous: str | None, result: ServiceResult
+) -> None:
+    """Switch and gate; then prune (deployed), or roll back to `previous` (failed), filling `result`."""
+    try:
+        reason = _switch_and_gate(ctx, settings, new_id, result)
     except (UnreachableError, CommandTimeout) as exc:
         result.outcome, result.message = Outcome.UNREACHABLE, f"host became unreachable mid-deploy: {exc.one_line()}"
-        audit.append_local(audit.audit_line(host, svc, "deploy", new_id, "unreachable", exc.one_line()))
-        result.timings["total_s"] = time.monotonic() - start
-        return result
-    except OpsctlError as exc:
-        reason = exc.one_line()
-
+        audit.append_local(
+            audit.audit_line(ctx.host.name, ctx.service.name, "deploy", new_id, "unreachable", exc.one_line())
+        )
+        return
+    if reason == NOT_SWITCHED:
+        _mark_bad(ctx, new_id, NOT_SWITCHED)
+        result.outcome, result.message = Outcome.INTERRUPTED, f"{NOT_SWITCHED}: nothing switched"
+        ctx.audit("deploy", new_id, "interrupted", NOT_SWITCHED)
+        return
     if not reason:
         pruned = _prune(ctx, settings.keep)
         result.outcome = Outcome.DEPLOYED
-        result.message = f"{new_id} (previous: {facts.current or 'none'})" + (
+        result.message = f"{new_id} (previous: {previous or 'none'})" + (
             f"; pruned {len(pruned)} old releases" if pruned else ""
         )
-        result.timings["total_s"] = time.monotonic() - start
-        ctx.audit("deploy", new_id, "ok", f"previous={facts.current or '-'}")
-        return result
-
-    # --- failure after the switch: roll back ---
+        ctx.audit("deploy", new_id, "ok", f"previous={previous or '-'}")
+        return
     result.journal_tail = journal_tail(ctx)
     ctx.say(f"FAILED: {reason}")
-    result.outcome, result.message = _roll_back_after_failure(ctx, settings, facts.current, new_id, reason)
-    result.timings["total_s"] = time.monotonic() - start
-    return result
+    result.outcome, result.message = _roll_back_after_failure(ctx, settings, previous, new_id, reason)
 
 
 def _mark_bad(ctx: ServiceContext, release_id: str, why: str) -> None:
@@ -481,7 +509,7 @@ def _roll_back_after_failure(
             return outcome, f"{reason}; no previous release to roll back to: service stopped"
         ctx.say(f"rolling back to {previous}")
         # The failed release's crash loop counted in NRestarts; the restored one starts from zero.
-        ctx.run(Cmd.of("systemctl", "reset-failed", "--", ctx.paths.unit_name, sudo=True), check=False)
+        ctx.run(systemd.reset_failed_cmd(ctx.paths.unit_name), check=False)
         baseline = _restart(ctx, previous)
         # A shorter re-check: this release served before; the point is to confirm it answers again.
         delay = settings.readiness_delay if settings.readiness_delay is not None else ctx.service.readiness_delay
@@ -517,7 +545,7 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
     """Back to what served before the current release (or `to`), health gated; the old current is restored if
     that fails."""
     start = time.monotonic()
-    host, svc = ctx.inv_host.name, ctx.service.name
+    host, svc = ctx.host.name, ctx.service.name
     result = ServiceResult(host, svc, Outcome.FAILED)
     facts = read_facts(ctx)
     result.previous = facts.current
@@ -539,7 +567,8 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
         target = found
     result.release = target
     if not settings.allow_old_secrets:
-        guards.check_rollback_secrets(ctx, target, _secrets(ctx))
+        secrets = StagedRelease.render(ctx.host, ctx.service).checked_secrets()
+        guards.check_rollback_secrets(ctx, target, dict(secrets))
     if settings.plan:
         result.outcome, result.message = Outcome.PLANNED, f"would roll back {facts.current} -> {target}"
         return result

@@ -12,11 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from opsctl.commands import Cmd
 from opsctl.errors import DeployError, ExitCode
 from opsctl.health import HealthProbe
-
-SHOW_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "MainPID", "ActiveEnterTimestamp")
+from opsctl.systemd import UnitState
 
 
 class Interrupted(DeployError):
@@ -26,51 +24,6 @@ class Interrupted(DeployError):
 
     def __init__(self) -> None:
         super().__init__("interrupted", "the previous release was restored")
-
-
-@dataclass(frozen=True)
-class UnitState:
-    load_state: str
-    active_state: str  # active | activating | deactivating | inactive | failed | reloading
-    sub_state: str  # running | auto-restart | dead | ...
-    result: str  # success | exit-code | signal | start-limit-hit | ...
-    n_restarts: int
-    main_pid: int
-    active_enter: str  # ActiveEnterTimestamp, as systemd prints it ("" when never active)
-
-    @property
-    def running(self) -> bool:
-        return self.active_state == "active" and self.sub_state == "running"
-
-    def describe(self) -> str:
-        return f"{self.active_state}/{self.sub_state} (result {self.result}, NRestarts {self.n_restarts})"
-
-
-def show_cmd(unit: str) -> Cmd:
-    return Cmd.of("systemctl", "show", "-p", ",".join(SHOW_PROPS), "--", unit)
-
-
-def parse_show(stdout: str) -> UnitState:
-    """`systemctl show -p ...` output (KEY=VALUE lines)."""
-    values = dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
-    if "ActiveState" not in values:
-        raise DeployError(f"unexpected `systemctl show` output: {stdout.strip()[:200]!r}")
-
-    def _int(key: str) -> int:
-        try:
-            return int(values.get(key, "0") or 0)
-        except ValueError:
-            return 0
-
-    return UnitState(
-        load_state=values.get("LoadState", ""),
-        active_state=values["ActiveState"],
-        sub_state=values.get("SubState", ""),
-        result=values.get("Result", ""),
-        n_restarts=_int("NRestarts"),
-        main_pid=_int("MainPID"),
-        active_enter=values.get("ActiveEnterTimestamp", ""),
-    )
 
 
 @dataclass(frozen=True)

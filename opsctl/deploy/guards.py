@@ -45,11 +45,11 @@ def secrets_differ(stored_fp: str | None, secrets: dict[str, str]) -> bool:
 def check_rollback_secrets(ctx: ServiceContext, target: str, secrets: dict[str, str]) -> None:
     """Refuse a rollback that would bring back an older API key (the one rotated away from)."""
     try:
-        stored: str | None = ctx.remote.get_text(ctx.paths.release_file(target, secret_fp.FP_FILE))
+        stored: str | None = ctx.conn.get_text(ctx.paths.release_file(target, secret_fp.FP_FILE))
     except OpsctlError:
         stored = None
     if secrets_differ(stored, secrets):
-        host, svc = ctx.inv_host.name, ctx.service.name
+        host, svc = ctx.host.name, ctx.service.name
         raise DeployError(
             f"{host}/{svc}: {target} was deployed with a different API key than the inventory's current one; "
             "rolling back would serve the old key again; nothing was changed",
@@ -69,7 +69,7 @@ def mark_incomplete(ctx: ServiceContext, facts: release.ReleaseFacts) -> list[st
 def check_free_space(ctx: ServiceContext, need: int = MIN_FREE_BYTES) -> None:
     """Refuse to stage into a filesystem without room: a full disk mid-staging leaves a half-written release."""
     root = ctx.paths.releases  # where staging writes (its own filesystem, possibly)
-    out = ctx.remote.run(
+    out = ctx.conn.run(
         sh(f"mkdir -p {shlex.quote(root)} && df -P -B1 {shlex.quote(root)}", sudo=True), check=False, timeout=60
     )
     try:
@@ -78,7 +78,7 @@ def check_free_space(ctx: ServiceContext, need: int = MIN_FREE_BYTES) -> None:
         return  # cannot tell; staging itself will say what is wrong
     if space.available < need:
         raise DeployError(
-            f"{ctx.inv_host.name}: only {gib(space.available)} free in {space.mount} ({root}), "
+            f"{ctx.host.name}: only {gib(space.available)} free in {space.mount} ({root}), "
             f"a release needs {gib(need)}; nothing was changed",
             f"free space on {space.mount} (old releases in {ctx.paths.releases}, logs, caches), then deploy again",
         )
@@ -86,7 +86,7 @@ def check_free_space(ctx: ServiceContext, need: int = MIN_FREE_BYTES) -> None:
 
 def models_changed(ctx: ServiceContext) -> list[modelcheck.ModelVerdict]:
     """Models written after the running service started: the process still uses the old files."""
-    verdicts = modelcheck.check(ctx.remote, ctx.service, ctx.paths.unit_name)
+    verdicts = modelcheck.check(ctx.conn, ctx.service, ctx.paths.unit_name)
     return [v for v in verdicts if v.problem is modelcheck.Problem.CHANGED]
 
 

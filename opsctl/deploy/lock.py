@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from opsctl.commands import Cmd, sh
 from opsctl.errors import DeployError, OpsctlError
-from opsctl.remote.base import Host
+from opsctl.remote.base import Connection
 
 LOCK_DIR = "/run/lock/opsctl/deploy.lock"
 HOLDER = f"{LOCK_DIR}/holder"
@@ -143,7 +143,7 @@ class LockHeld(DeployError):
 
 @contextmanager
 def host_lock(
-    host: Host,
+    host: Connection,
     action: str,
     lock_wait: float = 0.0,
     poll_s: float = 1.0,

@@ -1,9 +1,11 @@
-"""Releases: ids, host layout, manifest, the facts read from a host, and pruning. Pure, except nothing.
+"""Releases: ids, host layout, manifest, the commands that read and change a host's releases, their
+parsers, and pruning. Pure (values, commands and parsers), except `missing_models`, which runs one read-only
+command through the connection it is given.
 
 A release id is `<UTC time>-<config hash>` (`20261129T221500Z-3f9c0a1b2c4d`): it sorts by time, and the hash
 says whether two releases carry the same configuration, so an unchanged deploy is detected from the id alone.
-The hash covers the rendered files, the argv and the runtime wheel's sha256, rendered with a placeholder id so
-it does not depend on the id it is part of.
+The hash covers the rendered files, the argv, the runtime wheel's sha256 and the model manifests, rendered with
+a placeholder id so it does not depend on the id it is part of (see opsctl.deploy.staged).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from opsctl import layout
 from opsctl.commands import Cmd, sh
 from opsctl.errors import DeployError
 from opsctl.inventory.model import Service
-from opsctl.remote.base import Host
+from opsctl.remote.base import Connection
 
 PLACEHOLDER_ID = "00000000T000000Z-000000000000"  # used to render for hashing (same length as real ids)
 HASH_LEN = 12
@@ -124,7 +126,8 @@ class ServicePaths:
 
 @dataclass(frozen=True)
 class Manifest:
-    """manifest.json of a release: what it is, written last when staging completed."""
+    """manifest.json of a release: what it is; written last, once staging (pre-flight and `systemd-analyze
+    verify` included) succeeded, so a release with a manifest is complete."""
 
     release_id: str
     service: str
@@ -155,12 +158,6 @@ class Manifest:
 
 def file_digests(files: Mapping[str, str]) -> dict[str, str]:
     return {name: hashlib.sha256(text.encode()).hexdigest() for name, text in sorted(files.items())}
-
-
-def wheel_version(wheel_name: str) -> str:
-    """`ddtree_runtime-0.1.0-py3-none-any.whl` -> `0.1.0`."""
-    parts = wheel_name.split("-")
-    return parts[1] if len(parts) >= 5 and wheel_name.endswith(".whl") else "unknown"
 
 
 # ---------------------------------------------------------------- facts read from the host
@@ -259,11 +256,6 @@ def install_unit_cmd(paths: ServicePaths, release_id: str) -> Cmd:
     return Cmd.of("install", "-m", "0644", paths.release_unit(release_id), paths.installed_unit, sudo=True)
 
 
-def verify_unit_cmd(paths: ServicePaths, release_id: str) -> Cmd:
-    # 2>&1: warnings go to stderr and count as failures too (no output allowed).
-    return sh(f"systemd-analyze verify {shlex.quote(paths.release_unit(release_id))} 2>&1", sudo=True)
-
-
 def pip_install_cmd(venv: str, wheel_path: str, site: str) -> Cmd:
     """The runtime into the release's own site dir; its dependencies come from the shared venv."""
     return Cmd.of(
@@ -322,7 +314,7 @@ def missing_models_cmd(model_paths: list[str]) -> Cmd:
     return sh("; ".join(checks) + "; true", sudo=True)
 
 
-def missing_models(remote: Host, service: Service) -> list[str]:
+def missing_models(remote: Connection, service: Service) -> list[str]:
     """The service's model directories that are not on the host (after a reboot /dev/shm is empty)."""
     paths = [m.path for m in (service.model, service.draft_model) if m is not None]
     return remote.run(missing_models_cmd(paths)).stdout.split() if paths else []

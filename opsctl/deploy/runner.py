@@ -17,18 +17,16 @@ from datetime import UTC, datetime
 import httpx
 
 from opsctl import remote
+from opsctl.artifact import RuntimeWheel
 from opsctl.deploy import audit
 from opsctl.deploy.flow import DeploySettings, ServiceContext, ServiceResult, deploy_service, rollback_service
 from opsctl.deploy.lock import LockHeld, host_lock
 from opsctl.deploy.rollout import Outcome, Target, count_failures, group_by_host, plan_batches, should_continue
-from opsctl.deploy.wheel import RuntimeWheel
+from opsctl.deploy.staged import StagedRelease
 from opsctl.errors import DeployError, ExitCode, OpsctlError, UnreachableError
-from opsctl.inventory.model import Host as InvHost
-from opsctl.inventory.model import Service
-from opsctl.remote.base import Host
+from opsctl.inventory.model import Host, Service
+from opsctl.remote.base import Connect, Connection
 from opsctl.secrets import SecretError
-
-Connect = Callable[[InvHost], Host]
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ Work = Callable[[ServiceContext], ServiceResult]
 
 def run(
     action: str,
-    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    selection: Sequence[tuple[Host, Sequence[Service]]],
     work: Work,
     options: RolloutOptions,
     say: Callable[[str], None],
@@ -80,12 +78,12 @@ def run(
     targets = [Target(h.name, s.name) for h, svcs in selection for s in svcs]
     batches = plan_batches(targets, options.canary, options.batch)
     cancel = threading.Event()
-    conns: dict[str, Host] = {}
+    conns: dict[str, Connection] = {}
     results: dict[Target, ServiceResult] = {}
     now = datetime.now(UTC)
 
     def on_host(host_name: str, group: list[Target]) -> list[ServiceResult]:
-        inv_host = hosts[host_name]
+        host = hosts[host_name]
         out: list[ServiceResult] = []
 
         def rest(outcome: Outcome, message: str) -> list[ServiceResult]:
@@ -96,7 +94,7 @@ def run(
 
         try:
             with ExitStack() as stack:
-                conn = conns.setdefault(host_name, connect(inv_host))
+                conn = conns.setdefault(host_name, connect(host))
                 if take_lock:
                     names = ",".join(t.service for t in group)
                     stack.enter_context(
@@ -108,7 +106,7 @@ def run(
                         out.append(ServiceResult(host_name, target.service, Outcome.SKIPPED, message="interrupted"))
                         continue
                     svc = services[(host_name, target.service)]
-                    ctx = ServiceContext(inv_host, svc, conn, http, cancel, say=_prefixed(say, str(target)), now=now)
+                    ctx = ServiceContext(host, svc, conn, http, cancel, say=_prefixed(say, str(target)), now=now)
                     try:
                         out.append(work(ctx))
                     except UnreachableError as exc:
@@ -167,7 +165,7 @@ def run(
 
 
 def deploy(
-    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    selection: Sequence[tuple[Host, Sequence[Service]]],
     wheel: RuntimeWheel,
     settings: DeploySettings,
     options: RolloutOptions,
@@ -188,7 +186,7 @@ def deploy(
 
 
 def rollback(
-    selection: Sequence[tuple[InvHost, Sequence[Service]]],
+    selection: Sequence[tuple[Host, Sequence[Service]]],
     settings: DeploySettings,
     options: RolloutOptions,
     say: Callable[[str], None],
@@ -206,16 +204,14 @@ def rollback(
     )
 
 
-def require_secrets(selection: Sequence[tuple[InvHost, Sequence[Service]]]) -> None:
+def require_secrets(selection: Sequence[tuple[Host, Sequence[Service]]]) -> None:
     """Every selected service's secrets readable before any host is touched: one missing env var found after
     the first batch went out would leave the fleet half deployed."""
     missing = []
     for host, services in selection:
         for svc in services:
-            if svc.api_key is None:
-                continue
             try:
-                svc.api_key.reveal()
+                StagedRelease.render(host, svc).checked_secrets()
             except SecretError as exc:
                 missing.append(f"{host.name}/{svc.name}: {exc.message}")
     if missing:
@@ -225,7 +221,7 @@ def require_secrets(selection: Sequence[tuple[InvHost, Sequence[Service]]]) -> N
         )
 
 
-def _audit_refusal(conn: Host | None, host: str, services: list[str], action: str, why: str) -> None:
+def _audit_refusal(conn: Connection | None, host: str, services: list[str], action: str, why: str) -> None:
     """A refused deploy is an action too: who tried, and who held the lock (on the host and locally)."""
     for svc in services:
         line = audit.audit_line(host, svc, action, None, "locked", why)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from opsctl import layout
 from opsctl.secrets import SecretRef
 
 
@@ -113,7 +114,7 @@ class Service:
 
     @property
     def unit_name(self) -> str:
-        return f"opsctl-{self.name}.service"
+        return layout.unit_name(self.name)
 
     @property
     def hybrid_unsafe(self) -> bool:

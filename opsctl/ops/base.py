@@ -10,35 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from opsctl.commands import Cmd
-from opsctl.inventory.model import Host as HostSpec
+from opsctl.inventory.model import Host
 from opsctl.ops.errors import ProvisionError
 from opsctl.ops.facts.manifest import Manifest
+from opsctl.remote.base import Connection, RunResult
 
-
-class RunResultLike(Protocol):
-    """What operations read from `opsctl.remote.RunResult`."""
-
-    @property
-    def exit_code(self) -> int: ...
-    @property
-    def stdout(self) -> str: ...
-    @property
-    def stderr(self) -> str: ...
-
-
-class RemoteHost(Protocol):
-    """The subset of `opsctl.remote.Host` operations use (structural: the real Host and FakeHost fit)."""
-
-    name: str
-
-    def run(self, cmd: Cmd, timeout: float | None = None, check: bool = True) -> RunResultLike: ...
-    def put_text(self, text: str, remote_path: str, mode: int = 0o644) -> None: ...
-    def put_file(self, local: Path, remote_path: str, mode: int = 0o644) -> None: ...
-    def sync_dir(self, local_dir: Path, remote_dir: str) -> None: ...
-    def close(self) -> None: ...
+if TYPE_CHECKING:
+    from opsctl.artifact import RuntimeWheel
 
 
 @dataclass(frozen=True)
@@ -112,14 +93,14 @@ class Artifacts:
     """Things built once per run on the control machine and shared by every host."""
 
     wheelhouses: Mapping[str, Path] = field(default_factory=dict)  # profile -> local wheel dir to push
-    runtime_wheel: Path | None = None  # the ddtree-runtime wheel built from runtime/
+    runtime_wheel: RuntimeWheel | None = None  # the ddtree-runtime wheel built from runtime/ (opsctl.artifact)
     manifests: Mapping[str, Manifest] = field(default_factory=dict)  # control-side model source -> manifest
 
 
 @dataclass(frozen=True)
 class Context:
-    spec: HostSpec  # the inventory's view of the host
-    remote: RemoteHost
+    spec: Host  # the inventory's view of the host
+    remote: Connection
     options: Options = field(default_factory=Options)
     artifacts: Artifacts = field(default_factory=Artifacts)
 
@@ -136,7 +117,7 @@ class Operation(Protocol):
         ...
 
 
-def execute(remote: RemoteHost, actions: tuple[Action, ...], timeout: float | None = None) -> None:
+def execute(remote: Connection, actions: tuple[Action, ...], timeout: float | None = None) -> None:
     """Run the actions in order; the first failure raises (RemoteError, or the judge's error)."""
     for action in actions:
         if isinstance(action, Cmd):
@@ -153,12 +134,12 @@ def execute(remote: RemoteHost, actions: tuple[Action, ...], timeout: float | No
             action.judge(result.exit_code, result.stdout, result.stderr)
 
 
-def read(remote: RemoteHost, cmd: Cmd, timeout: float | None = 120.0) -> RunResultLike:
+def read(remote: Connection, cmd: Cmd, timeout: float | None = 120.0) -> RunResult:
     """A fact read: never raises for a non-zero exit (the parser decides what it means)."""
     return remote.run(cmd, timeout=timeout, check=False)
 
 
-def require_ok(result: RunResultLike, what: str) -> str:
+def require_ok(result: RunResult, what: str) -> str:
     if result.exit_code != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()
         raise ProvisionError(f"{what} failed (exit {result.exit_code})" + (f": {tail[-1]}" if tail else ""))

@@ -10,10 +10,11 @@ from collections.abc import Callable
 
 from opsctl.commands import Cmd
 from opsctl.inventory.model import CudaConfig
-from opsctl.ops.base import Context, Plan, RemoteHost, Verify, execute, read
+from opsctl.ops.base import Context, Plan, Verify, execute, read
 from opsctl.ops.errors import ProvisionError
 from opsctl.ops.facts.cuda import parse_nvcc_version, toolkit_version
 from opsctl.ops.gpu_driver import RepoFacts, apt_install, read_repo_facts, repo_actions
+from opsctl.remote.base import Connection
 
 NAME = "cuda_toolkit"
 
@@ -51,7 +52,7 @@ def _nvcc_judge(want: str, home: str) -> Callable[[int, str, str], None]:
     return judge
 
 
-def read_nvcc(remote: RemoteHost, cuda: CudaConfig) -> str | None:
+def read_nvcc(remote: Connection, cuda: CudaConfig) -> str | None:
     result = read(remote, nvcc_cmd(cuda))
     return parse_nvcc_version(result.exit_code, result.stdout)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from opsctl.commands import Cmd
 from opsctl.inventory.model import CudaConfig
 from opsctl.ops import reboot
-from opsctl.ops.base import Action, Context, Options, Plan, RemoteHost, Verify, execute, read
+from opsctl.ops.base import Action, Context, Options, Plan, Verify, execute, read
 from opsctl.ops.errors import NoGpuError, ProvisionError
 from opsctl.ops.facts.apt import (
     AptPolicy,
@@ -32,6 +32,7 @@ from opsctl.ops.facts.nvidia import (
     parse_pci_vendors,
     parse_proc_version,
 )
+from opsctl.remote.base import Connection
 
 NAME = "gpu_driver"
 KEYRING_VERSION = "1.1-1"
@@ -164,7 +165,7 @@ def _candidate_judge(package: str, minimum: int) -> Callable[[int, str, str], No
     return judge
 
 
-def read_facts(remote: RemoteHost, cuda: CudaConfig | None) -> DriverFacts:
+def read_facts(remote: Connection, cuda: CudaConfig | None) -> DriverFacts:
     smi_result = read(remote, Cmd.of(*NVIDIA_SMI_QUERY))
     smi = parse_nvidia_smi(smi_result.exit_code, smi_result.stdout, smi_result.stderr)
     proc = read(remote, Cmd.of("cat", "/proc/driver/nvidia/version"))
@@ -182,7 +183,7 @@ def _driver_ok(facts: DriverFacts, cuda: CudaConfig) -> bool:
     return driver_major(gpu.driver_version) >= cuda.min_driver and open_ok
 
 
-def read_repo_facts(remote: RemoteHost, package: str) -> RepoFacts:
+def read_repo_facts(remote: Connection, package: str) -> RepoFacts:
     os_release = parse_os_release(read(remote, Cmd.of("cat", "/etc/os-release")).stdout)
     arch = read(remote, Cmd.of("dpkg", "--print-architecture")).stdout.strip()
     keyring = read(remote, Cmd.of("dpkg-query", "-W", f"-f={_DPKG_FORMAT}", "cuda-keyring"))

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from opsctl.inventory.model import Engine
-from opsctl.inventory.model import Host as HostSpec
+from opsctl.inventory.model import Engine, Host
 from opsctl.ops.errors import ProvisionError
 
 
@@ -43,13 +42,13 @@ def locks_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / "locks"
 
 
-def profile_for(host: HostSpec) -> Profile:
+def profile_for(host: Host) -> Profile:
     if any(svc.engine is Engine.SGLANG for svc in host.services):
         return Profile.SGLANG
     return Profile.REFERENCE
 
 
-def lock_for(host: HostSpec, directory: Path | None = None) -> Lock:
+def lock_for(host: Host, directory: Path | None = None) -> Lock:
     profile = profile_for(host)
     name = "reference-cpu.txt" if profile is Profile.REFERENCE else f"sglang-{host.sglang_version}.txt"
     path = (directory or locks_dir()) / name

@@ -21,8 +21,7 @@ import shlex
 
 from opsctl import layout
 from opsctl.commands import Cmd
-from opsctl.inventory.model import Host as HostSpec
-from opsctl.inventory.model import ModelSourceKind, ModelSpec
+from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
 from opsctl.ops.base import Action, Context, Plan, PutText, execute, read
 from opsctl.ops.facts.manifest import MANIFEST_NAME, Manifest, parse_manifest_json
 from opsctl.ops.model_sync import model_users
@@ -73,12 +72,12 @@ def state_dir(spec: ModelSpec) -> str:
     return f"{STATE_ROOT}/{model_name(spec)}"
 
 
-def users(host: HostSpec, spec: ModelSpec) -> list[str]:
+def users(host: Host, spec: ModelSpec) -> list[str]:
     """Unit names of the host's services that use this model (as model or draft model)."""
     return model_users(host, [spec])
 
 
-def restorable(host: HostSpec) -> list[ModelSpec]:
+def restorable(host: Host) -> list[ModelSpec]:
     """Distinct host-side models of the host's services (control-side ones cannot be restored on the host)."""
     seen: dict[str, ModelSpec] = {}
     for svc in host.services:

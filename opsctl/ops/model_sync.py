@@ -23,9 +23,8 @@ from pathlib import Path
 
 from opsctl import layout, modelcheck
 from opsctl.commands import Cmd
-from opsctl.inventory.model import Host as HostSpec
-from opsctl.inventory.model import ModelSourceKind, ModelSpec
-from opsctl.ops.base import Action, Context, Plan, Push, PutText, RemoteHost, Verify, execute, read
+from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
+from opsctl.ops.base import Action, Context, Plan, Push, PutText, Verify, execute, read
 from opsctl.ops.errors import ManifestMismatchError, ProvisionError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
@@ -38,6 +37,7 @@ from opsctl.ops.facts.manifest import (
     parse_manifest_json,
 )
 from opsctl.ops.facts.system import DiskSpace, gib, parse_df
+from opsctl.remote.base import Connection
 
 NAME = "model_sync"
 
@@ -69,7 +69,7 @@ class ModelFacts:
     space: DiskSpace  # of the filesystem holding the final path
 
 
-def models_of(host: HostSpec) -> list[ModelSpec]:
+def models_of(host: Host) -> list[ModelSpec]:
     """Distinct models (by destination) of the host's services, in service order."""
     seen: dict[str, ModelSpec] = {}
     for svc in host.services:
@@ -166,7 +166,7 @@ def _verify_judge(name: str, manifest: Manifest) -> Callable[[int, str, str], No
     return judge
 
 
-def read_facts(remote: RemoteHost, spec: ModelSpec) -> ModelFacts:
+def read_facts(remote: Connection, spec: ModelSpec) -> ModelFacts:
     p = ModelPaths.of(spec.path)
     final_exists = read(remote, Cmd.of("test", "-d", p.final)).exit_code == 0
     staging_exists = read(remote, Cmd.of("test", "-d", p.staging)).exit_code == 0
@@ -186,14 +186,14 @@ def read_facts(remote: RemoteHost, spec: ModelSpec) -> ModelFacts:
     )
 
 
-def _listing(remote: RemoteHost, directory: str) -> dict[str, FileEntry]:
+def _listing(remote: Connection, directory: str) -> dict[str, FileEntry]:
     result = read(remote, hash_listing_cmd(directory), timeout=3600.0)
     if result.exit_code != 0:
         raise ProvisionError(f"hashing {directory} failed: {result.stderr.strip()[-200:]}")
     return parse_hash_listing(result.stdout)
 
 
-def host_source_manifest(remote: RemoteHost, spec: ModelSpec) -> Manifest:
+def host_source_manifest(remote: Connection, spec: ModelSpec) -> Manifest:
     if read(remote, Cmd.of("test", "-d", spec.source)).exit_code != 0:
         raise ProvisionError(f"model source {spec.source} does not exist on the host", "fix models.source")
     return Manifest(_listing(remote, spec.source))
@@ -252,7 +252,7 @@ def changed_under(ctx: Context) -> list[str]:
     ]
 
 
-def model_users(host: HostSpec, specs: list[ModelSpec]) -> list[str]:
+def model_users(host: Host, specs: list[ModelSpec]) -> list[str]:
     """Units of the host's services that use any of these models, in service order, once each."""
     paths = {s.path.rstrip("/") for s in specs}
     return [
@@ -262,7 +262,7 @@ def model_users(host: HostSpec, specs: list[ModelSpec]) -> list[str]:
     ]
 
 
-def deployed(remote: RemoteHost, units: list[str]) -> list[str]:
+def deployed(remote: Connection, units: list[str]) -> list[str]:
     """The units that are deployed (enabled); a service not deployed yet has nothing to restart."""
     return [u for u in units if read(remote, Cmd.of("systemctl", "is-enabled", "--quiet", "--", u)).exit_code == 0]
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.commands import Cmd
-from opsctl.ops.base import Action, Context, Plan, Push, PutText, RemoteHost, Verify, execute, read
+from opsctl.ops.base import Action, Context, Plan, Push, PutText, Verify, execute, read
 from opsctl.ops.errors import AbiMismatchError, FactError, ProvisionError
 from opsctl.ops.facts.system import parse_python_version
 from opsctl.ops.locks import Lock, Profile, lock_for
+from opsctl.remote.base import Connection
 
 NAME = "python_venv"
 MIN_PYTHON = (3, 11)
@@ -213,7 +214,7 @@ def _judge(spec: VenvSpec) -> Callable[[int, str, str], None]:
     return judge
 
 
-def read_facts(remote: RemoteHost, spec: VenvSpec) -> VenvFacts:
+def read_facts(remote: Connection, spec: VenvSpec) -> VenvFacts:
     host_py = read(remote, Cmd.of(spec.python, "--version"))
     venv_py = read(remote, Cmd.of(f"{spec.bin}/python", "--version"))
     marker = read(remote, Cmd.of("cat", f"{spec.venv.rstrip('/')}/{MARKER}"))

@@ -6,17 +6,17 @@ import time
 
 from opsctl.commands import Cmd
 from opsctl.errors import OpsctlError
-from opsctl.ops.base import RemoteHost
 from opsctl.ops.errors import ProvisionError
+from opsctl.remote.base import Connection
 
 BOOT_ID = Cmd.of("cat", "/proc/sys/kernel/random/boot_id")
 
 
-def boot_id(remote: RemoteHost) -> str:
+def boot_id(remote: Connection) -> str:
     return remote.run(BOOT_ID, timeout=30.0).stdout.strip()
 
 
-def reboot_and_wait(remote: RemoteHost, timeout: float, poll: float = 5.0) -> None:
+def reboot_and_wait(remote: Connection, timeout: float, poll: float = 5.0) -> None:
     before = boot_id(remote)
     try:
         remote.run(Cmd.of("systemctl", "reboot", sudo=True), timeout=30.0, check=False)

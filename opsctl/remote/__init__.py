@@ -1,12 +1,13 @@
-"""The only module that touches SSH: the Host seam, its SSH/local/fake implementations, and the pool."""
+"""The only module that touches SSH: the Connection seam, its SSH/local/fake implementations, and the pool."""
 
-from opsctl.remote.base import Host, RunResult, SecretOnCommandLine
+from opsctl.remote.base import Connect, Connection, RunResult, SecretOnCommandLine
 from opsctl.remote.local import LocalHost
 from opsctl.remote.pool import HostOutcome, run_parallel
 from opsctl.remote.ssh import SshHost, connect
 
 __all__ = [
-    "Host",
+    "Connect",
+    "Connection",
     "HostOutcome",
     "LocalHost",
     "RunResult",

@@ -1,6 +1,6 @@
-"""The remote seam: what every host implementation (SSH, local, fake) offers, and the shared pieces.
+"""The remote seam: what every connection (SSH, local, fake) offers, and the shared pieces.
 
-`Host.run` takes a `Cmd` value. Its shell form is built here once (`command_line`), so every implementation
+`Connection.run` takes a `Cmd` value. Its shell form is built here once (`command_line`), so every implementation
 applies sudo and the secret rule the same way: a `Masked` argument never reaches a command line; secrets
 travel on stdin or in a 0600 file written by `put_text`.
 """
@@ -10,12 +10,14 @@ from __future__ import annotations
 import secrets
 import shlex
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from opsctl.commands import Cmd
 from opsctl.errors import OpsctlError, RemoteError
+from opsctl.inventory.model import Host
 
 # Set by the pool when Ctrl-C arrives; a running command notices it within a poll interval, kills its remote
 # process group and raises KeyboardInterrupt (worker threads never get the signal themselves).
@@ -56,7 +58,9 @@ class RunResult:
 
 
 @runtime_checkable
-class Host(Protocol):
+class Connection(Protocol):
+    """A connection to one host (SSH, the local machine, or a fake): what every command runs through."""
+
     name: str
 
     def run(self, cmd: Cmd, timeout: float | None = None, check: bool = True) -> RunResult: ...
@@ -70,6 +74,9 @@ class Host(Protocol):
     def sync_dir(self, local_dir: Path, remote_dir: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+Connect = Callable[[Host], Connection]  # how every command gets its connection (injected; tests pass a fake)
 
 
 def command_line(host: str, cmd: Cmd, as_root: bool) -> str:

@@ -29,8 +29,7 @@ import paramiko
 
 from opsctl.commands import Cmd
 from opsctl.errors import CommandTimeout, HostKeyError, RemoteError, UnreachableError
-from opsctl.inventory.model import Host as InventoryHost
-from opsctl.inventory.model import HostKeyPolicy, SshConfig
+from opsctl.inventory.model import Host, HostKeyPolicy, SshConfig
 from opsctl.remote import base
 from opsctl.remote.base import RunResult
 from opsctl.remote.local import LocalHost
@@ -100,7 +99,7 @@ def _fingerprint(key: paramiko.PKey) -> str:
 class SshHost:
     """One inventory host over SSH. Connects lazily; the connection is reused by every call and thread."""
 
-    def __init__(self, host: InventoryHost) -> None:
+    def __init__(self, host: Host) -> None:
         self.name = host.name
         self.config: SshConfig = host.ssh
         self.endpoint = Endpoint(host.address, host.ssh.port, host.ssh.user)
@@ -399,7 +398,7 @@ class SshHost:
             raise rsync_error(self.name, result.command, result.exit_code, result.stderr)
 
 
-def connect(host: InventoryHost) -> SshHost:
+def connect(host: Host) -> SshHost:
     """An SSH host for an inventory host. Lazy: the first call connects (errors surface per host there)."""
     return SshHost(host)
 

@@ -15,7 +15,10 @@ synchronized around each call:
 - plan / mask / commit: `batch_round.plan_batch`, `full_mask_batched`, `commit_batch`, eager;
 - plan g / commit g: the same plan and commit captured in CUDA graphs and replayed (CUDA only; FULL_MASK's size
   depends on the prefix lengths, so `mask` stays eager in the graph total);
-- new eager = plan + mask + commit, new graph = plan g + mask + commit g, and their ratio to the floor.
+- new eager = plan + mask + commit, new graph = plan g + mask + commit g, and their ratio to the floor;
+- fused: the same with `ddtree.fused_tree`'s Triton kernels (top-k, best-first expansion, layout, FULL_MASK:
+  `plan f`, `mask f`, `plan fg` replayed); `fused eager` = plan f + mask f + commit, `fused graph` = plan fg +
+  mask f + commit g (CUDA only; the other columns are the torch-only batched path, `DDTREE_FUSED_BUILD=0`).
 
 Parity: every configuration compares the batched plan (tokens, positions, FULL_MASK, retrieve_* links) and
 commit (committed tokens, lengths, bonus, permutation, off-spine) with plan_round / commit_round, the CUDA-graph
@@ -26,13 +29,16 @@ mismatch prints it and exits 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +48,7 @@ from torch import Tensor
 if __package__ in (None, ""):  # run as a script from a checkout: this checkout's runtime package, no install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ddtree.fused_tree import fused_available
 from ddtree.sglang.batch_round import (
     BatchCommit,
     BatchPlan,
@@ -70,7 +77,28 @@ COLUMNS = (
     ("eager_vs_floor", "eager/floor"),
     ("graph_vs_floor", "graph/floor"),
     ("old_vs_new_eager", "old/new eager"),
+    ("fused_plan_ms", "plan f"),
+    ("fused_mask_ms", "mask f"),
+    ("fused_plan_graph_ms", "plan fg"),
+    ("fused_eager_ms", "fused eager"),
+    ("fused_graph_ms", "fused graph"),
+    ("fused_eager_vs_floor", "f eager/floor"),
+    ("fused_graph_vs_floor", "f graph/floor"),
 )
+
+
+@contextlib.contextmanager
+def fused_build(on: bool) -> Iterator[None]:
+    """DDTREE_FUSED_BUILD for the calls inside (ddtree.fused_tree reads it per call)."""
+    old = os.environ.get("DDTREE_FUSED_BUILD")
+    os.environ["DDTREE_FUSED_BUILD"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["DDTREE_FUSED_BUILD"]
+        else:
+            os.environ["DDTREE_FUSED_BUILD"] = old
 
 
 def sync(device: torch.device) -> None:
@@ -179,10 +207,15 @@ def run_config(args: argparse.Namespace, device: torch.device, bs: int, prefix: 
     index_d, num_d, predict_d = index.to(device), num.to(device), predict.to(device)
 
     def new_plan() -> BatchPlan:
-        return plan_batch(lp, roots, prefixes, slots, budget, topk)
+        with fused_build(False):
+            return plan_batch(lp, roots, prefixes, slots, budget, topk)
+
+    def new_mask(tree_mask: Tensor) -> Tensor:
+        with fused_build(False):
+            return full_mask_batched(tree_mask, prefixes, numel)
 
     plan = new_plan()
-    mask = full_mask_batched(plan.tree_mask, prefixes, numel)
+    mask = new_mask(plan.tree_mask)
     commit = commit_batch(plan, index_d, num_d, predict_d)
     problems = [f"plan:{m}" for m in plan_mismatches(ref, plan, mask)]
     problems += [f"commit:{m}" for m in commit_mismatches(ref_commit, commit)]
@@ -193,7 +226,7 @@ def run_config(args: argparse.Namespace, device: torch.device, bs: int, prefix: 
     row["old_plan_ms"] = median_ms(old_plan, device, args.old_repeat, warmup=1)
     row["old_commit_ms"] = median_ms(lambda: commit_round(ref, index_d, num_d, predict_d), device, args.old_repeat)
     row["plan_ms"] = median_ms(new_plan, device, args.repeat)
-    row["mask_ms"] = median_ms(lambda: full_mask_batched(plan.tree_mask, prefixes, numel), device, args.repeat)
+    row["mask_ms"] = median_ms(lambda: new_mask(plan.tree_mask), device, args.repeat)
     row["commit_ms"] = median_ms(lambda: commit_batch(plan, index_d, num_d, predict_d), device, args.repeat)
     row["new_eager_ms"] = row["plan_ms"] + row["mask_ms"] + row["commit_ms"]
     if args.graphs:
@@ -223,6 +256,8 @@ def run_config(args: argparse.Namespace, device: torch.device, bs: int, prefix: 
             del plan_graph, commit_graph, floor_graph
         except RuntimeError as exc:  # a capture failure is a result too; eager parity still decides the exit
             row["graph_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    if fused_available(device, topk):
+        problems += fused_arm(row, plan, mask, index_d, num_d, predict_d, lp, roots, prefixes, numel, args, device)
     row["eager_vs_floor"] = row["new_eager_ms"] / row["floor_ms"]
     row["old_vs_new_eager"] = (row["old_plan_ms"] + row["old_commit_ms"]) / row["new_eager_ms"]
     row["nodes"] = plan.num_nodes - 1
@@ -231,6 +266,56 @@ def run_config(args: argparse.Namespace, device: torch.device, bs: int, prefix: 
     row["mean_tau"] = float(commit.commit_lens.float().mean())
     row["parity"] = problems
     return row
+
+
+def fused_arm(
+    row: dict[str, Any], plan: BatchPlan, mask: Tensor, index: Tensor, num: Tensor, predict: Tensor, lp: Tensor,
+    roots: Tensor, prefixes: Tensor, numel: int, args: argparse.Namespace, device: torch.device,
+) -> list[str]:  # fmt: skip
+    """The fused (Triton) plan and FULL_MASK: parity with the torch-only batched path (itself checked against
+    the per-request references), eager and replayed times."""
+    slots, budget, topk = args.block, args.budget, args.topk
+
+    def fplan() -> BatchPlan:
+        with fused_build(True):
+            return plan_batch(lp, roots, prefixes, slots, budget, topk)
+
+    def fmask(tree_mask: Tensor) -> Tensor:
+        with fused_build(True):
+            return full_mask_batched(tree_mask, prefixes, numel)
+
+    got = fplan()
+    problems = [f"fused:{m}" for m in plan_pair_mismatches(plan, got)]
+    if not torch.equal(fmask(got.tree_mask), mask):
+        problems.append("fused:custom_mask")
+    row["fused_plan_ms"] = median_ms(fplan, device, args.repeat)
+    row["fused_mask_ms"] = median_ms(lambda: fmask(got.tree_mask), device, args.repeat)
+    row["fused_eager_ms"] = row["fused_plan_ms"] + row["fused_mask_ms"] + row["commit_ms"]
+    row["fused_eager_vs_floor"] = row["fused_eager_ms"] / row["floor_ms"]
+    if "commit_graph_ms" in row:
+        try:
+            graph, static = capture(fplan)
+            graph.replay()
+            sync(device)
+            problems += [f"fused graph:{m}" for m in plan_pair_mismatches(plan, static)]
+            row["fused_plan_graph_ms"] = median_ms(graph.replay, device, args.repeat)
+            row["fused_graph_ms"] = row["fused_plan_graph_ms"] + row["fused_mask_ms"] + row["commit_graph_ms"]
+            row["fused_graph_vs_floor"] = row["fused_graph_ms"] / row["floor_ms"]
+            del graph
+        except RuntimeError as exc:
+            row["fused_graph_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    return problems
+
+
+def plan_pair_mismatches(a: BatchPlan, b: BatchPlan) -> list[str]:
+    """Fields of two BatchPlans that differ (the trees' included)."""
+    bad = [f.name for f in fields(a) if f.name != "trees" and not same(getattr(a, f.name), getattr(b, f.name))]
+    return bad + [f"trees.{n}" for n in ("tokens", "parents", "depths", "scores")
+                  if not same(getattr(a.trees, n), getattr(b.trees, n))]  # fmt: skip
+
+
+def same(x: Tensor, y: Tensor) -> bool:
+    return x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
 
 
 def tie_parity(args: argparse.Namespace, device: torch.device) -> list[str]:
@@ -244,13 +329,16 @@ def tie_parity(args: argparse.Namespace, device: torch.device) -> list[str]:
             roots = torch.arange(bs, device=device)
             prefixes_host = torch.arange(bs) * 7 + 3
             ref = plan_round(lp, roots.tolist(), prefixes_host.tolist(), slots, budget, args.topk)
-            plan = plan_batch(lp, roots, prefixes_host.to(device), slots, budget, args.topk)
             numel = full_mask_numel(int(prefixes_host.sum()), bs, slots)
-            mask = full_mask_batched(plan.tree_mask, prefixes_host.to(device), numel)
             index, num, predict = random_path_verify(ref, vocab, seed=i)
-            commit = commit_batch(plan, index.to(device), num.to(device), predict.to(device))
-            bad = plan_mismatches(ref, plan, mask) + commit_mismatches(commit_round(ref, index, num, predict), commit)
-            problems += [f"ties {kind} budget={budget}: {name}" for name in bad]
+            for fused in (False, True) if fused_available(device, args.topk) else (False,):
+                with fused_build(fused):
+                    plan = plan_batch(lp, roots, prefixes_host.to(device), slots, budget, args.topk)
+                    mask = full_mask_batched(plan.tree_mask, prefixes_host.to(device), numel)
+                commit = commit_batch(plan, index.to(device), num.to(device), predict.to(device))
+                bad = plan_mismatches(ref, plan, mask)
+                bad += commit_mismatches(commit_round(ref, index, num, predict), commit)
+                problems += [f"ties {kind} budget={budget} fused={fused}: {name}" for name in bad]
     return problems
 
 

@@ -15,6 +15,8 @@
 |                             |                 |         | (0: always eager)                                   |
 
 An unset or empty variable takes its default (a systemd EnvironmentFile may write `KEY=`).
+`DDTREE_FUSED_BUILD=0` (read by `ddtree.fused_tree`, not here; a kill switch): the torch tree planner instead of
+the Triton one on CUDA.
 """
 
 from __future__ import annotations

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 import yaml
 
+from opsctl.artifact import remote_wheel_path
 from opsctl.commands import Cmd
 from opsctl.errors import OpsctlError
 from opsctl.inventory.load import load_inventory
 from opsctl.lab import LabReport
-from opsctl.ops.runtime_wheel import remote_path
 from opsctl.remote import SshHost, connect
 
 pytestmark = pytest.mark.lab
@@ -78,7 +78,7 @@ class Pinned:
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory: pytest.TempPathFactory) -> Pinned:
     from opsctl import wheelhouse
-    from opsctl.deploy.wheel import runtime_wheel
+    from opsctl.artifact import runtime_wheel
     from opsctl.ops.locks import Lock, Profile, locks_dir
 
     root = tmp_path_factory.mktemp("pinned")
@@ -156,7 +156,7 @@ def opsctl(inventory: Path, pinned: Pinned) -> Provision:
 
 
 def wheel_path(pinned: Pinned) -> str:
-    return remote_path(pinned.wheel.name, hashlib.sha256(pinned.wheel.read_bytes()).hexdigest())
+    return remote_wheel_path(pinned.wheel.name, hashlib.sha256(pinned.wheel.read_bytes()).hexdigest())
 
 
 def snapshot(remote: SshHost) -> str:

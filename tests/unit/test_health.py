@@ -2,9 +2,10 @@ import httpx
 import pytest
 
 from opsctl import health
-from opsctl.deploy.gate import GateConfig, Interrupted, UnitState, health_gate, parse_show, show_cmd
+from opsctl.deploy.gate import GateConfig, Interrupted, health_gate
 from opsctl.errors import DeployError
 from opsctl.health import HealthProbe
+from opsctl.systemd import UnitState, parse_show, show_cmd
 
 SHOW_ACTIVE = """LoadState=loaded
 ActiveState=active

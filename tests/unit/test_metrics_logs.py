@@ -1,6 +1,7 @@
 """opsctl.logs: journalctl commands, output parsing with the cursor, and the cursor-polling follow loop."""
 
-from opsctl.logs import JournalQuery, Source, follow, journal_cmd, parse_journal, valid_grep
+from opsctl.logs import Source, follow, valid_grep
+from opsctl.systemd import JournalQuery, journal_cmd, parse_journal
 
 JOURNAL = """2026-11-29T22:40:01+0000 lab1 opsctl-ref[912]: INFO ddtree: DDTREE init mode=tree budget=32
 -- No entries --

@@ -122,7 +122,8 @@ def test_whole_run_with_fake_hosts_in_parallel(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_runtime_wheel_plan_is_content_addressed(tmp_path: Path) -> None:
-    from opsctl.ops.runtime_wheel import RuntimeWheel
+    from opsctl.artifact import RuntimeWheel
+    from opsctl.ops.runtime_wheel import PushRuntimeWheel
 
     wheel = tmp_path / "ddtree_runtime-0.1.0-py3-none-any.whl"
     wheel.write_bytes(b"wheel bytes")
@@ -130,8 +131,8 @@ def test_runtime_wheel_plan_is_content_addressed(tmp_path: Path) -> None:
     assert hashlib.sha256(wheel.read_bytes()).hexdigest() == digest
     remote_file = f"/opt/opsctl/wheels/{digest[:16]}/{wheel.name}"
     remote = FakeHost("h1", answers={f"sha256sum {remote_file}": (1, "", "No such file")}, default=None)
-    ctx = Context(HOST, remote, artifacts=prov.Artifacts(runtime_wheel=wheel))
-    plan = RuntimeWheel().plan(ctx)
+    ctx = Context(HOST, remote, artifacts=prov.Artifacts(runtime_wheel=RuntimeWheel.of(wheel)))
+    plan = PushRuntimeWheel().plan(ctx)
     assert plan.commands() == [f"sudo mkdir -p /opt/opsctl/wheels/{digest[:16]}", f"push {wheel} -> {remote_file}"]
     remote.answers = {f"sha256sum {remote_file}": (0, f"{digest}  {remote_file}\n", "")}
-    assert RuntimeWheel().plan(ctx).actions == ()
+    assert PushRuntimeWheel().plan(ctx).actions == ()

@@ -2,6 +2,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from opsctl import artifact, systemd
 from opsctl.deploy import release
 from opsctl.deploy.release import Manifest, ReleaseId, ServicePaths
 from opsctl.errors import DeployError
@@ -66,8 +67,8 @@ def test_manifest_roundtrip():
 
 
 def test_wheel_version():
-    assert release.wheel_version("ddtree_runtime-0.1.0-py3-none-any.whl") == "0.1.0"
-    assert release.wheel_version("weird.whl") == "unknown"
+    assert artifact.wheel_version("ddtree_runtime-0.1.0-py3-none-any.whl") == "0.1.0"
+    assert artifact.wheel_version("weird.whl") == "unknown"
 
 
 FACTS = """current /opt/opsctl/services/gpu0/releases/20261129T221500Z-bbbbbbbbbbbb
@@ -165,8 +166,8 @@ def test_commands_exact():
         "/opt/opsctl/venv/bin/python -m pip install --quiet --no-deps --no-index --disable-pip-version-check "
         "--target /opt/opsctl/services/gpu0/releases/20261129T221500Z-0123456789ab/site /opt/opsctl/wheels/w.whl"
     )
-    assert release.switch_cmd(p, rid).sudo and release.verify_unit_cmd(p, rid).sudo
-    assert "2>&1" in release.verify_unit_cmd(p, rid).display()
+    assert release.switch_cmd(p, rid).sudo and systemd.verify_cmd(p.release_unit(rid)).sudo
+    assert "2>&1" in systemd.verify_cmd(p.release_unit(rid)).display()
     assert (
         release.mark_bad_cmd(p, rid, "it's broken")
         .display()

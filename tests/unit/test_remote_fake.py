@@ -6,13 +6,13 @@ import pytest
 
 from opsctl.commands import Cmd, Masked
 from opsctl.errors import RemoteError, UnreachableError
-from opsctl.remote import Host, SecretOnCommandLine
+from opsctl.remote import Connection, SecretOnCommandLine
 from opsctl.remote.fake import FakeHost
 
 
 def test_fake_answers_by_display_form_and_records() -> None:
     host = FakeHost("h", answers={"systemctl is-active x": (3, "inactive\n", "")})
-    assert isinstance(host, Host)
+    assert isinstance(host, Connection)
     result = host.run(Cmd.of("systemctl", "is-active", "x"), check=False)
     assert (result.exit_code, result.stdout) == (3, "inactive\n")
     with pytest.raises(RemoteError):

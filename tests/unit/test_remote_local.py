@@ -9,12 +9,12 @@ import pytest
 
 from opsctl.commands import Cmd, sh
 from opsctl.errors import CommandTimeout, RemoteError
-from opsctl.remote import Host, LocalHost
+from opsctl.remote import Connection, LocalHost
 
 
 def test_run_returns_output_and_exit_code() -> None:
     host = LocalHost()
-    assert isinstance(host, Host)
+    assert isinstance(host, Connection)
     result = host.run(sh("echo out; echo err >&2; exit 2"), check=False)
     assert (result.exit_code, result.stdout, result.stderr) == (2, "out\n", "err\n")
     assert result.command == "sh -c 'echo out; echo err >&2; exit 2'"

@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from opsctl.artifact import RuntimeWheel
 from opsctl.commands import Cmd
 from opsctl.deploy import flow
 from opsctl.deploy.flow import DeploySettings, ServiceContext
 from opsctl.deploy.rollout import Outcome
-from opsctl.deploy.wheel import RuntimeWheel
 from opsctl.errors import OpsctlError
 from opsctl.inventory.load import load_inventory
 from opsctl.remote.fake import FakeHost

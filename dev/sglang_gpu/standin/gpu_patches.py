@@ -26,6 +26,10 @@ pieces; none changes what a correct kernel computes.
 Not patched, on purpose: `clamp_position` (`forward_batch_info.py:1228`) is a `BaseFusedOp`, and so are RMSNorm,
 SiluAndMul and RotaryEmbedding: `SGLANG_FORCE_FUSED_OP_BACKEND=torch` (`kernels/fused_op.py:641`) runs their
 `forward_native`. `store_cache` falls back by itself. `APPLIED` lists what ran in this process.
+
+- T1 (only with `DDTREE_ROUND_TIMER=<file>`; measurement, not a fix) `sglang/srt/speculative/dflash_worker_v2.py`:
+  every DFLASH worker (and DDTREE's tree worker, a subclass) times its decode rounds with CUDA events
+  (`round_timer.py`; dev/sglang_gpu/cost_bench.py reads the file).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -166,6 +171,22 @@ def _patch_model_runner(module: ModuleType) -> None:
     APPLIED.append("P4")
 
 
+def _patch_round_timer(module: ModuleType) -> None:
+    """T1: round_timer.patch_worker_class (per-round CUDA-event timing, DDTREE_ROUND_TIMER set)."""
+    import round_timer
+
+    round_timer.patch_worker_class(module)
+    APPLIED.append("T1")
+
+
+def _patch_tree_timer(module: ModuleType) -> None:
+    """T2: round_timer.patch_tree_worker (DDTREE's build cut into head / plan / mask / prep)."""
+    import round_timer
+
+    round_timer.patch_tree_worker(module)
+    APPLIED.append("T2")
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "sglang.kernels.jit.utils.compile.loader": _patch_jit_loader,
     "sglang.srt.models.utils": _patch_models_utils,
@@ -203,6 +224,9 @@ def install() -> None:
     """Patch each module when it is first imported (or now, if it already is). Idempotent."""
     if any(isinstance(finder, _PatchFinder) for finder in sys.meta_path):
         return
+    if os.environ.get("DDTREE_ROUND_TIMER"):
+        PATCHES["sglang.srt.speculative.dflash_worker_v2"] = _patch_round_timer
+        PATCHES["ddtree.sglang.tree_worker"] = _patch_tree_timer
     sys.meta_path.insert(0, _PatchFinder(cpu_engine_patches()._PatchingLoader))
     for name, patch in PATCHES.items():
         if name in sys.modules:

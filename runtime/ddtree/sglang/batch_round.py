@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ddtree.batch_tree import BatchTrees, ancestor_masks, bfs_slot_order, build_trees_batched
+from ddtree.fused_tree import build_trees_fused, fused_available, kernels
 from ddtree.metrics import MetricsLog, RoundStats
 
 STAT_FIELDS = ("accepted_len", "nodes", "depth", "off_spine", "width", "bad_path")
@@ -58,8 +59,47 @@ def plan_batch(
     """
     if budget + 1 > num_slots:
         raise ValueError(f"budget {budget} does not fit {num_slots} slots (budget + 1 <= slots)")
+    prefix_lens = prefix_lens.to(draft_logprobs.device)
+    if fused_available(draft_logprobs.device, topk):  # 5 Triton launches (ddtree.fused_tree)
+        trees = build_trees_fused(draft_logprobs, root_tokens, budget, topk)
+        return layout_batch_fused(trees, prefix_lens, num_slots)
     trees = build_trees_batched(draft_logprobs, root_tokens, budget, topk)
-    return layout_batch(trees, prefix_lens.to(draft_logprobs.device), num_slots)
+    return layout_batch(trees, prefix_lens, num_slots)
+
+
+def layout_batch_fused(trees: BatchTrees, prefix_lens: Tensor, num_slots: int) -> BatchPlan:
+    """`layout_batch` in one Triton launch (one program per request; `ddtree._triton_tree.layout_kernel`)."""
+    bs, n = trees.tokens.shape
+    s = num_slots
+    if s < n:
+        raise ValueError(f"num_slots={s} is smaller than the trees ({n} nodes, root included)")
+    device = trees.tokens.device
+
+    def ints(*shape: int) -> Tensor:
+        return torch.empty(shape, dtype=torch.int64, device=device)
+
+    order, tokens, parents, depths, positions = ints(bs, n), ints(bs, s), ints(bs, s), ints(bs, s), ints(bs, s)
+    index, next_token, next_sibling, depth, width = ints(bs, s), ints(bs, s), ints(bs, s), ints(bs), ints(bs)
+    mask = torch.empty((bs, s, s), dtype=torch.int8, device=device)
+    kernels().layout_kernel[(bs,)](  # type: ignore[union-attr]
+        trees.tokens, trees.parents, trees.depths, prefix_lens.to(torch.int64).contiguous(), order, tokens,
+        parents, depths, positions, mask, index, next_token, next_sibling, depth, width,
+        N=n, S=s, NP=1 << max(s - 1, 0).bit_length(), MAXD=max(n - 1, 1), num_warps=4,
+    )  # fmt: skip
+    return BatchPlan(
+        trees=trees,
+        order=order,
+        tokens=tokens,
+        parents=parents,
+        depths=depths,
+        positions=positions.view(-1),
+        tree_mask=mask.view(torch.bool),
+        retrieve_index=index,
+        retrieve_next_token=next_token,
+        retrieve_next_sibling=next_sibling,
+        depth=depth,
+        width=width,
+    )
 
 
 def layout_batch(trees: BatchTrees, prefix_lens: Tensor, num_slots: int) -> BatchPlan:
@@ -126,6 +166,15 @@ def full_mask_batched(tree_mask: Tensor, prefix_lens: Tensor, numel: int) -> Ten
     s = tree_mask.shape[1]
     device = tree_mask.device
     plen = prefix_lens.to(device=device, dtype=torch.int64)
+    mod = kernels() if fused_available(device, 1) else None
+    if mod is not None:  # one Triton launch, one program per (request, row)
+        bs = tree_mask.shape[0]
+        out8 = torch.empty(numel, dtype=torch.int8, device=device)
+        mod.full_mask_kernel[(bs, s)](
+            tree_mask.contiguous().view(torch.int8), plen.contiguous(), out8, bs, S=s,
+            BS_P=1 << max(bs - 1, 0).bit_length(), BLOCK=1024, num_warps=4,
+        )  # fmt: skip
+        return out8.view(torch.bool)
     row = plen + s  # [bs] row length
     start = torch.cumsum(s * row, dim=0) - s * row  # [bs] block offsets
     ar = torch.arange(s, device=device)

@@ -1,5 +1,10 @@
-"""The ddtree-runtime wheel that every release installs: built once per run on the control machine (cached by
-a hash of the runtime's sources) and pushed to /opt/opsctl/wheels/<sha16>/ on each host when it is not there yet."""
+"""The ddtree-runtime wheel, the one artifact every release installs: built once per run on the control machine
+(cached by a hash of the runtime's sources), kept on each host at a content-addressed path, pushed when absent.
+
+Provision (the `runtime_wheel` operation) and deploy (staging) both use this module: one builder, one layout
+(`/opt/opsctl/wheels/<sha256[:16]>/<wheel>`), one check and one push. Wheels of one version built from
+different sources never overwrite each other, and provision's push is the copy deploy installs from.
+"""
 
 from __future__ import annotations
 
@@ -13,26 +18,34 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.commands import Cmd
-from opsctl.deploy.release import wheel_version
 from opsctl.errors import DeployError
-from opsctl.remote.base import Host
+from opsctl.ops.base import Action, Push, execute, read
+from opsctl.ops.facts.manifest import sha256_file
+from opsctl.remote.base import Connection
 
 REMOTE_WHEELS = "/opt/opsctl/wheels"
+RUNTIME_SRC = Path(__file__).resolve().parents[1] / "runtime"
+
+
+def wheel_version(wheel_name: str) -> str:
+    """`ddtree_runtime-0.1.0-py3-none-any.whl` -> `0.1.0`."""
+    parts = wheel_name.split("-")
+    return parts[1] if len(parts) >= 5 and wheel_name.endswith(".whl") else "unknown"
 
 
 def remote_wheel_path(wheel_name: str, sha256: str) -> str:
-    """Where a wheel lives on a host, content-addressed (`<sha256[:16]>/<wheel>`): builds of one version from
-    different sources never overwrite each other, and provision's push is the copy deploy installs from."""
+    """Where a wheel lives on a host, content-addressed: `<REMOTE_WHEELS>/<sha256[:16]>/<wheel>`."""
     return f"{REMOTE_WHEELS}/{sha256[:16]}/{wheel_name}"
-
-
-RUNTIME_SRC = Path(__file__).resolve().parents[2] / "runtime"
 
 
 @dataclass(frozen=True)
 class RuntimeWheel:
-    path: Path
+    path: Path  # on the control machine
     sha256: str
+
+    @staticmethod
+    def of(path: Path) -> RuntimeWheel:
+        return RuntimeWheel(path, sha256_file(path))
 
     @property
     def name(self) -> str:
@@ -47,12 +60,7 @@ class RuntimeWheel:
         return remote_wheel_path(self.path.name, self.sha256)
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+# ---------------------------------------------------------------- build
 
 
 def _source_hash(src: Path) -> str:
@@ -74,7 +82,7 @@ def runtime_wheel(explicit: Path | None = None, src: Path = RUNTIME_SRC) -> Runt
     if explicit is not None:
         if not explicit.is_file() or explicit.suffix != ".whl":
             raise DeployError(f"runtime wheel {explicit} is not a .whl file", "pass --runtime-wheel PATH.whl")
-        return RuntimeWheel(explicit, sha256_file(explicit))
+        return RuntimeWheel.of(explicit)
     if not (src / "pyproject.toml").is_file():
         raise DeployError(f"no runtime sources at {src}", "pass --runtime-wheel PATH.whl (a built ddtree-runtime)")
     target = cache_dir() / _source_hash(src)
@@ -93,14 +101,37 @@ def runtime_wheel(explicit: Path | None = None, src: Path = RUNTIME_SRC) -> Runt
             target.mkdir(parents=True, exist_ok=True)
             shutil.copy2(built[0], target / built[0].name)
         found = sorted(target.glob("ddtree_runtime-*.whl"))
-    return RuntimeWheel(found[-1], sha256_file(found[-1]))
+    return RuntimeWheel.of(found[-1])
 
 
-def ensure_on_host(host: Host, wheel: RuntimeWheel) -> bool:
+# ---------------------------------------------------------------- on a host
+
+
+def check_cmd(wheel: RuntimeWheel) -> Cmd:
+    """A read-only command: the sha256 of the host's copy (non-zero exit when it has none)."""
+    return Cmd.of("sha256sum", wheel.remote_path)
+
+
+def parse_sha256sum(exit_code: int, stdout: str) -> str | None:
+    if exit_code != 0 or not stdout.strip():
+        return None
+    digest = stdout.split()[0]
+    return digest if len(digest) == 64 else None
+
+
+def on_host(conn: Connection, wheel: RuntimeWheel) -> bool:
+    """Whether the host already holds this exact wheel at its content-addressed path."""
+    result = read(conn, check_cmd(wheel))
+    return parse_sha256sum(result.exit_code, result.stdout) == wheel.sha256
+
+
+def push_actions(wheel: RuntimeWheel) -> tuple[Action, ...]:
+    return (Cmd.of("mkdir", "-p", posixpath.dirname(wheel.remote_path), sudo=True), Push(wheel.path, wheel.remote_path))
+
+
+def ensure_on_host(conn: Connection, wheel: RuntimeWheel) -> bool:
     """Push the wheel unless the host already has it (same sha256). True when pushed."""
-    check = host.run(Cmd.of("sha256sum", "--", wheel.remote_path, sudo=True), check=False)
-    if check.ok and check.stdout.split()[:1] == [wheel.sha256]:
+    if on_host(conn, wheel):
         return False
-    host.run(Cmd.of("mkdir", "-p", posixpath.dirname(wheel.remote_path), sudo=True))
-    host.put_file(wheel.path, wheel.remote_path, 0o644)
+    execute(conn, push_actions(wheel))
     return True

@@ -1,0 +1,495 @@
+"""Issue 18, "cost at real shapes": DFLASH vs DDTREE (tree) round time inside SGLang 0.5.23's real Engine, on
+random-weight models with real layer shapes (`load_format="dummy"`: SGLang builds the model from config.json
+and fills it with random values, no weight files).
+
+    bash dev/sglang_gpu/run.sh cost --models dense --batches 1,8,32           # on the GPU host (run.sh: wheels,
+    python dev/sglang_gpu/cost_bench.py --configs-only --cache /tmp/shapes    # the runtime, the stand-in)
+
+Models (config dirs written under `--cache`/real_shapes):
+- dense: Qwen3-8B's shapes (36 layers, hidden 4096, MLP 12288, 32 query / 8 KV heads of 128, vocabulary 151936)
+  and a DFlash drafter of z-lab's Qwen3-8B-DFlash-b16 shape (5 layers of the target's width, block 16, fed
+  target layers 1, 9, 17, 25, 33);
+- hybrid: Qwen3.6-27B's shapes (64 layers: 48 Gated DeltaNet + 16 gated attention, hidden 5120, MLP 17408, 24
+  query / 4 KV heads of 256, GDN 16 key / 48 value heads of 128, conv 4, vocabulary 248320) and a drafter of the
+  same form at width 5120 (5 layers, block 16, fed target layers 1, 16, 31, 46, 61). GDN states in bfloat16
+  (`SGLANG_MAMBA_SSM_DTYPE`; float32 per-step verify states for 32 requests would need ~77 GB beside 54 GB of
+  weights).
+
+Per (model, mode, CUDA graphs) one Engine in its own process; Engines of one model start together and are then
+measured one at a time (`--parallel`, default 1: Engines started together race SGLang's memory profiling).
+Each runs every batch size once unmeasured
+(graphs, Triton compiles), then per batch size `bs` requests of `--prefix` random prompt tokens decoding
+`--new-tokens` tokens (greedy, ignore_eos). `standin/round_timer.py` times every decode round with CUDA events
+(draft / build / verify / commit; see there); the report takes medians over the rounds of each batch size
+(skipping the first `--skip` rounds), plus the step interval (host time between consecutive rounds' starts,
+the scheduler's work included). Random weights make acceptance meaningless (tau ~ 1 here), so compare cost per
+round; `--tau` turns it into tok/s for given acceptance lengths (labelled as such).
+
+DDTREE on a hybrid target refuses CUDA graphs (the worker's start-up gate): that pair is not launched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+TINY = REPO / ".cache" / "sglang_gpu"
+
+DENSE_TARGET = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "pad_token_id": None,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "max_window_layers": 36,
+    "dtype": "bfloat16",
+}
+HYBRID_LAYERS = 64
+HYBRID_TARGET = {
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "model_type": "qwen3_5_text",
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "num_hidden_layers": HYBRID_LAYERS,
+    "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(HYBRID_LAYERS)],
+    "num_attention_heads": 24,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 48,
+    "linear_value_head_dim": 128,
+    "vocab_size": 248320,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"partial_rotary_factor": 0.25, "rope_theta": 10000000.0, "rope_type": "default"},
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": None,
+    "eos_token_id": 248044,
+    "pad_token_id": None,
+    "use_cache": True,
+    "dtype": "bfloat16",
+}
+
+
+def drafter(target: dict[str, Any], layer_ids: list[int], mask_token_id: int) -> dict[str, Any]:
+    """A DFlash drafter config (the form SGLang's DFlashDraftModel reads; the tiny drafters' keys) of the target's
+    width: 5 Qwen3 layers, 32 query / 8 KV heads of 128, block 16."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": 16,
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": layer_ids},
+        "hidden_size": target["hidden_size"],
+        "intermediate_size": target["intermediate_size"],
+        "num_hidden_layers": 5,
+        "layer_types": ["full_attention"] * 5,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_target_layers": target["num_hidden_layers"],
+        "vocab_size": target["vocab_size"],
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": None,
+        "eos_token_id": target["eos_token_id"],
+        "pad_token_id": None,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 5,
+        "initializer_range": 0.02,
+        "dtype": "bfloat16",
+    }
+
+
+MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "dense": (DENSE_TARGET, drafter(DENSE_TARGET, [1, 9, 17, 25, 33], 151669)),
+    "hybrid": (HYBRID_TARGET, drafter(HYBRID_TARGET, [1, 16, 31, 46, 61], 248070)),
+}
+MODES = ("dflash", "tree")
+# Acceptance lengths to turn round times into tok/s (labelled where printed). DDTree paper (arXiv 2604.12989,
+# Table 1, Qwen3-8B, temperature 0; its DDTree column uses the best budget of 16..1024, i.e. more than 15 nodes):
+PAPER_TAU = {
+    "MATH-500": (7.79, 10.73),
+    "HumanEval": (6.61, 9.67),
+    "MT-Bench": (4.28, 6.58),
+    "Alpaca": (3.12, 5.09),
+}
+
+
+def write_configs(root: Path) -> dict[str, Path]:
+    """root/<model>/{target,draft}/config.json (+ the tiny pair's tokenizer files, unused: skip_tokenizer_init)."""
+    out = {}
+    for name, (target, draft) in MODELS.items():
+        for role, config in (("target", target), ("draft", draft)):
+            d = root / name / role
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "config.json").write_text(json.dumps(config, indent=1))
+        out[name] = root / name
+    return out
+
+
+# ---------------------------------------------------------------- one Engine (child process)
+
+
+def engine_child(job_path: Path, result_path: Path) -> None:
+    """Start the Engine, signal ready, wait for go, run the batches (each once as warm-up first)."""
+    job = json.loads(job_path.read_text())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import sglang
+
+    run_dir = job_path.parent
+    started = time.monotonic()
+    engine = sglang.Engine(**job["engine"])
+    startup_s = time.monotonic() - started
+    (run_dir / "ready").write_text(f"{startup_s:.1f}")
+    deadline = time.monotonic() + job["wait_s"]
+    while not (run_dir / "go").exists():
+        if time.monotonic() > deadline:
+            engine.shutdown()
+            raise SystemExit("never told to go")
+        time.sleep(0.2)
+    timer = Path(job["timer"])
+    rng = random.Random(job["seed"])
+    vocab = job["vocab"]
+    out: dict[str, Any] = {"startup_s": startup_s, "batches": []}
+
+    def prompts(bs: int) -> list[list[int]]:
+        return [[rng.randrange(1000, vocab - 1000) for _ in range(job["prefix"])] for _ in range(bs)]
+
+    def mark(text: str) -> None:
+        with timer.open("a") as f:
+            f.write(json.dumps({"marker": text}) + "\n")
+
+    try:
+        for bs in job["batches"]:  # warm-up: graphs, Triton compiles, allocator
+            mark(f"warmup {bs}")
+            engine.generate(input_ids=prompts(bs), sampling_params={**job["sampling"], "max_new_tokens": 8})
+        for bs in job["batches"]:
+            mark(f"measure {bs}")
+            t0 = time.monotonic()
+            outs = engine.generate(input_ids=prompts(bs), sampling_params=job["sampling"])
+            wall = time.monotonic() - t0
+            mark(f"done {bs}")
+            accept = [o["meta_info"].get("spec_accept_length") for o in outs]
+            out["batches"].append(
+                {"bs": bs, "wall_s": wall, "out_lens": [len(o["output_ids"]) for o in outs], "accept": accept}
+            )
+    finally:
+        engine.shutdown()
+    result_path.write_text(json.dumps(out))
+
+
+# ---------------------------------------------------------------- parent
+
+
+def engine_kwargs(pair: Path, model: str, mode: str, graphs: bool, args: argparse.Namespace) -> dict[str, Any]:
+    max_bs = max(args.batches)
+    kwargs: dict[str, Any] = {
+        "model_path": str(pair / "target"),
+        "load_format": "dummy",
+        "speculative_draft_load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "attention_backend": "triton",
+        "sampling_backend": "pytorch",
+        "page_size": 1,
+        "disable_overlap_schedule": True,
+        "disable_radix_cache": True,
+        "disable_cuda_graph": not graphs,
+        "mem_fraction_static": args.mem_fraction_hybrid if model == "hybrid" else args.mem_fraction_dense,
+        "max_running_requests": max_bs,
+        "context_length": args.prefix + args.new_tokens + 256,
+        "skip_server_warmup": True,
+        "random_seed": 0,
+        "log_level": "info",
+        "speculative_algorithm": "DFLASH" if mode == "dflash" else "DDTREE",
+        "speculative_draft_model_path": str(pair / "draft"),
+    }
+    if graphs:
+        kwargs["cuda_graph_bs_decode"] = sorted(set(args.batches))
+        kwargs["disable_prefill_cuda_graph"] = True
+    if model == "hybrid":
+        kwargs["json_model_override_args"] = json.dumps({"full_attention_interval": 4})
+        kwargs["max_mamba_cache_size"] = max_bs + 8
+    return kwargs
+
+
+def run_env(model: str, mode: str, args: argparse.Namespace, timer: Path) -> dict[str, str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "DDTREE_ROUND_TIMER": str(timer)}
+    if model == "hybrid":
+        env["SGLANG_MAMBA_SSM_DTYPE"] = "bfloat16"
+    if mode == "tree":
+        env.update(
+            DDTREE_VERIFY="tree",
+            DDTREE_BUDGET=str(args.budget),
+            DDTREE_TOPK=str(args.topk),
+            DDTREE_LOG_INTERVAL="1000",
+            DDTREE_ALLOW_HYBRID_UNSAFE="0",
+        )
+    return env
+
+
+def summarize(timer: Path, batches: list[int], skip: int) -> dict[str, Any]:
+    """Medians per measured batch size from the timer file."""
+    lines = [json.loads(x) for x in timer.read_text().splitlines() if x.strip()] if timer.is_file() else []
+    phase: str | None = None
+    rounds: dict[int, list[dict[str, Any]]] = {bs: [] for bs in batches}
+    for rec in lines:
+        if "marker" in rec:
+            kind, bs_text = rec["marker"].split()
+            phase = bs_text if kind == "measure" else None
+            continue
+        if phase is not None and rec["bs"] == int(phase):
+            rounds[int(phase)].append(rec)
+    out: dict[str, Any] = {}
+    for bs, recs in rounds.items():
+        steps = [b["host_start"] - a["host_start"] for a, b in itertools.pairwise(recs)][skip:]
+        recs = recs[skip:]
+        if not recs:
+            out[str(bs)] = {"rounds": 0}
+            continue
+        row: dict[str, Any] = {"rounds": len(recs)}
+        for key in ("draft_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "host_ms", "head_ms", "plan_ms",
+                    "mask_ms", "prep_ms"):  # fmt: skip
+            vals = [r[key] for r in recs if key in r]
+            if vals:
+                row[key] = statistics.median(vals)
+        if steps:
+            row["step_ms"] = statistics.median(steps) * 1e3
+        toks = [r["tokens"] / r["bs"] for r in recs if r.get("tokens") is not None]
+        row["tau"] = statistics.mean(toks) if toks else None
+        row["cuda_graph"] = sum(1 for r in recs if r.get("cuda_graph")) / len(recs)
+        out[str(bs)] = row
+    return out
+
+
+def launch(name: str, kwargs: dict[str, Any], env: dict[str, str], run_dir: Path, args: argparse.Namespace,
+           timer: Path, vocab: int) -> subprocess.Popen[str]:  # fmt: skip
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("ready", "go", "result.json"):
+        (run_dir / stale).unlink(missing_ok=True)
+    timer.unlink(missing_ok=True)
+    job = {
+        "engine": kwargs,
+        "batches": args.batches,
+        "prefix": args.prefix,
+        "vocab": vocab,
+        "seed": 7,
+        "timer": str(timer),
+        "wait_s": args.timeout,
+        "sampling": {"temperature": 0.0, "max_new_tokens": args.new_tokens, "ignore_eos": True},
+    }
+    (run_dir / "job.json").write_text(json.dumps(job))
+    log = (run_dir / "engine.log").open("w")
+    print(f"  start {name}", flush=True)
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--engine", str(run_dir / "job.json"),
+         str(run_dir / "result.json")],
+        cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str], deadline: float) -> bool:
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", nargs=2, type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--models", default="dense,hybrid")
+    p.add_argument("--modes", default="dflash,tree")
+    p.add_argument("--graphs", default="on,off", help="comma list of on/off (CUDA graphs)")
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--prefix", type=int, default=1024)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--skip", type=int, default=4, help="rounds skipped at the start of each batch")
+    p.add_argument("--budget", type=int, default=15)
+    p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--parallel", type=int, default=1, help="Engines started at once (>1 races SGLang's profiling)")
+    p.add_argument("--mem-fraction-dense", type=float, default=0.5)
+    p.add_argument("--mem-fraction-hybrid", type=float, default=0.88)
+    p.add_argument("--timeout", type=int, default=420, help="seconds an Engine may take to start or to run")
+    p.add_argument("--cache", type=Path, default=TINY)
+    p.add_argument("--json", type=Path, default=Path("cost.json"))
+    p.add_argument("--log-dir", type=Path, default=Path("/tmp/cost_logs"))
+    p.add_argument("--only", default="", help="comma list of run names (e.g. hybrid-tree-eager); default all")
+    p.add_argument("--configs-only", action="store_true")
+    p.add_argument("--report", nargs="+", type=Path, help="print the comparison tables of these JSON files")
+    args = p.parse_args(argv)
+    if args.engine:
+        engine_child(*args.engine)
+        return 0
+    if args.report:
+        print(report_tables([json.loads(path.read_text()) for path in args.report]))
+        return 0
+    args.batches = [int(x) for x in args.batches.split(",")]
+    configs = write_configs(args.cache / "real_shapes")
+    if args.configs_only:
+        print(f"configs in {args.cache / 'real_shapes'}")
+        return 0
+
+    started = time.monotonic()
+    report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": {}}
+    for model in args.models.split(","):
+        specs = []
+        for mode in args.modes.split(","):
+            for g in args.graphs.split(","):
+                graphs = g == "on"
+                name = f"{model}-{mode}-{'graph' if graphs else 'eager'}"
+                if args.only and name not in args.only.split(","):
+                    continue
+                if model == "hybrid" and mode == "tree" and graphs:
+                    report["runs"][name] = {"skipped": "DDTREE tree on a hybrid target refuses CUDA graphs"}
+                    continue
+                specs.append((name, mode, graphs))
+        parallel = args.parallel if model == "dense" else 1
+        vocab = MODELS[model][0]["vocab_size"]
+        pending = list(specs)
+        while pending:
+            group, pending = pending[:parallel], pending[parallel:]
+            procs = {}
+            for name, mode, graphs in group:
+                run_dir = args.log_dir / name
+                timer = run_dir / "rounds.jsonl"
+                kwargs = engine_kwargs(configs[model], model, mode, graphs, args)
+                procs[name] = (launch(name, kwargs, run_env(model, mode, args, timer), run_dir, args, timer, vocab),
+                               run_dir, timer)  # fmt: skip
+            for name, (proc, run_dir, timer) in procs.items():  # measured one at a time
+                deadline = time.monotonic() + args.timeout
+                entry: dict[str, Any] = {}
+                if wait_for(run_dir / "ready", proc, deadline):
+                    entry["startup_s"] = float((run_dir / "ready").read_text())
+                    (run_dir / "go").write_text("")
+                    try:
+                        proc.wait(timeout=args.timeout)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(proc.pid, 9)
+                        entry["error"] = "timed out measuring"
+                else:
+                    entry["error"] = "did not start"
+                result = run_dir / "result.json"
+                if result.is_file():
+                    entry["result"] = json.loads(result.read_text())
+                    entry["rounds"] = summarize(timer, args.batches, args.skip)
+                else:
+                    entry.setdefault("error", f"exit {proc.poll()}")
+                    log = (run_dir / "engine.log").read_text(errors="replace")
+                    entry["log_tail"] = log[-4000:]
+                    try:
+                        os.killpg(proc.pid, 9)
+                    except ProcessLookupError:
+                        pass
+                report["runs"][name] = entry
+                status = entry.get("error", "ok")
+                print(f"  {name}: {status} ({time.monotonic() - started:.0f} s)", flush=True)
+                args.json.write_text(json.dumps(report, indent=1))
+    report["wall_s"] = time.monotonic() - started
+    args.json.write_text(json.dumps(report, indent=1))
+    print_tables(report, args)
+    return 0 if all("error" not in r for r in report["runs"].values()) else 1
+
+
+def print_tables(report: dict[str, Any], args: argparse.Namespace) -> None:
+    keys = ("draft_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "step_ms", "head_ms", "plan_ms", "mask_ms",
+            "prep_ms")  # fmt: skip
+    print("| run | bs | draft | build | verify | commit | round | step | head | plan | mask | prep | tau | graph |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, entry in report["runs"].items():
+        for bs, row in (entry.get("rounds") or {}).items():
+            cells = [f"{row[k]:.2f}" if k in row else "-" for k in keys]
+            tau = f"{row['tau']:.2f}" if row.get("tau") else "-"
+            print(f"| {name} | {bs} | " + " | ".join(cells) + f" | {tau} | {row.get('cuda_graph', 0):.2f} |")
+    for name, entry in report["runs"].items():
+        if "error" in entry or "skipped" in entry:
+            print(f"# {name}: {entry.get('error') or entry.get('skipped')}")
+
+
+def report_tables(reports: list[dict[str, Any]]) -> str:
+    """DDTREE vs DFLASH per model and batch size (round, step, their ratios), and tok/s per request for the DDTree
+    paper's tau values (Qwen3-8B, temperature 0), from cost_bench JSON files."""
+    runs = {name: entry for rep in reports for name, entry in rep["runs"].items() if entry.get("rounds")}
+    out = [
+        "| model | bs | DFLASH | DDTREE | DFLASH round | DDTREE round | ratio | DFLASH step | DDTREE step | ratio |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    pairs = []
+    for model in ("dense", "hybrid"):
+        for dname, tname in ((f"{model}-dflash-graph", f"{model}-tree-graph"),
+                             (f"{model}-dflash-graph", f"{model}-tree-eager"),
+                             (f"{model}-dflash-eager", f"{model}-tree-eager")):  # fmt: skip
+            if dname in runs and tname in runs:
+                pairs.append((model, dname, tname))
+    for model, dname, tname in pairs:
+        for bs, d in runs[dname]["rounds"].items():
+            t = runs[tname]["rounds"].get(bs)
+            if not t or "round_ms" not in d or "round_ms" not in t:
+                continue
+            out.append(
+                f"| {model} | {bs} | {dname.split('-')[-1]} | {tname.split('-')[-1]} | {d['round_ms']:.2f} | "
+                f"{t['round_ms']:.2f} | {t['round_ms'] / d['round_ms']:.3f} | {d['step_ms']:.2f} | "
+                f"{t['step_ms']:.2f} | {t['step_ms'] / d['step_ms']:.3f} |"
+            )
+    out += ["", "tok/s per request = tau / step (DDTree paper's tau, Qwen3-8B, T=0; its DDTree tau is at the best "
+            "budget of 16..1024, above this run's 15):", ""]  # fmt: skip
+    head = " | ".join(f"{k} {a:g} / {b:g}" for k, (a, b) in PAPER_TAU.items())
+    out += [f"| model | bs | pair | {head} |", "|---|---:|---|" + "---:|" * len(PAPER_TAU)]
+    for model, dname, tname in pairs:
+        for bs, d in runs[dname]["rounds"].items():
+            t = runs[tname]["rounds"].get(bs)
+            if not t or "step_ms" not in d or "step_ms" not in t:
+                continue
+            cells = [f"{1e3 * a / d['step_ms']:.0f} / {1e3 * b / t['step_ms']:.0f}" for a, b in PAPER_TAU.values()]
+            pair = f"{dname.split('-')[-1]} / {tname.split('-')[-1]}"
+            out.append(f"| {model} | {bs} | {pair} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
