@@ -25,6 +25,7 @@ from opsctl.ops.errors import ProvisionError
 from opsctl.ops.facts.manifest import Manifest, build_local_manifest
 from opsctl.ops.gpu_driver import GpuDriver
 from opsctl.ops.locks import lock_for
+from opsctl.ops.model_restore import ModelRestore
 from opsctl.ops.model_sync import ModelSync, models_of
 from opsctl.ops.python_venv import PythonVenv
 from opsctl.ops.runtime_wheel import PushRuntimeWheel
@@ -40,6 +41,7 @@ OPERATIONS: dict[str, Callable[[], Operation]] = {
     "python_venv": PythonVenv,
     "runtime_wheel": PushRuntimeWheel,
     "model_sync": ModelSync,
+    "model_restore": ModelRestore,
 }
 
 

@@ -185,6 +185,7 @@ class EquivalenceReport:
     agreement: float = 0.0  # fraction of prompts whose outputs are identical
     token_agreement: float = 0.0  # fraction of positions equal up to each pair's shorter length
     passed: bool = False
+    error: str | None = None  # the service (or the baseline) failed to answer; the others still ran
 
 
 def summarize_equivalence(

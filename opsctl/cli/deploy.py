@@ -180,6 +180,12 @@ def register(app: typer.Typer) -> None:
         plan: Annotated[bool, typer.Option("--plan", help="Show the target release; change nothing.")] = False,
         health_timeout: Annotated[float | None, typer.Option("--health-timeout")] = None,
         readiness_delay: Annotated[float | None, typer.Option("--readiness-delay")] = None,
+        allow_old_secrets: Annotated[
+            bool,
+            typer.Option(
+                "--allow-old-secrets", help="Roll back even to a release deployed with another (older) API key."
+            ),
+        ] = False,
         forks: ForksOpt = 16,
         as_json: JsonOpt = False,
     ) -> None:
@@ -188,7 +194,7 @@ def register(app: typer.Typer) -> None:
 
         services = [*(service or []), *([service_arg] if service_arg else [])] or None
         selection = _selection(inventory, host, services, None, health_timeout, readiness_delay)
-        settings = DeploySettings(plan=plan)
+        settings = DeploySettings(plan=plan, allow_old_secrets=allow_old_secrets)
         options = RolloutOptions(lock_wait=lock_wait, forks=forks)
         report = runner.rollback(selection, settings, options, say=lambda m: console.print(m, markup=False), to=to)
         print_report(report, as_json, plan)
