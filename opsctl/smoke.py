@@ -133,7 +133,7 @@ def load_prompts(path: Path | None = None) -> list[Prompt]:
 
     Format: `prompts: [{id: name, prompt: text, max_tokens: 64}, ...]` (max_tokens optional).
     """
-    where, items = load_prompt_items(path, "equivalence.yaml", frozenset({"id", "prompt", "max_tokens"}))
+    where, items = load_prompt_items(path, "equivalence.yaml")
     prompts: list[Prompt] = []
     for i, (pid, item) in enumerate(items):
         max_tokens = item.get("max_tokens", 64)
