@@ -48,8 +48,13 @@ def first_model(client: httpx.Client, base: str, headers: Mapping[str, str], tim
         raise SmokeError(f"{base}/v1/models: no model listed", "check the server's --served-model-name") from None
 
 
+# One prompt-file format for smoke and bench, so the same file serves both: smoke reads `max_tokens`, bench reads
+# `category` (its --max-tokens applies to every prompt); any other key is a typo.
+PROMPT_KEYS = frozenset({"id", "category", "prompt", "max_tokens"})
+
+
 def load_prompt_items(
-    path: Path | None, shipped: str, keys: frozenset[str]
+    path: Path | None, shipped: str, keys: frozenset[str] = PROMPT_KEYS
 ) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
     """(where, [(id, item)]) from the user's YAML prompt file, or the shipped `opsctl/data/prompts/<shipped>`.
     Every item has a non-empty `prompt` string, only `keys`, and a unique id (`p<index>` when none)."""

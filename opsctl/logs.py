@@ -113,3 +113,13 @@ def follow_logs(
             for h, s in pairs
         ]
         yield from follow(sources, sleep)
+
+
+# An HTTP access line for a health probe (uvicorn's and SGLang's shape): `... "GET /health HTTP/1.1" 200 OK`.
+_HEALTH_PROBE = re.compile(r'"(?:GET|HEAD) /(?:health|health_generate|ready)(?:\?\S*)? HTTP/[\d.]+" \d{3}')
+
+
+def without_health_probes(lines: Sequence[str]) -> list[str]:
+    """Journal lines minus the health probes' access lines: during a gate they are most of the tail and bury
+    the lines that say why a server failed."""
+    return [line for line in lines if not _HEALTH_PROBE.search(line)]

@@ -25,6 +25,7 @@ from opsctl.ops.errors import ProvisionError
 from opsctl.ops.facts.manifest import Manifest, build_local_manifest
 from opsctl.ops.gpu_driver import GpuDriver
 from opsctl.ops.locks import lock_for, router_lock
+from opsctl.ops.model_restore import ModelRestore
 from opsctl.ops.model_sync import ModelSync, models_of
 from opsctl.ops.python_venv import PythonVenv
 from opsctl.ops.router_wheels import RouterWheels
@@ -42,6 +43,7 @@ OPERATIONS: dict[str, Callable[[], Operation]] = {
     "runtime_wheel": PushRuntimeWheel,
     "router_wheels": RouterWheels,
     "model_sync": ModelSync,
+    "model_restore": ModelRestore,
 }
 
 

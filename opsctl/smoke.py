@@ -133,7 +133,7 @@ def load_prompts(path: Path | None = None) -> list[Prompt]:
 
     Format: `prompts: [{id: name, prompt: text, max_tokens: 64}, ...]` (max_tokens optional).
     """
-    where, items = load_prompt_items(path, "equivalence.yaml", frozenset({"id", "prompt", "max_tokens"}))
+    where, items = load_prompt_items(path, "equivalence.yaml")
     prompts: list[Prompt] = []
     for i, (pid, item) in enumerate(items):
         max_tokens = item.get("max_tokens", 64)
@@ -185,6 +185,7 @@ class EquivalenceReport:
     agreement: float = 0.0  # fraction of prompts whose outputs are identical
     token_agreement: float = 0.0  # fraction of positions equal up to each pair's shorter length
     passed: bool = False
+    error: str | None = None  # the service (or the baseline) failed to answer; the others still ran
 
 
 def summarize_equivalence(

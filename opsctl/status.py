@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import httpx
 
-from opsctl import health, metrics, systemd
-from opsctl.deploy import release
+from opsctl import health, metrics, modelcheck, systemd
+from opsctl.deploy import lock, release
 from opsctl.errors import OpsctlError
-from opsctl.inventory.model import Host, Service
+from opsctl.inventory.model import Host, ModelSourceKind, Service
+from opsctl.ops import model_restore
 from opsctl.remote.base import Connect, Connection
 from opsctl.remote.pool import HostOutcome, run_parallel
 
@@ -33,10 +35,14 @@ class ServiceStatus:
     last_metrics: metrics.DDTreeMetrics | None
     init: metrics.DDTreeInit | None
     missing_models: list[str] = field(default_factory=list)  # model dirs not on the host (reboot: /dev/shm empty)
+    models: list[str] = field(default_factory=list)  # one line per model problem, with the command that fixes it
+    models_ok: bool = True  # every model whole and the same the running process started with
+    incomplete_releases: list[str] = field(default_factory=list)  # staged, never finished, not marked BAD
+    lock: str | None = None  # the host's deploy lock: holder, age, STALE when its process is gone
     error: str | None = None
 
 
-def collect(conn: Connection, host: Host, service: Service, http: httpx.Client) -> ServiceStatus:
+def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, deep: bool = False) -> ServiceStatus:
     paths = release.ServicePaths(service.name)
     unit = systemd.parse_show(conn.run(systemd.show_cmd(paths.unit_name)).stdout)
     facts = release.parse_release_facts(conn.run(release.facts_cmd(paths)).stdout)
@@ -49,6 +55,8 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client) 
     probe = health.probe(http, health.health_url(host, service), timeout=5.0)
     journal = conn.run(systemd.ddtree_lines_cmd(paths.unit_name), check=False).stdout
     summary = metrics.summarize(metrics.parse_lines(journal.splitlines()))
+    verdicts = modelcheck.check(conn, service, paths.unit_name, deep=deep)
+    held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
     return ServiceStatus(
         host=host.name,
         service=service.name,
@@ -64,12 +72,24 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client) 
         healthy=probe.ok,
         last_metrics=summary.last_metrics,
         init=summary.init,
-        missing_models=release.missing_models(conn, service),
+        missing_models=[v.path for v in verdicts if v.problem is modelcheck.Problem.MISSING],
+        models=[_model_line(v, host, service) for v in verdicts if v.problem is not None],
+        models_ok=all(v.ok for v in verdicts),
+        incomplete_releases=[
+            r.release_id for r in facts.releases if not r.complete and not r.bad and r.release_id != facts.current
+        ],
+        lock=held.describe(datetime.now(UTC)) if held is not None else None,
     )
 
 
+def _model_line(verdict: modelcheck.ModelVerdict, host: Host, service: Service) -> str:
+    spec = next(m for m in (service.model, service.draft_model) if m is not None and m.path.rstrip("/") == verdict.path)
+    restore = model_restore.unit_name(spec) if spec.source_on is ModelSourceKind.HOST else None
+    return f"{modelcheck.describe(verdict)}: {modelcheck.fix_hint(verdict, host.name, service.name, restore)}"
+
+
 def collect_all(
-    selection: Sequence[tuple[Host, Sequence[Service]]], connect: Connect, forks: int = 16
+    selection: Sequence[tuple[Host, Sequence[Service]]], connect: Connect, forks: int = 16, deep: bool = False
 ) -> list[HostOutcome[list[ServiceStatus]]]:
     """`collect` for every selected service, one connection per host, hosts in parallel."""
 
@@ -78,7 +98,7 @@ def collect_all(
         conn = connect(h)
         try:
             with httpx.Client() as http:
-                return [collect(conn, h, s, http) for s in svcs]
+                return [collect(conn, h, s, http, deep=deep) for s in svcs]
         finally:
             conn.close()
 

@@ -16,6 +16,7 @@ class BenchPrompt:
 
 
 def load_prompts(path: Path | None = None) -> tuple[BenchPrompt, ...]:
-    """`prompts: [{id, category, prompt}, ...]` (id and category optional)."""
-    _, items = load_prompt_items(path, "bench.yaml", frozenset({"id", "category", "prompt"}))
+    """`prompts: [{id, category, prompt}, ...]` (id and category optional; a smoke file's `max_tokens` is allowed,
+    bench's --max-tokens applies instead)."""
+    _, items = load_prompt_items(path, "bench.yaml")
     return tuple(BenchPrompt(pid, str(item.get("category", "user")), item["prompt"]) for pid, item in items)

@@ -220,6 +220,12 @@ def register(app: typer.Typer) -> None:
         health_timeout: Annotated[float | None, typer.Option("--health-timeout")] = None,
         readiness_delay: Annotated[float | None, typer.Option("--readiness-delay")] = None,
         router: RouterOpt = None,
+        allow_old_secrets: Annotated[
+            bool,
+            typer.Option(
+                "--allow-old-secrets", help="Roll back even to a release deployed with another (older) API key."
+            ),
+        ] = False,
         forks: ForksOpt = 16,
         as_json: JsonOpt = False,
     ) -> None:
@@ -238,7 +244,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(int(_exit(RunReport("rollback"), results, plan)))
         services = [*(service or []), *([service_arg] if service_arg else [])] or None
         selection = _selection(inventory, host, services, None, health_timeout, readiness_delay)
-        settings = DeploySettings(plan=plan)
+        settings = DeploySettings(plan=plan, allow_old_secrets=allow_old_secrets)
         options = RolloutOptions(lock_wait=lock_wait, forks=forks)
         inv = load_inventory(inventory)
         guard = RouterGuard(inv) if inv.routers else None

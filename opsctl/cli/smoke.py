@@ -21,13 +21,13 @@ from opsctl.cli.common import (
     load_inventory,
     split_selector,
 )
-from opsctl.errors import ExitCode, SmokeError
+from opsctl.errors import ExitCode, OpsctlError, SmokeError
 from opsctl.health import auth_headers, base_url
 from opsctl.inventory.model import Host, Inventory, Mode, Router, Service
 from opsctl.inventory.select import select, select_routers
 from opsctl.progress import Ticker
 from opsctl.router.render import router_url
-from opsctl.smoke import Generation, PromptAgreement, load_prompts, run_equivalence, smoke_service
+from opsctl.smoke import EquivalenceReport, Generation, PromptAgreement, load_prompts, run_equivalence, smoke_service
 
 
 def find_baseline(inv: Inventory, spec: str | None) -> tuple[Host, Service]:
@@ -144,26 +144,31 @@ def _equivalence(
         name = f"{h.name}/{s.name}"
         console.print(f"{name} vs {b_name}: {len(prompts)} prompts, greedy", markup=False)
 
-        with Ticker(f"    {name} vs {b_name}", out=lambda line: console.print(line, markup=False)) as ticker:
-            done: list[str] = []
-            ticker.update(f"generating, {len(prompts)} prompts to go")
+        try:
+            with Ticker(f"    {name} vs {b_name}", out=lambda line: console.print(line, markup=False)) as ticker:
+                done: list[str] = []
+                ticker.update(f"generating, {len(prompts)} prompts to go")
 
-            def show(a: PromptAgreement, done: list[str] = done, ticker: Ticker = ticker) -> None:
-                where = "identical" if a.equal else f"DIVERGES at {a.unit[:-1]} {a.first_divergence}"
-                line = f"    {a.id:<14} {where} ({a.length_service} vs {a.length_baseline} {a.unit})"
-                console.print(line, markup=False)
-                done.append(a.id)
-                ticker.update(f"generating, {len(prompts) - len(done)} prompts to go")
+                def show(a: PromptAgreement, done: list[str] = done, ticker: Ticker = ticker) -> None:
+                    where = "identical" if a.equal else f"DIVERGES at {a.unit[:-1]} {a.first_divergence}"
+                    line = f"    {a.id:<14} {where} ({a.length_service} vs {a.length_baseline} {a.unit})"
+                    console.print(line, markup=False)
+                    done.append(a.id)
+                    ticker.update(f"generating, {len(prompts) - len(done)} prompts to go")
 
-            report = run_equivalence(
-                client,
-                (name, base_url(h, s), auth_headers(s.api_key)),
-                (b_name, base_url(b_host, b_svc), auth_headers(b_svc.api_key)),
-                prompts,
-                threshold,
-                cache,
-                progress=show,
-            )
+                report = run_equivalence(
+                    client,
+                    (name, base_url(h, s), auth_headers(s.api_key)),
+                    (b_name, base_url(b_host, b_svc), auth_headers(b_svc.api_key)),
+                    prompts,
+                    threshold,
+                    cache,
+                    progress=show,
+                )
+        except OpsctlError as exc:  # one service down must not hide the others' results
+            reports.append(EquivalenceReport(name, b_name, threshold, error=exc.one_line()))
+            console.print(f"[bold red]{name}: ERROR[/] {exc.one_line()}", markup=True)
+            continue
         reports.append(report)
         verdict = "[green]PASS[/]" if report.passed else "[bold red]FAIL[/]"
         console.print(

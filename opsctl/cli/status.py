@@ -3,6 +3,8 @@ health and the last DDTREE metrics."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import httpx
 import typer
 
@@ -35,6 +37,9 @@ def register(app: typer.Typer) -> None:
         service: ServiceOpt = None,
         router: RouterOpt = None,
         forks: ForksOpt = 16,
+        deep: Annotated[
+            bool, typer.Option("--deep", help="Also sha256 every model file against provision's manifest (slow).")
+        ] = False,
         as_json: JsonOpt = False,
     ) -> None:
         """Unit state, restarts, current release, health and last DDTREE metrics of every selected service; each
@@ -48,7 +53,7 @@ def register(app: typer.Typer) -> None:
         ]  # fmt: skip
         picked = select_routers(inv, split_selector(router), split_selector(host)) if service is None else []
 
-        outcomes = collect_all(selection, connect, forks)
+        outcomes = collect_all(selection, connect, forks, deep=deep)
         rows: list[ServiceStatus] = []
         errors = []
         for outcome in outcomes:
@@ -58,18 +63,25 @@ def register(app: typer.Typer) -> None:
                 rows += outcome.value or []
         router_rows = _routers(inv, picked)
         if as_json:
+            locks = {r.host: r.lock for r in rows if r.lock}
             emit_json(
-                {"services": rows, "routers": router_rows, "errors": [{"host": h, "error": e} for h, e in errors]}
+                {
+                    "services": rows,
+                    "routers": router_rows,
+                    "locks": locks,
+                    "errors": [{"host": h, "error": e} for h, e in errors],
+                }
             )
         else:
             _table(rows)
             _router_table(router_rows)
+            for h, held in sorted({r.host: r.lock for r in rows if r.lock}.items()):
+                console.print(f"[yellow]{h}: deploy lock held by {held}[/]", markup=True)
             for h, e in errors:
                 console.print(f"[bold red]{h}: {e}[/]", markup=True)
+        # a missing or changed model: the next restart fails, or the process runs on files that are gone
         unhealthy = (
-            errors
-            or any(not r.healthy or r.missing_models for r in rows)  # missing: next restart fails
-            or any(not r.healthy for r in router_rows)
+            errors or any(not r.healthy or not r.models_ok for r in rows) or any(not r.healthy for r in router_rows)
         )
         raise typer.Exit(int(ExitCode.ERROR if unhealthy else ExitCode.OK))
 
@@ -88,10 +100,12 @@ def _table(rows: list[ServiceStatus]) -> None:
             f"{metrics}",
             markup=True,
         )
-        if r.missing_models:
+        for line in r.models:
+            console.print(f"[bold red]{r.host}/{r.service}: {line}[/]", markup=True)
+        if r.incomplete_releases:
             console.print(
-                f"[bold red]{r.host}/{r.service}: model {', '.join(r.missing_models)} not on the host[/] "
-                f"(a reboot empties /dev/shm): `opsctl provision --host {r.host}`, then `opsctl deploy --force`",
+                f"[yellow]{r.host}/{r.service}: incomplete release {', '.join(r.incomplete_releases)} "
+                "(staging never finished; the next deploy marks it BAD, pruning removes it)[/]",
                 markup=True,
             )
 

@@ -17,16 +17,16 @@ from datetime import UTC, datetime
 
 import httpx
 
-from opsctl import __version__, artifact, health, systemd
+from opsctl import __version__, artifact, health, logs, modelcheck, systemd
 from opsctl.artifact import RuntimeWheel
 from opsctl.commands import Cmd
-from opsctl.deploy import audit, preflight, release, secret_fp
+from opsctl.deploy import argcheck, audit, guards, preflight, release, secret_fp
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.staged import StagedRelease
 from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError
-from opsctl.inventory.model import Host, Service
+from opsctl.inventory.model import Engine, Host, Service
 from opsctl.progress import Ticker
 from opsctl.remote.base import Connection
 from opsctl.render import SERVER_MODULE
@@ -36,11 +36,14 @@ from opsctl.smoke import smoke_service
 # Commands after the switch are short (systemctl, ln, install): one that takes longer means the host is gone
 # or hung, and is reported like an unreachable host instead of waiting for the inventory's command timeout.
 LIVE_TIMEOUT_S = 60.0
+JOURNAL_TAIL_LINES = 30
+NOT_SWITCHED = "interrupted before the switch"  # a reason that needs no rollback: nothing live changed
 
 
 @dataclass(frozen=True)
 class DeploySettings:
     keep: int = release.DEFAULT_KEEP  # releases kept per service (current never pruned)
+    allow_old_secrets: bool = False  # rollback: allow a target deployed with other secrets than the current
     force: bool = False  # deploy even when the config hash equals current's
     plan: bool = False  # print what would change, change nothing
     smoke: bool = True  # run the smoke gate after the health gate
@@ -112,11 +115,13 @@ def render_release(ctx: ServiceContext, wheel: RuntimeWheel, facts: ReleaseFacts
     return staged.bind(new_id), chash
 
 
-def _preflight(ctx: ServiceContext, staged: StagedRelease) -> None:
-    """The host's own server must know every flag this release passes (before anything live changes)."""
+def _preflight(ctx: ServiceContext, staged: StagedRelease, site: str | None = None) -> None:
+    """The host's own server must know every flag this release passes and accept every value (before anything
+    live changes). `site`: the runtime to check with (default: the release's own; --plan: current's)."""
     module = SERVER_MODULE[ctx.service.engine]
+    site = site or ctx.paths.site(staged.release_id)
     out = ctx.conn.run(
-        preflight.help_cmd(ctx.host.venv, module, ctx.paths.site(staged.release_id)),
+        preflight.help_cmd(ctx.host.venv, module, site),
         check=False,
         timeout=preflight.HELP_TIMEOUT_S,
     )
@@ -131,6 +136,15 @@ def _preflight(ctx: ServiceContext, staged: StagedRelease) -> None:
         raise DeployError(
             f"the server on the host does not know {', '.join(unknown)} (from its own --help)",
             "fix the service's extra_args / settings in the inventory; nothing was switched",
+        )
+    flags = (*staged.flags, *ctx.service.extra_args)  # what the server gets: server.yaml's flags + extra_args
+    values = argcheck.values_cmd(ctx.host.venv, ctx.service.engine, site, flags)
+    checked = ctx.conn.run(values, check=False, timeout=argcheck.TIMEOUT_S)
+    refused = argcheck.refusal(checked.exit_code, checked.stdout, checked.stderr)
+    if refused:
+        raise DeployError(
+            f"the server on the host refuses this release's flag values: {refused}",
+            "fix the service's settings / extra_args in the inventory; nothing was switched",
         )
 
 
@@ -173,11 +187,13 @@ def _restart(ctx: ServiceContext, release_id: str) -> int:
     return ctx.unit_state().n_restarts
 
 
-def journal_tail(ctx: ServiceContext) -> str:
+def journal_tail(ctx: ServiceContext, lines: int = JOURNAL_TAIL_LINES) -> str:
+    """The unit's last lines that say something: the health gate's own /health probes are dropped."""
     try:
-        return ctx.run(systemd.journal_tail_cmd(ctx.paths.unit_name), check=False, timeout=30).rstrip()
+        text = ctx.run(systemd.journal_tail_cmd(ctx.paths.unit_name, lines * 20), check=False, timeout=30)
     except OpsctlError:
         return ""
+    return "\n".join(logs.without_health_probes(text.splitlines())[-lines:]).rstrip()
 
 
 def _stop_and_remove(ctx: ServiceContext) -> None:
@@ -257,15 +273,24 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     staged, chash = render_release(ctx, wheel, facts)
     same_config = facts.current is not None and facts.current_hash == chash and not settings.force
     rotated = same_config and _secrets_rotated(ctx, staged, str(facts.current), settings.plan)
-    if same_config and not rotated:
+    # A model written after the service started: the process runs on the old files, so restart it.
+    stale = guards.models_changed(ctx) if same_config and not rotated else []
+    if same_config and not rotated and not stale:
         return _unchanged(ctx, settings, facts, result)
     missing = release.missing_models(ctx.conn, ctx.service)
     why = "; API key changed" if rotated else ""
+    why += f"; model changed under the running service ({stale[0].detail})" if stale else ""
     if settings.plan:
         return _planned(ctx, facts, staged, missing, why, result)
     _refuse_missing_models(ctx, missing)
     if rotated:
         ctx.say(f"API key changed since {facts.current}: deploying a new release")
+    if stale:
+        ctx.say(f"{modelcheck.describe(stale[0])}: deploying a new release to restart it")
+    abandoned = guards.mark_incomplete(ctx, facts)
+    if abandoned:
+        ctx.say(f"marked incomplete release {', '.join(abandoned)} BAD (its staging never finished)")
+    guards.check_free_space(ctx)
     result.release = staged.release_id
     ctx.audit(
         "deploy-start", staged.release_id, "started",
@@ -303,8 +328,7 @@ def _unchanged(
         result.outcome = Outcome.FAILED
         missing = release.missing_models(ctx.conn, ctx.service)
         fix = (
-            f"model {', '.join(missing)} not on the host (a reboot empties /dev/shm): "
-            "`opsctl provision`, then `opsctl deploy --force`"
+            guards.missing_hint(ctx.host.name, missing)
             if missing
             else "`opsctl deploy --force` restarts it, `opsctl logs` shows why"
         )
@@ -320,6 +344,16 @@ def _planned(
     result.outcome, result.release = Outcome.PLANNED, staged.release_id
     result.plan = _plan(ctx, facts, staged)
     result.plan += [f"WARNING model {m} is not on the host: `opsctl provision` first" for m in missing]
+    if facts.current or ctx.service.engine is not Engine.REFERENCE:
+        try:  # with the current release's runtime (the new one is not staged)
+            _preflight(ctx, staged, site=ctx.paths.site(facts.current) if facts.current else "/nonexistent")
+            result.plan.append("pre-flight: the host's server knows every flag and accepts every value")
+        except DeployError as exc:
+            result.outcome = Outcome.FAILED
+            result.message = f"pre-flight would refuse {staged.release_id}: {exc.one_line()}"
+            return result
+    else:
+        result.plan.append("pre-flight: at the deploy (the reference server comes with the first release)")
     result.message = f"would deploy {staged.release_id} (current: {facts.current or 'none'}{why})"
     return result
 
@@ -331,7 +365,7 @@ def _refuse_missing_models(ctx: ServiceContext, missing: list[str]) -> None:
         raise DeployError(
             f"{host}/{ctx.service.name}: model {', '.join(missing)} not on the host (/dev/shm is emptied by a "
             "reboot); nothing was changed",
-            f"run `opsctl provision -i INVENTORY --host {host}`, then deploy again",
+            guards.missing_hint(host, missing),
         )
 
 
@@ -355,7 +389,7 @@ def _write_release(
     with Ticker(f"installing {wheel.name} into the release", out=ctx.say):
         ctx.run(release.pip_install_cmd(ctx.host.venv, wheel.remote_path, paths.site(new_id)), timeout=600)
     ctx.check_cancel()
-    ctx.say("checking the release (preflight, systemd-analyze verify)")
+    ctx.say("pre-flight: the host's server checks the release's flags")
     _preflight(ctx, staged)
     out = ctx.conn.run(systemd.verify_cmd(paths.release_unit(new_id)), check=False)
     if not out.ok or out.stdout.strip():
@@ -363,6 +397,7 @@ def _write_release(
             f"systemd-analyze verify rejected the unit: {out.stdout.strip()[:400] or f'exit {out.exit_code}'}",
             "fix the service's settings in the inventory (see `opsctl render`)",
         )
+    ctx.check_cancel()  # an interrupt up to here changes nothing live (the release stays incomplete, then BAD)
     manifest = Manifest(
         release_id=new_id, service=ctx.service.name, host=ctx.host.name, mode=ctx.service.mode.value,
         engine=ctx.service.engine.value, config_hash=chash, created_at=ctx.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -389,13 +424,22 @@ def _stage(
         result.outcome, result.message = Outcome.INTERRUPTED, "interrupted while staging: nothing switched"
         ctx.audit("deploy", new_id, "interrupted", "while staging")
     except UnreachableError as exc:
-        result.outcome, result.message = Outcome.UNREACHABLE, exc.one_line()
+        # The release stays incomplete on the host; the next deploy there marks it BAD (guards.mark_incomplete).
+        result.outcome, result.message = Outcome.UNREACHABLE, f"{exc.one_line()} (while staging {new_id})"
         audit.append_local(
             audit.audit_line(ctx.host.name, ctx.service.name, "deploy", new_id, "unreachable", exc.one_line())
         )
     except OpsctlError as exc:
-        _mark_bad(ctx, new_id, f"staging failed: {exc.message}")
-        result.outcome, result.message = Outcome.FAILED, f"staging failed, nothing switched: {exc.one_line()}"
+        why = guards.bounded(exc.message)
+        hint = guards.space_hint(exc) or exc.hint
+        if guards.space_hint(exc):
+            # Disk full: even a BAD marker cannot be written; the half-written release only holds space.
+            ctx.run(release.remove_releases_cmd(ctx.paths, [new_id]), check=False)
+            why += f"; the partial release {new_id} was removed"
+        else:
+            _mark_bad(ctx, new_id, f"staging failed: {why}")
+        result.outcome = Outcome.FAILED
+        result.message = f"staging failed, nothing switched: {why}" + (f" ({hint})" if hint else "")
         ctx.audit("deploy", new_id, "failed", result.message)
     return False
 
@@ -417,8 +461,9 @@ def _smoke(ctx: ServiceContext, result: ServiceResult) -> str:
 
 def _switch_and_gate(ctx: ServiceContext, settings: DeploySettings, new_id: str, result: ServiceResult) -> str:
     """Switch to the new release, restart, health gate, smoke gate; the failure reason, or "" when live."""
+    if ctx.cancel.is_set():
+        return NOT_SWITCHED
     try:
-        ctx.check_cancel()
         ctx.say(f"switching to {new_id} and restarting {ctx.paths.unit_name}")
         t_restart = time.monotonic()
         baseline = _restart(ctx, new_id)
@@ -455,6 +500,11 @@ def _go_live(
             audit.audit_line(ctx.host.name, ctx.service.name, "deploy", new_id, "unreachable", exc.one_line())
         )
         return
+    if reason == NOT_SWITCHED:
+        _mark_bad(ctx, new_id, NOT_SWITCHED)
+        result.outcome, result.message = Outcome.INTERRUPTED, f"{NOT_SWITCHED}: nothing switched"
+        ctx.audit("deploy", new_id, "interrupted", NOT_SWITCHED)
+        return
     if not reason:
         pruned = _prune(ctx, settings.keep)
         result.outcome = Outcome.DEPLOYED
@@ -487,6 +537,8 @@ def _roll_back_after_failure(
             outcome = Outcome.INTERRUPTED if interrupted else Outcome.FAILED
             return outcome, f"{reason}; no previous release to roll back to: service stopped"
         ctx.say(f"rolling back to {previous}")
+        # The failed release's crash loop counted in NRestarts; the restored one starts from zero.
+        ctx.run(systemd.reset_failed_cmd(ctx.paths.unit_name), check=False)
         baseline = _restart(ctx, previous)
         # A shorter re-check: this release served before; the point is to confirm it answers again.
         delay = settings.readiness_delay if settings.readiness_delay is not None else ctx.service.readiness_delay
@@ -502,6 +554,7 @@ def _roll_back_after_failure(
         return Outcome.FAILED, f"{reason}; rolled back to {previous} but it is not healthy: {gate.reason}"
     ctx.audit("rollback-auto", previous, "ok", reason)
     if interrupted:
+        ctx.audit("deploy", failed, "interrupted", f"after the switch; {previous} restored")
         return Outcome.INTERRUPTED, f"interrupted: {previous} restored and healthy; {failed} marked bad"
     return Outcome.ROLLED_BACK, f"{reason}; rolled back to {previous} (healthy); {failed} marked bad"
 
@@ -542,6 +595,9 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
             )
         target = found
     result.release = target
+    if not settings.allow_old_secrets:
+        secrets = StagedRelease.render(ctx.host, ctx.service).checked_secrets()
+        guards.check_rollback_secrets(ctx, target, dict(secrets))
     if settings.plan:
         result.outcome, result.message = Outcome.PLANNED, f"would roll back {facts.current} -> {target}"
         return result

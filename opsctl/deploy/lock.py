@@ -59,6 +59,25 @@ class LockInfo:
             fields.get("action", ""),
         )
 
+    def holder_gone(self) -> bool | None:
+        """True when the holder ran on this machine and its process is gone (the lock is stale); None when
+        that cannot be known from here (another machine's process)."""
+        if self.holder.rpartition("@")[2] != socket.gethostname() or self.pid <= 0:
+            return None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # exists, owned by someone else
+        return False
+
+    def describe(self, now: datetime) -> str:
+        age = self.age_s(now)
+        ago = "" if age is None else (f", {age / 60:.0f} min ago" if age >= 60 else f", {age:.0f} s ago")
+        stale = " (STALE: that process is gone)" if self.holder_gone() else ""
+        return f"{self.holder} pid {self.pid} ({self.action}) since {self.since}{ago}{stale}"
+
     def age_s(self, now: datetime) -> float | None:
         try:
             return (now - datetime.fromisoformat(self.since)).total_seconds()
@@ -111,21 +130,14 @@ class LockHeld(DeployError):
     def __init__(self, host: str, info: LockInfo | None, waited: float, now: datetime) -> None:
         self.host = host
         self.info = info
-        if info is None:
-            who = "another deploy (holder not yet recorded)"
-        else:
-            age = info.age_s(now)
-            ago = (
-                f", {age / 60:.0f} min ago"
-                if age is not None and age >= 60
-                else (f", {age:.0f} s ago" if age is not None else "")
-            )
-            who = f"{info.holder} pid {info.pid} ({info.action}) since {info.since}{ago}"
+        who = "another deploy (holder not yet recorded)" if info is None else info.describe(now)
         waited_text = f" after waiting {waited:.0f} s" if waited >= 1 else ""
+        clear = f"`opsctl deploy --break-lock --host {host} -i INVENTORY` (or `rm -rf {LOCK_DIR}` on the host)"
         super().__init__(
             f"{host}: deploy lock held by {who}{waited_text}",
-            "wait for it (--lock-wait SECONDS); if no deploy is running (a stale lock), clear it with "
-            f"`opsctl deploy --break-lock --host {host} -i INVENTORY` or `rm -rf {LOCK_DIR}` on the host",
+            f"its holder is gone: clear it with {clear}"
+            if info is not None and info.holder_gone()
+            else f"wait for it (--lock-wait SECONDS); if no deploy is running (a stale lock), clear it with {clear}",
         )
 
 

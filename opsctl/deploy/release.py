@@ -284,11 +284,14 @@ def remove_releases_cmd(paths: ServicePaths, release_ids: list[str]) -> Cmd:
 
 
 def plan_prune(facts: ReleaseFacts, keep: int, protect: tuple[str, ...] = ()) -> list[str]:
-    """Release ids to delete: all but the `keep` newest, never current, its rollback target, nor `protect`."""
+    """Release ids to delete: all but the `keep` newest good ones (complete, not BAD: BAD and incomplete
+    releases are no rollback target, so they never take a good one's place), never current, its rollback
+    target, nor `protect`."""
     if keep < 1:
         raise DeployError(f"keep_releases must be >= 1, got {keep}")
     ids = [r.release_id for r in facts.releases]
-    keep_set = set(ids[-keep:]) | set(protect)
+    good = [r.release_id for r in facts.releases if r.complete and not r.bad]
+    keep_set = set(good[-keep:]) | set(protect)
     if facts.current:
         keep_set.add(facts.current)
     if facts.deployed_over:

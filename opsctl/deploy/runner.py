@@ -18,13 +18,16 @@ import httpx
 
 from opsctl import remote
 from opsctl.artifact import RuntimeWheel
+from opsctl.deploy import audit
 from opsctl.deploy.flow import DeploySettings, ServiceContext, ServiceResult, deploy_service, rollback_service
 from opsctl.deploy.lock import LockHeld, host_lock
 from opsctl.deploy.rollout import Outcome, Target, count_failures, group_by_host, plan_batches, should_continue
-from opsctl.errors import ExitCode, OpsctlError, UnreachableError
+from opsctl.deploy.staged import StagedRelease
+from opsctl.errors import DeployError, ExitCode, OpsctlError, UnreachableError
 from opsctl.inventory.model import Host, Service
 from opsctl.remote.base import Connect, Connection
 from opsctl.router.rolling import RouterGuard, Taken
+from opsctl.secrets import SecretError
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ def run(
                         out.append(ServiceResult(host_name, target.service, outcome, message=exc.one_line()))
         except LockHeld as exc:
             out += rest(Outcome.LOCKED, exc.one_line())
+            _audit_refusal(conns.get(host_name), host_name, [r.service for r in out], action, exc.message)
         except UnreachableError as exc:
             out += rest(Outcome.UNREACHABLE, exc.one_line())
         except OpsctlError as exc:
@@ -171,6 +175,8 @@ def deploy(
     routers: RouterGuard | None = None,
 ) -> RunReport:
     """Deploy each selected service; one that a router fronts is taken out of it first (`routers`)."""
+    if not settings.plan:
+        require_secrets(selection)
 
     def work(ctx: ServiceContext) -> ServiceResult:
         if routers is None or not routers.fronted(ctx.host.name, ctx.service.name):
@@ -236,6 +242,35 @@ def behind_routers(
                 if result.outcome in (Outcome.DEPLOYED, Outcome.UNCHANGED):
                     result.outcome = Outcome.FAILED
                 result.message = f"{result.message}; {problem}"
+
+
+def require_secrets(selection: Sequence[tuple[Host, Sequence[Service]]]) -> None:
+    """Every selected service's secrets readable before any host is touched: one missing env var found after
+    the first batch went out would leave the fleet half deployed."""
+    missing = []
+    for host, services in selection:
+        for svc in services:
+            try:
+                StagedRelease.render(host, svc).checked_secrets()
+            except SecretError as exc:
+                missing.append(f"{host.name}/{svc.name}: {exc.message}")
+    if missing:
+        raise DeployError(
+            f"{len(missing)} service(s) lack a secret: {'; '.join(missing[:3])}; nothing was deployed",
+            "set the variable or file named by the service's api_key, then deploy again",
+        )
+
+
+def _audit_refusal(conn: Connection | None, host: str, services: list[str], action: str, why: str) -> None:
+    """A refused deploy is an action too: who tried, and who held the lock (on the host and locally)."""
+    for svc in services:
+        line = audit.audit_line(host, svc, action, None, "locked", why)
+        audit.append_local(line)
+        if conn is not None:
+            try:
+                conn.run(audit.append_host_cmd(line), check=False, timeout=30)
+            except OpsctlError:
+                pass
 
 
 def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:

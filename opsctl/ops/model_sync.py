@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from opsctl import layout, modelcheck
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
 from opsctl.ops.base import Action, Context, CopyVerified, Plan, Push, PutText, Verify, execute, read
@@ -227,6 +228,7 @@ class ModelSync:
     def plan(self, ctx: Context) -> Plan:
         actions: list[Action] = []
         notes: list[str] = []
+        replaced: list[ModelSpec] = []  # models this run copies anew
         for spec in models_of(ctx.spec):
             manifest = manifest_for(ctx, spec)
             if not manifest.files:
@@ -234,11 +236,56 @@ class ModelSync:
             acts, why = plan_model(spec, manifest, read_facts(ctx.remote, spec))
             actions += acts
             notes += why
+            if any(isinstance(a, Verify) for a in acts):  # only a copy verifies
+                replaced.append(spec)
         if not models_of(ctx.spec):
             notes.append("no models (the host has no services)")
+        users = model_users(ctx.spec, replaced)
+        users += [u for u in changed_under(ctx) if u not in users]
+        restart = deployed(ctx.remote, users)
+        actions += [cmd for unit in restart for cmd in restart_cmds(unit)]
+        notes += [f"restart {u}: its model is copied anew or changed after it started" for u in restart]
         return Plan(NAME, actions=tuple(actions), notes=tuple(notes))
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
         execute(ctx.remote, plan.actions, timeout=COPY_TIMEOUT_S, progress=ctx.progress)
         # Re-reading facts would hash everything again; the copy was verified before the rename.
         return Plan(NAME, notes=plan.notes)
+
+
+def changed_under(ctx: Context) -> list[str]:
+    """Units whose (now verified) model files were written after the unit started: a repair by an earlier run
+    or by hand that the process never saw."""
+    return [
+        layout.unit_name(svc.name)
+        for svc in ctx.spec.services
+        if any(
+            v.problem is modelcheck.Problem.CHANGED
+            for v in modelcheck.check(ctx.remote, svc, layout.unit_name(svc.name))
+        )
+    ]
+
+
+def model_users(host: Host, specs: list[ModelSpec]) -> list[str]:
+    """Units of the host's services that use any of these models, in service order, once each."""
+    paths = {s.path.rstrip("/") for s in specs}
+    return [
+        layout.unit_name(svc.name)
+        for svc in host.services
+        if any(m is not None and m.path.rstrip("/") in paths for m in (svc.model, svc.draft_model))
+    ]
+
+
+def deployed(remote: Connection, units: list[str]) -> list[str]:
+    """The units that are deployed (enabled); a service not deployed yet has nothing to restart."""
+    return [u for u in units if read(remote, Cmd.of("systemctl", "is-enabled", "--quiet", "--", u)).exit_code == 0]
+
+
+def restart_cmds(unit: str) -> list[Cmd]:
+    """A process that mapped the old files keeps them until it restarts, and a unit that crash-looped on a
+    missing model (after a reboot) has given up: reset its failure count, then restart (waits for the old
+    process to stop, so the next check sees the new start time)."""
+    return [
+        Cmd.of("systemctl", "reset-failed", "--", unit, sudo=True),
+        Cmd.of("systemctl", "restart", "--", unit, sudo=True),
+    ]

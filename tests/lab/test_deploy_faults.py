@@ -119,6 +119,10 @@ def test_crash_after_healthy_is_caught_and_rolled_back(base_inventory: Path, tmp
     assert props["ActiveState"] == "active"
     status = opsctl("status", "-i", str(base_inventory), "--host", "lab1", "--json")
     assert status.returncode == 0 and '"healthy": true' in status.stdout
+    (row,) = json.loads(status.stdout)["services"]
+    assert row["unit"]["n_restarts"] == 0  # the failed release's crash loop is not counted against the restored one
+    tail = result.stderr.split("--- journal tail", 1)[1]
+    assert "GET /health" not in tail  # the gate's own probes are not what the operator needs to read
 
 
 def test_ctrl_c_leaves_lock_released_and_previous_serving(base_inventory: Path) -> None:
@@ -202,8 +206,9 @@ def _get_status(url: str, key: str | None) -> int:
 
 def test_api_key_rotation_is_deployed_and_never_leaks(base_inventory: Path, tmp_path: Path) -> None:
     import secrets
+    from datetime import datetime, timedelta
 
-    from opsctl.commands import sh
+    from opsctl.commands import Cmd, sh
     from tests.lab.test_deploy_support import remote_run
 
     keyed = variant(base_inventory, tmp_path, lambda d: service(d, "lab1").update(api_key="env:OPSCTL_LAB_KEY"))
@@ -217,15 +222,33 @@ def test_api_key_rotation_is_deployed_and_never_leaks(base_inventory: Path, tmp_
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stderr
 
+    base_release = current_release(base_inventory, "lab1", "ref")
     deploy(old_key)
     first = current_release(base_inventory, "lab1", "ref")
     assert (_get_status(models_url, None), _get_status(models_url, old_key)) == (401, 200)
 
+    # Five failed releases newer than the good ones (as five bad deploys leave): pruning must not count them.
+    stamp = datetime.strptime(first[:16], "%Y%m%dT%H%M%SZ")
+    bad = [f"{(stamp + timedelta(seconds=i)).strftime('%Y%m%dT%H%M%SZ')}-{i:012x}" for i in range(1, 6)]
+    dirs = " ".join(f"/opt/opsctl/services/ref/releases/{b}" for b in bad)
+    remote_run(
+        base_inventory,
+        "lab1",
+        sh(f"for d in {dirs}; do mkdir -p $d && echo {{}} > $d/manifest.json && echo failed > $d/BAD; done", sudo=True),
+    )
     rotated = deploy(new_key)  # same inventory, new value behind env:OPSCTL_LAB_KEY, no --force
     second = current_release(base_inventory, "lab1", "ref")
+    left = remote_run(base_inventory, "lab1", Cmd.of("ls", "/opt/opsctl/services/ref/releases")).split()
+    assert base_release in left and first in left and not set(bad) & set(left), left
     assert "API key changed" in rotated and second != first and second[-12:] == first[-12:]
     assert (_get_status(models_url, old_key), _get_status(models_url, new_key)) == (401, 200)
     assert "lab1/ref: unchanged" in deploy(new_key)
+    # Rolling back would serve the rotated-away key again: refused unless asked for.
+    back = opsctl("rollback", "-i", str(keyed), "--host", "lab1", "ref", env={"OPSCTL_LAB_KEY": new_key})
+    outputs.extend([back.stdout, back.stderr])
+    assert back.returncode == 1 and "different API key" in back.stderr and "--allow-old-secrets" in back.stderr
+    assert current_release(base_inventory, "lab1", "ref") == second
+    assert (_get_status(models_url, old_key), _get_status(models_url, new_key)) == (401, 200)
 
     journal = remote_run(base_inventory, "lab1", sh("journalctl --no-pager -o cat -n 20000", sudo=True))
     argv = remote_run(base_inventory, "lab1", sh("ps -eo args; systemctl show -p ExecStart opsctl-ref.service"))

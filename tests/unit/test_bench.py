@@ -98,3 +98,17 @@ def test_table_is_not_squeezed_in_a_pipe(capsys: pytest.CaptureFixture[str]) -> 
     err = capsys.readouterr().err
     for text in ("tok/s med", "tok/s min-max", "vs first", "lab1/base-service", "lab1/tree-service", "2.00x"):
         assert text in err
+
+
+def test_one_prompt_file_serves_smoke_and_bench(tmp_path) -> None:
+    """The lab's prompt file has smoke's max_tokens; bench reads the same file (a typo'd key is still refused)."""
+    from pathlib import Path
+
+    from opsctl import smoke
+
+    lab = Path(__file__).resolve().parents[2] / "inventory" / "lab-prompts.yaml"
+    assert [p.id for p in load_prompts(lab)] == [p.id for p in smoke.load_prompts(lab)]
+    typo = tmp_path / "p.yaml"
+    typo.write_text("prompts: [{prompt: x, max_token: 8}]")
+    with pytest.raises(OpsctlError, match="unknown keys"):
+        load_prompts(typo)

@@ -130,15 +130,25 @@ def test_no_current():
 def test_plan_prune_keeps_newest_and_current():
     facts = release.parse_release_facts(FACTS)
     doomed = release.plan_prune(facts, keep=2)
-    # the two newest are 221500 (current) and 223000; everything older goes
+    # the two newest good ones are 221500 (current) and 220000; BAD and incomplete ones never count
     assert doomed == [
-        "20261129T200000Z-eeeeeeeeeeee", "20261129T210000Z-cccccccccccc", "20261129T220000Z-aaaaaaaaaaaa",
+        "20261129T200000Z-eeeeeeeeeeee", "20261129T210000Z-cccccccccccc", "20261129T223000Z-dddddddddddd",
     ]  # fmt: skip
     old_current = release.ReleaseFacts("20261129T200000Z-eeeeeeeeeeee", facts.releases)
     assert "20261129T200000Z-eeeeeeeeeeee" not in release.plan_prune(old_current, keep=1)
-    assert release.plan_prune(facts, keep=5) == []
+    assert release.plan_prune(facts, keep=5) == doomed  # only good releases are kept, however many
     with pytest.raises(DeployError):
         release.plan_prune(facts, keep=0)
+
+
+def test_plan_prune_never_counts_bad_or_incomplete_releases():
+    # Issue 14: five failed deploys after a good one must not push the good rollback targets out of --keep.
+    good = [f"20261129T2{i}0000Z-{c * 12}" for i, c in enumerate("abc")]
+    bad = [f"20261129T23{i}000Z-{c * 12}" for i, c in enumerate("def")]
+    lines = [f"current releases/{good[-1]}", f"previous {good[-2]}"]
+    lines += [f"release {r} 0 1" for r in good] + [f"release {r} 1 1" for r in bad[:2]] + [f"release {bad[2]} 0 0"]
+    doomed = release.plan_prune(release.parse_release_facts("\n".join(lines)), keep=3)
+    assert doomed == bad  # all three good ones stay; the BAD and the incomplete one go
 
 
 def test_commands_exact():

@@ -16,6 +16,7 @@ from opsctl.commands import Cmd
 from opsctl.deploy import flow
 from opsctl.deploy.flow import DeploySettings, ServiceContext
 from opsctl.deploy.rollout import Outcome
+from opsctl.errors import OpsctlError
 from opsctl.inventory.load import load_inventory
 from opsctl.remote.fake import FakeHost
 
@@ -64,6 +65,8 @@ class Box:
             return (0, "", "")
         if "--help" in text:
             return (0, HELP, "")
+        if "opsctl-args-ok" in text:  # the value pre-flight: the server's own parser accepted the flags
+            return (0, "opsctl-args-ok\n", "")
         if text.startswith("sha256sum"):
             return (1, "", "No such file")
         return (0, "", "")
@@ -146,6 +149,29 @@ def test_unchanged_restarts_nothing(ctx_for):
     again = flow.deploy_service(ctx, wheel, SETTINGS)
     assert again.outcome is Outcome.UNCHANGED and again.release == first.release
     assert _live_steps(fake) == [] and box.restarts == 0
+
+
+def test_same_config_but_model_changed_under_the_service_restarts_it(ctx_for):
+    # Issue 14: provision repaired a model file under a running service; the config hash is the same, but the
+    # process still maps the old file: the deploy must not say `unchanged`.
+    make, wheel, said = ctx_for
+    ctx, _ = make(Box(None))
+    first = flow.deploy_service(ctx, wheel, SETTINGS)
+    box = Box(first.release)
+    ctx, fake = make(box)
+    state = (
+        "start Tue 2026-12-01 05:30:00.000000 UTC\nmodel 1 /dev/shm/Qwen3-8B\n"
+        "file 100 1796103005.0 model.safetensors\n"  # written five seconds after the start
+    )
+
+    def handler(cmd: Cmd):
+        return (0, state, "") if "ExecMainStartTimestamp" in cmd.display() else box.handler(cmd)
+
+    fake.handler = handler
+    again = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert again.outcome is Outcome.DEPLOYED and again.release != first.release
+    assert again.release[-12:] == first.release[-12:] and box.restarts == 0 and box.current == again.release
+    assert any("changed under the running service" in line for line in said)
 
 
 def test_unchanged_but_still_starting_waits_for_health(ctx_for):
@@ -261,6 +287,84 @@ def test_cancel_before_switch(ctx_for):
     result = flow.deploy_service(ctx, wheel, SETTINGS)
     assert result.outcome is Outcome.INTERRUPTED and box.current == OLD
     assert "systemctl restart" not in " ".join(fake.ran)
+
+
+def test_bad_flag_value_refused_before_switch(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    ctx, fake = make(box)
+
+    def handler(cmd: Cmd):
+        if "opsctl-args-ok" in cmd.display():
+            return (2, "", "usage: ddtree-serve ...\nddtree-serve: error: --port 0: must be in 1..65535\n")
+        return box.handler(cmd)
+
+    fake.handler = handler
+    result = flow.deploy_service(ctx, wheel, replace(SETTINGS, force=True))
+    assert result.outcome is Outcome.FAILED and "nothing switched" in result.message
+    assert "refuses this release's flag values: ddtree-serve: error: --port 0: must be in 1..65535" in result.message
+    assert box.current == OLD and "systemctl restart" not in " ".join(fake.ran)
+    checks = [c for c in fake.ran if "opsctl-args-ok" in c]
+    assert checks and "k3y-value-never-shown" not in checks[0]  # the masked render: no secret on a command line
+    # --plan runs the same pre-flight (with the current release's runtime) and fails the same way
+    planned = flow.deploy_service(ctx, wheel, replace(SETTINGS, plan=True, force=True))
+    assert planned.outcome is Outcome.FAILED and "pre-flight would refuse" in planned.message
+
+
+@pytest.mark.parametrize("during", ["--help", "systemd-analyze verify"])
+def test_cancel_during_preflight_or_verify_restarts_nothing(ctx_for, during):
+    # Issue 14: Ctrl-C during the pre-flight or `systemd-analyze verify` restarted the healthy serving release.
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    ctx, fake = make(box)
+
+    def handler(cmd: Cmd):
+        if during in cmd.display():
+            ctx.cancel.set()  # the Ctrl-C arrives while this command runs
+        return box.handler(cmd)
+
+    fake.handler = handler
+    result = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert result.outcome is Outcome.INTERRUPTED and "nothing switched" in result.message
+    assert box.current == OLD and result.release in box.bad
+    assert not any(k in " ".join(fake.ran) for k in ("systemctl restart", "ln -sfn", "daemon-reload"))
+
+
+def test_disk_full_mid_staging_is_one_bounded_line_and_the_partial_release_goes(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    ctx, fake = make(box)
+    noise = "x" * 21000  # pip's output on a full disk ran to 21 KB, all of it once in the message
+
+    def handler(cmd: Cmd):
+        if "pip install" in cmd.display():
+            return (1, "", f"ERROR: {noise} OSError: [Errno 28] No space left on device")
+        return box.handler(cmd)
+
+    fake.handler = handler
+    result = flow.deploy_service(ctx, wheel, replace(SETTINGS, force=True))
+    assert result.outcome is Outcome.FAILED and len(result.message) < 600, len(result.message)
+    assert "No space left on device" in result.message and "free space under /opt/opsctl" in result.message
+    assert any(c.startswith("rm -rf -- /opt/opsctl/services/ref-shadow/releases/") for c in fake.ran)
+    assert result.release not in box.bad and box.current == OLD
+
+
+def test_free_space_checked_before_staging(ctx_for):
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    ctx, fake = make(box)
+
+    def handler(cmd: Cmd):
+        if "df -P -B1" in cmd.display():
+            df = "Filesystem 1-blocks Used Available Capacity Mounted on\n/dev/vda1 10000000 9990000 10000 99% /\n"
+            return (0, df, "")
+        return box.handler(cmd)
+
+    fake.handler = handler
+    with pytest.raises(OpsctlError, match=r"only .* free in / .*nothing was changed") as err:
+        flow.deploy_service(ctx, wheel, replace(SETTINGS, force=True))
+    assert "free space on /" in str(err.value.hint)
+    assert not any(k in " ".join(fake.ran) for k in ("mkdir -p -- /opt/opsctl/services/ref-shadow/releases/", "pip"))
 
 
 def test_plan_changes_nothing(ctx_for):

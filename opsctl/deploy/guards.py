@@ -1,0 +1,106 @@
+"""Checks a deploy or rollback makes before it changes anything, each returning facts or one-line refusals:
+old secrets on a rollback target, abandoned (incomplete) releases, free disk space, models that changed under
+the running service. Kept out of flow.py so each rule stays one small, testable function."""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from opsctl import modelcheck
+from opsctl.commands import sh
+from opsctl.deploy import release, secret_fp
+from opsctl.errors import DeployError, OpsctlError
+from opsctl.ops.errors import FactError
+from opsctl.ops.facts.system import gib, parse_df
+
+if TYPE_CHECKING:
+    from opsctl.deploy.flow import ServiceContext
+
+# A release is a few small files plus the runtime installed with `pip --target` (~1-5 MB); pip also needs
+# room for its temporary unpacking. Below this much free space, staging is refused before it starts.
+MIN_FREE_BYTES = 256 << 20
+ERROR_TEXT_MAX = 300  # characters of a remote error kept in a message, the audit log and the BAD file
+
+
+def bounded(text: str, limit: int = ERROR_TEXT_MAX) -> str:
+    """One line, at most about `limit` characters: a failing command's output can be many kilobytes. Keeps
+    both ends: the start says which command, the end holds the actual error."""
+    line = " ".join(text.split())
+    if len(line) <= limit:
+        return line
+    head, tail = limit // 2, limit // 2 - 30
+    return f"{line[:head]} ... [{len(line) - head - tail} chars cut] ... {line[-tail:]}"
+
+
+def secrets_differ(stored_fp: str | None, secrets: dict[str, str]) -> bool:
+    """Whether a release was deployed with other secrets than the inventory's current ones. A release without a
+    fingerprint counts as different when there are secrets now (it may serve no key, or an old one), and one
+    with a fingerprint counts as different when there are none now."""
+    if not secrets:
+        return bool(stored_fp and stored_fp.strip())
+    return secret_fp.matches(stored_fp or "", secrets) is not True
+
+
+def check_rollback_secrets(ctx: ServiceContext, target: str, secrets: dict[str, str]) -> None:
+    """Refuse a rollback that would bring back an older API key (the one rotated away from)."""
+    try:
+        stored: str | None = ctx.conn.get_text(ctx.paths.release_file(target, secret_fp.FP_FILE))
+    except OpsctlError:
+        stored = None
+    if secrets_differ(stored, secrets):
+        host, svc = ctx.host.name, ctx.service.name
+        raise DeployError(
+            f"{host}/{svc}: {target} was deployed with a different API key than the inventory's current one; "
+            "rolling back would serve the old key again; nothing was changed",
+            "roll back anyway with `opsctl rollback --allow-old-secrets`, or deploy the fix with the current key",
+        )
+
+
+def mark_incomplete(ctx: ServiceContext, facts: release.ReleaseFacts) -> list[str]:
+    """Releases whose staging never finished (no manifest, no BAD: a host that went away mid-staging, a killed
+    opsctl) are marked BAD. Called under the host's lock, so none of them is being staged right now."""
+    abandoned = [r.release_id for r in facts.releases if not r.complete and not r.bad and r.release_id != facts.current]
+    for rid in abandoned:
+        ctx.run(release.mark_bad_cmd(ctx.paths, rid, "incomplete: staging never finished"), check=False)
+    return abandoned
+
+
+def check_free_space(ctx: ServiceContext, need: int = MIN_FREE_BYTES) -> None:
+    """Refuse to stage into a filesystem without room: a full disk mid-staging leaves a half-written release."""
+    root = ctx.paths.releases  # where staging writes (its own filesystem, possibly)
+    out = ctx.conn.run(
+        sh(f"mkdir -p {shlex.quote(root)} && df -P -B1 {shlex.quote(root)}", sudo=True), check=False, timeout=60
+    )
+    try:
+        space = parse_df(out.stdout)
+    except FactError:
+        return  # cannot tell; staging itself will say what is wrong
+    if space.available < need:
+        raise DeployError(
+            f"{ctx.host.name}: only {gib(space.available)} free in {space.mount} ({root}), "
+            f"a release needs {gib(need)}; nothing was changed",
+            f"free space on {space.mount} (old releases in {ctx.paths.releases}, logs, caches), then deploy again",
+        )
+
+
+def models_changed(ctx: ServiceContext) -> list[modelcheck.ModelVerdict]:
+    """Models written after the running service started: the process still uses the old files."""
+    verdicts = modelcheck.check(ctx.conn, ctx.service, ctx.paths.unit_name)
+    return [v for v in verdicts if v.problem is modelcheck.Problem.CHANGED]
+
+
+def missing_hint(host: str, missing: list[str]) -> str:
+    """The one command that brings missing models back (and restarts the services that use them)."""
+    return (
+        f"`opsctl provision -i INVENTORY --host {host}` copies {', '.join(missing)} back and restarts the "
+        "services using it; nothing else is needed"
+    )
+
+
+def space_hint(exc: OpsctlError) -> str | None:
+    """A hint about space when a staging command failed because the disk is full."""
+    text = f"{exc.message} {getattr(exc, 'tail', '')}"
+    if "No space left on device" in text or "Disk quota exceeded" in text:
+        return "the host's disk is full: free space under /opt/opsctl (old releases, logs, caches), then deploy again"
+    return None

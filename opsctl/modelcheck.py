@@ -1,0 +1,191 @@
+"""Model integrity of a running service: is every model it uses whole, and the same one it started with?
+
+The reference server memory-maps its weights and SGLang reads them once at start, so a model file replaced
+or corrupted under a running service is never noticed by `/health`: the process keeps the old (or deleted)
+inode. The fact read here compares, per model directory, provision's manifest (`.opsctl-manifest.json`:
+size and sha256 per file) with what is on disk, and each file's ctime with the time the unit's main process
+started. ctime, not mtime: rsync and `cp -p` keep a source's mtime, while creating, renaming or writing a
+file always moves its ctime. The cheap check reads sizes and ctimes (one `find`); `deep` also hashes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from opsctl.commands import Cmd, sh
+from opsctl.inventory.model import Service
+from opsctl.ops.facts.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    hash_listing_cmd,
+    parse_hash_listing,
+    parse_manifest_json,
+)
+from opsctl.ops.facts.manifest import Manifest as ModelManifest
+from opsctl.remote.base import Connection
+
+
+class Problem(StrEnum):
+    MISSING = "missing"  # no model directory (a reboot empties /dev/shm)
+    NO_MANIFEST = "no-manifest"  # not copied by provision: nothing to check against
+    DAMAGED = "damaged"  # sizes (or, deep, sha256) differ from the manifest, or files missing / extra
+    CHANGED = "changed"  # files created or written after the service started: it runs on the old ones
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    size: int
+    ctime: float  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    path: str
+    exists: bool
+    manifest: ModelManifest | None
+    files: dict[str, ModelFile] = field(default_factory=dict)
+    hashed: dict[str, FileEntry] | None = None  # deep check only
+
+
+@dataclass(frozen=True)
+class ModelVerdict:
+    path: str
+    problem: Problem | None
+    detail: str = ""  # which files, for the one-line message
+
+    @property
+    def ok(self) -> bool:
+        """NO_MANIFEST is shown but not a failure: a model copied by hand has nothing to be checked against."""
+        return self.problem in (None, Problem.NO_MANIFEST)
+
+
+def model_paths(service: Service) -> list[str]:
+    return [m.path.rstrip("/") for m in (service.model, service.draft_model) if m is not None]
+
+
+def state_cmd(unit: str, paths: Sequence[str]) -> Cmd:
+    """One round trip: the unit's main-process start time, then per model its manifest and every file's size
+    and ctime. Output lines: `start <timestamp>`, `model <0|1> <path>`, `manifest <json on one line>`,
+    `file <size> <ctime> <relpath>`."""
+    parts = [
+        f"printf 'start %s\\n' \"$(systemctl show --timestamp=us+utc -p ExecMainStartTimestamp --value "
+        f'-- {shlex.quote(unit)} 2>/dev/null)"'
+    ]
+    for p in paths:
+        q = shlex.quote(p)
+        parts.append(
+            f"if [ -d {q} ]; then echo 'model 1 '{q}; "
+            f"if [ -f {q}/{MANIFEST_NAME} ]; then printf 'manifest '; tr -d '\\n' < {q}/{MANIFEST_NAME}; echo; fi; "
+            f"find {q} -type f ! -name {MANIFEST_NAME} -printf 'file %s %C@ %P\\n'; "
+            f"else echo 'model 0 '{q}; fi"
+        )
+    return sh("; ".join(parts), sudo=True)
+
+
+def parse_start(text: str) -> float | None:
+    """`Tue 2026-12-01 05:30:00.123456 UTC` (systemctl --timestamp=us+utc) -> epoch seconds; None if never."""
+    words = text.split()
+    if len(words) < 3:
+        return None
+    try:
+        when = datetime.strptime(f"{words[1]} {words[2]}", "%Y-%m-%d %H:%M:%S.%f")
+    except ValueError:
+        try:
+            when = datetime.strptime(f"{words[1]} {words[2]}", "%Y-%m-%d %H:%M:%S")
+        except ValueError:
+            return None
+    return when.replace(tzinfo=UTC).timestamp()
+
+
+def parse_state(stdout: str) -> tuple[float | None, list[ModelFacts]]:
+    """state_cmd's output -> (start time, per-model facts). Malformed lines are ignored (a fact read)."""
+    start: float | None = None
+    models: list[ModelFacts] = []
+    for line in stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "start":
+            start = parse_start(rest)
+        elif kind == "model" and rest[:2] in ("0 ", "1 "):
+            models.append(ModelFacts(rest[2:], rest[0] == "1", None))
+        elif kind == "manifest" and models:
+            last = models[-1]
+            models[-1] = ModelFacts(last.path, last.exists, parse_manifest_json(rest), last.files)
+        elif kind == "file" and models:
+            fields = rest.split(" ", 2)
+            try:
+                models[-1].files[fields[2]] = ModelFile(int(fields[0]), float(fields[1]))
+            except (ValueError, IndexError):
+                continue
+    return start, models
+
+
+def judge(facts: ModelFacts, started: float | None) -> ModelVerdict:
+    """The verdict for one model directory. CHANGED wins over DAMAGED only when sizes still match: a file
+    replaced by a good copy needs a restart; a damaged one needs provision first."""
+    if not facts.exists:
+        return ModelVerdict(facts.path, Problem.MISSING)
+    newer = sorted(p for p, f in facts.files.items() if started is not None and f.ctime > started)
+    changed = ModelVerdict(facts.path, Problem.CHANGED, f"{_few(newer)} written after the service started")
+    if facts.manifest is None:
+        return changed if newer else ModelVerdict(facts.path, Problem.NO_MANIFEST, "not copied by provision")
+    want = facts.manifest.files
+    wrong = sorted(p for p, e in want.items() if p in facts.files and facts.files[p].size != e.size)
+    if facts.hashed is not None:
+        wrong = sorted(set(wrong) | {p for p, e in facts.hashed.items() if p in want and want[p] != e})
+    missing = sorted(set(want) - set(facts.files))
+    extra = sorted(set(facts.files) - set(want))
+    if wrong or missing or extra:
+        detail = "; ".join(
+            f"{label} {_few(names)}"
+            for label, names in (("differ from the manifest:", wrong), ("missing:", missing), ("extra:", extra))
+            if names
+        )
+        return ModelVerdict(facts.path, Problem.DAMAGED, detail)
+    return changed if newer else ModelVerdict(facts.path, None)
+
+
+def _few(names: Sequence[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def check(remote: Connection, service: Service, unit: str, deep: bool = False) -> list[ModelVerdict]:
+    """Every model of the service, judged (deep: sha256 of every file too, which reads the whole model)."""
+    paths = model_paths(service)
+    if not paths:
+        return []
+    started, models = parse_state(remote.run(state_cmd(unit, paths), timeout=120).stdout)
+    verdicts = []
+    for facts in models:
+        if deep and facts.exists and facts.manifest is not None:
+            listing = remote.run(hash_listing_cmd(facts.path), timeout=3600, check=False).stdout
+            facts = ModelFacts(facts.path, True, facts.manifest, facts.files, parse_hash_listing(listing))
+        verdicts.append(judge(facts, started))
+    return verdicts
+
+
+def fix_hint(verdict: ModelVerdict, host: str, service: str, restore_unit: str | None = None) -> str:
+    """The one command that fixes what remains, per problem."""
+    provision = f"`opsctl provision -i INVENTORY --host {host}` (copies it back, then restarts the services using it)"
+    if verdict.problem is Problem.MISSING and restore_unit:
+        return f"`systemctl start {restore_unit}` on the host, or {provision}"
+    if verdict.problem is Problem.CHANGED:
+        return (
+            f"the running process still uses the old files: `opsctl provision -i INVENTORY --host {host}` "
+            "checks the copy (sha256), re-copies what is damaged and restarts the services whose model changed"
+        )
+    return provision
+
+
+def describe(verdict: ModelVerdict) -> str:
+    what = {
+        Problem.MISSING: "not on the host (a reboot empties /dev/shm)",
+        Problem.NO_MANIFEST: "has no provision manifest",
+        Problem.DAMAGED: "does not match its manifest",
+        Problem.CHANGED: "changed under the running service",
+    }
+    text = f"model {verdict.path} {what[verdict.problem]}" if verdict.problem else f"model {verdict.path} ok"
+    return f"{text} ({verdict.detail})" if verdict.detail else text

@@ -1,0 +1,203 @@
+"""Model integrity facts (opsctl.modelcheck) and the boot-time restore units (opsctl.ops.model_restore): pure
+parsers and decisions, on recorded output."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import UTC, datetime
+
+import pytest
+
+from opsctl import modelcheck
+from opsctl.deploy import guards, secret_fp
+from opsctl.deploy.lock import LockInfo
+from opsctl.inventory.model import ModelSourceKind, ModelSpec
+from opsctl.ops import model_restore
+from opsctl.ops.base import PutText
+from opsctl.ops.facts.manifest import FileEntry, Manifest
+from opsctl.systemd import exec_argv, parse_unit
+
+SHA_A, SHA_B = "a" * 64, "b" * 64
+MANIFEST = Manifest({"config.json": FileEntry(10, SHA_A), "model.safetensors": FileEntry(1000, SHA_B)})
+ONE_LINE = MANIFEST.to_json().replace("\n", "")
+# Recorded from a lab host (systemctl 252, find -printf): the unit started at 05:30:00.5 UTC.
+STARTED = "Tue 2026-12-01 05:30:00.500000 UTC"
+T_START = datetime(2026, 12, 1, 5, 30, 0, 500000, tzinfo=UTC).timestamp()
+
+
+def _output(ctime_weights: float, size_weights: int = 1000, start: str = STARTED) -> str:
+    return "\n".join(
+        [
+            f"start {start}",
+            "model 1 /dev/shm/m",
+            f"manifest {ONE_LINE}",
+            f"file 10 {T_START - 100:.10f} config.json",
+            f"file {size_weights} {ctime_weights:.10f} model.safetensors",
+            "model 0 /dev/shm/draft",
+            "garbage",
+        ]
+    )
+
+
+def test_parse_state_reads_start_models_and_files() -> None:
+    started, models = modelcheck.parse_state(_output(T_START - 50))
+    assert started == pytest.approx(T_START)
+    assert [m.path for m in models] == ["/dev/shm/m", "/dev/shm/draft"]
+    assert models[0].manifest == MANIFEST and models[0].files["model.safetensors"].size == 1000
+    assert not models[1].exists
+
+
+def test_judge_each_problem() -> None:
+    started, (fine, draft) = modelcheck.parse_state(_output(T_START - 50))
+    assert modelcheck.judge(fine, started).problem is None
+    assert modelcheck.judge(draft, started).problem is modelcheck.Problem.MISSING
+    # written after the service started, same size: the process still maps the old file
+    _, (changed, _) = modelcheck.parse_state(_output(T_START + 3))
+    verdict = modelcheck.judge(changed, started)
+    assert verdict.problem is modelcheck.Problem.CHANGED and "model.safetensors" in verdict.detail
+    # a different size is damage, whenever it happened
+    _, (damaged, _) = modelcheck.parse_state(_output(T_START - 50, size_weights=999))
+    assert modelcheck.judge(damaged, started).problem is modelcheck.Problem.DAMAGED
+    # never started (unit inactive): nothing can have changed under it
+    assert modelcheck.judge(changed, None).problem is None
+
+
+def test_judge_deep_catches_same_size_corruption() -> None:
+    started, (fine, _) = modelcheck.parse_state(_output(T_START - 50))
+    hashed = {"config.json": FileEntry(10, SHA_A), "model.safetensors": FileEntry(1000, "c" * 64)}
+    deep = modelcheck.ModelFacts(fine.path, True, fine.manifest, fine.files, hashed)
+    verdict = modelcheck.judge(deep, started)
+    assert verdict.problem is modelcheck.Problem.DAMAGED and "model.safetensors" in verdict.detail
+
+
+def test_no_manifest_is_shown_but_not_a_failure() -> None:
+    facts = modelcheck.ModelFacts("/dev/shm/m", True, None, {"x": modelcheck.ModelFile(1, T_START - 1)})
+    verdict = modelcheck.judge(facts, T_START)
+    assert verdict.problem is modelcheck.Problem.NO_MANIFEST and verdict.ok
+
+
+def test_parse_start_formats() -> None:
+    assert modelcheck.parse_start("") is None and modelcheck.parse_start("n/a") is None
+    assert modelcheck.parse_start("Tue 2026-12-01 05:30:00 UTC") == pytest.approx(T_START - 0.5)
+
+
+def test_hints_name_one_command() -> None:
+    changed = modelcheck.ModelVerdict("/dev/shm/m", modelcheck.Problem.CHANGED, "x written after")
+    assert "`opsctl provision -i INVENTORY --host h1`" in modelcheck.fix_hint(changed, "h1", "ref")
+    missing = modelcheck.ModelVerdict("/dev/shm/m", modelcheck.Problem.MISSING)
+    assert "systemctl start opsctl-model-m.service" in modelcheck.fix_hint(
+        missing, "h1", "ref", "opsctl-model-m.service"
+    )
+    assert "then deploy" not in modelcheck.fix_hint(missing, "h1", "ref")  # provision alone restores and restarts
+
+
+SPEC = ModelSpec("/srv/models/Qwen3 6", ModelSourceKind.HOST, "/dev/shm/Qwen3.6-27B", False)
+
+
+def test_restore_unit_orders_before_and_is_required_by_its_services() -> None:
+    text = model_restore.unit_text(SPEC, ["opsctl-gpu0.service", "opsctl-gpu1.service"])
+    directives = {(d.section, d.key): d.value for d in parse_unit(text)}
+    assert directives["Unit", "Before"] == "opsctl-gpu0.service opsctl-gpu1.service"
+    assert directives["Install", "RequiredBy"] == "opsctl-gpu0.service opsctl-gpu1.service"
+    assert directives["Service", "Type"] == "oneshot" and directives["Service", "RemainAfterExit"] == "yes"
+    assert exec_argv(directives["Service", "ExecStart"]) == (
+        model_restore.SCRIPT, "/srv/models/Qwen3 6", "/dev/shm/Qwen3.6-27B", "/var/lib/opsctl/models/Qwen3.6-27B",
+    )  # fmt: skip
+    assert model_restore.unit_name(SPEC) == "opsctl-model-Qwen3.6-27B.service"
+
+
+def test_restore_plan_writes_only_what_differs() -> None:
+    services = ["opsctl-gpu0.service"]
+    wanted = model_restore.desired_files(SPEC, MANIFEST, services)
+    have = {path: text for path, (text, _) in wanted.items()}
+    assert model_restore.plan_restore(SPEC, MANIFEST, services, have, enabled=True)[0] == []
+    have["/var/lib/opsctl/models/Qwen3.6-27B/sha256sums"] = "stale"
+    actions, _ = model_restore.plan_restore(SPEC, MANIFEST, services, have, enabled=True)
+    writes = [a for a in actions if isinstance(a, PutText)]
+    assert [w.remote for w in writes] == ["/var/lib/opsctl/models/Qwen3.6-27B/sha256sums"]
+    assert writes[0].text == f"{SHA_A}  config.json\n{SHA_B}  model.safetensors\n"
+    assert actions[-1].display() == "systemctl reenable --quiet -- opsctl-model-Qwen3.6-27B.service"
+    assert model_restore.plan_restore(SPEC, None, services, {}, enabled=False)[0] == []  # no manifest yet
+
+
+def test_rollback_secrets_rule() -> None:
+    now = {"api_key": "new"}
+    assert not guards.secrets_differ(secret_fp.fingerprint(now), now)
+    assert guards.secrets_differ(secret_fp.fingerprint({"api_key": "old"}), now)
+    assert guards.secrets_differ(None, now)  # deployed before fingerprints, or without a key
+    assert guards.secrets_differ(secret_fp.fingerprint({"api_key": "old"}), {})  # it would serve a key again
+    assert not guards.secrets_differ(None, {})
+
+
+def test_bounded_error_text() -> None:
+    assert guards.bounded("a\n  b") == "a b"
+    long = "pip install failed: " + "x" * 21000 + " No space left on device"
+    cut = guards.bounded(long)
+    assert len(cut) <= guards.ERROR_TEXT_MAX and cut.startswith("pip install") and cut.endswith("left on device")
+
+
+def test_lock_holder_gone_only_when_it_ran_here_and_is_dead() -> None:
+    here = f"root@{socket.gethostname()}"
+    alive = LockInfo("t", here, os.getpid(), "2026-12-01T05:00:00Z", "deploy ref")
+    assert alive.holder_gone() is False
+    dead_pid = 2**22 + 12345  # above pid_max's default: no such process
+    dead = LockInfo("t", here, dead_pid, "2026-12-01T05:00:00Z", "deploy ref")
+    assert dead.holder_gone() is True and "STALE" in dead.describe(datetime(2026, 12, 1, 5, 10, tzinfo=UTC))
+    elsewhere = LockInfo("t", "root@other-machine", dead_pid, "2026-12-01T05:00:00Z", "deploy ref")
+    assert elsewhere.holder_gone() is None and "STALE" not in elsewhere.describe(datetime.now(UTC))
+
+
+def test_journal_tail_drops_health_probe_lines() -> None:
+    from opsctl.logs import without_health_probes
+
+    lines = [
+        'INFO:     10.223.0.1:50312 - "GET /health HTTP/1.1" 200 OK',
+        "Traceback (most recent call last):",
+        '[2026-12-01 05:30:00] INFO:     127.0.0.1:1 - "GET /health_generate HTTP/1.1" 503 Service Unavailable',
+        'INFO:     10.223.0.1:50313 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+        "RuntimeError: CUDA out of memory",
+    ]
+    assert without_health_probes(lines) == [lines[1], lines[3], lines[4]]
+
+
+def test_provision_restarts_a_service_whose_good_model_changed_after_it_started(monkeypatch) -> None:
+    # A repair that the running process never saw (an earlier provision, or by hand): the model matches its
+    # manifest, so nothing is copied, yet the unit must restart. Before the fix the plan had no action at all.
+    from pathlib import Path
+
+    from opsctl.commands import Cmd
+    from opsctl.inventory.load import load_inventory
+    from opsctl.ops.base import Context
+    from opsctl.ops.model_sync import ModelSync
+    from opsctl.remote.fake import FakeHost
+
+    monkeypatch.setenv("OPSCTL_GOLDEN_KEY", "k")
+    host = load_inventory(Path(__file__).parent / "golden" / "inventory.yaml").hosts[0]
+    victim = host.services[0].name
+    listing = f"{SHA_A} 10 w.bin\n"
+    manifest = Manifest({"w.bin": FileEntry(10, SHA_A)}).to_json()
+
+    def handler(cmd: Cmd):
+        text = cmd.display()
+        if "ExecMainStartTimestamp" in text:
+            changed = f"opsctl-{victim}.service" in text
+            files = [f"model 1 {p}\nmanifest {manifest.replace(chr(10), '')}" for p in ("/dev/shm/Qwen3-8B",)]
+            ctime = T_START + 5 if changed else T_START - 5
+            return (0, f"start {STARTED}\n" + "\n".join(files) + f"\nfile 10 {ctime} w.bin\n", "")
+        if "sha256sum" in text:
+            return (0, listing, "")
+        if text.startswith("cat ") and text.endswith(".opsctl-manifest.json"):
+            return (0, manifest, "")
+        if text.startswith("test -d") and ".opsctl-sync-" in text:
+            return (1, "", "")
+        if text.startswith("df "):
+            return (0, "Filesystem 1-blocks Used Available Capacity Mounted on\ntmpfs 100 0 100 0% /dev/shm\n", "")
+        return (0, "", "")
+
+    remote = FakeHost(host.name, handler=handler)
+    plan = ModelSync().plan(Context(host, remote))
+    assert [a.display() for a in plan.actions] == [
+        f"systemctl reset-failed -- opsctl-{victim}.service",
+        f"systemctl restart -- opsctl-{victim}.service",
+    ]
