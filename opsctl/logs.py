@@ -62,7 +62,15 @@ def valid_grep(pattern: str) -> bool:
     return bool(_GREP_SAFE.match(pattern))
 
 
-Pair = tuple[Host, Service]
+@dataclass(frozen=True)
+class Unit:
+    """A journal to read that is not a service's: a router's (`router-<name>`, opsctl-router-<name>.service)."""
+
+    name: str  # the label after "host/"
+    unit_name: str
+
+
+Pair = tuple[Host, Service | Unit]
 
 
 def _connections(pairs: Sequence[Pair], connect: Connect, stack: ExitStack) -> dict[str, Connection]:

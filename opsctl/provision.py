@@ -18,16 +18,17 @@ import yaml
 
 from opsctl import artifact, wheelhouse
 from opsctl.errors import ExitCode, OpsctlError
-from opsctl.inventory.model import Host, ModelSourceKind
+from opsctl.inventory.model import Host, ModelSourceKind, Router
 from opsctl.ops.base import Artifacts, Context, Operation, Options, Plan
 from opsctl.ops.cuda_toolkit import CudaToolkit
 from opsctl.ops.errors import ProvisionError
 from opsctl.ops.facts.manifest import Manifest, build_local_manifest
 from opsctl.ops.gpu_driver import GpuDriver
-from opsctl.ops.locks import lock_for
+from opsctl.ops.locks import lock_for, router_lock
 from opsctl.ops.model_restore import ModelRestore
 from opsctl.ops.model_sync import ModelSync, models_of
 from opsctl.ops.python_venv import PythonVenv
+from opsctl.ops.router_wheels import RouterWheels
 from opsctl.ops.runtime_wheel import PushRuntimeWheel
 from opsctl.progress import Ticker, stderr_line
 from opsctl.remote.base import Connect, Connection
@@ -40,6 +41,7 @@ OPERATIONS: dict[str, Callable[[], Operation]] = {
     "cuda_toolkit": CudaToolkit,
     "python_venv": PythonVenv,
     "runtime_wheel": PushRuntimeWheel,
+    "router_wheels": RouterWheels,
     "model_sync": ModelSync,
     "model_restore": ModelRestore,
 }
@@ -139,7 +141,9 @@ def load_playbook(path: Path) -> tuple[str, ...]:
     return tuple(steps)
 
 
-def prepare(hosts: Sequence[Host], steps: Sequence[str], settings: Settings) -> Artifacts:
+def prepare(
+    hosts: Sequence[Host], steps: Sequence[str], settings: Settings, routers: Sequence[Router] = ()
+) -> Artifacts:
     """Build what every host shares, once, on the control machine (also for --plan: caches only)."""
     wheelhouses: dict[str, Path] = {}
     if "python_venv" in steps:
@@ -156,7 +160,23 @@ def prepare(hosts: Sequence[Host], steps: Sequence[str], settings: Settings) -> 
             for spec in models_of(host):
                 if spec.source_on is ModelSourceKind.CONTROL and spec.source not in manifests:
                     manifests[spec.source] = control_manifest(Path(spec.source))
-    return Artifacts(wheelhouses=wheelhouses, runtime_wheel=runtime, manifests=manifests)
+    router_wheelhouses: dict[str, Path] = {}
+    if "router_wheels" in steps:
+        by_name = {h.name: h for h in hosts}
+        for router in routers:
+            runs = by_name.get(router.host)
+            if runs is not None and runs.wheelhouse is not None:
+                router_wheelhouses[runs.name] = router_wheelhouse(router, Path(runs.wheelhouse))
+    return Artifacts(
+        wheelhouses=wheelhouses, runtime_wheel=runtime, manifests=manifests, router_wheelhouses=router_wheelhouses
+    )
+
+
+def router_wheelhouse(router: Router, host_wheelhouse: Path) -> Path:
+    """The router's offline wheels, next to the host's wheelhouse: `<wheelhouse>-sglang-router-<version>`."""
+    lock = router_lock(router.version)
+    directory = host_wheelhouse.with_name(f"{host_wheelhouse.name}-{lock.name.removesuffix('.txt')}")
+    return wheelhouse.ensure(lock, directory).path
 
 
 def control_manifest(source: Path) -> Manifest:
@@ -227,12 +247,13 @@ def provision(
     settings: Settings,
     connect: Connect | None = None,
     progress: Callable[[str, StepReport], None] | None = None,
+    routers: Sequence[Router] = (),
 ) -> Result:
     from opsctl.remote import connect as ssh_connect
     from opsctl.remote import run_parallel
 
     steps = load_playbook(settings.playbook)
-    artifacts = prepare(hosts, steps, settings)
+    artifacts = prepare(hosts, steps, settings, routers)
     opener: Connect = connect or ssh_connect
 
     def one(spec: Host) -> HostReport:

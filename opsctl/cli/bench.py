@@ -13,12 +13,13 @@ from opsctl.bench.chart import write_chart
 from opsctl.bench.measure import Sample
 from opsctl.bench.prompts import load_prompts
 from opsctl.bench.report import TABLE_HEADER, Report, summarize, table_rows
-from opsctl.bench.run import BenchSettings, bench_service
+from opsctl.bench.run import BenchSettings, bench_router, bench_service
 from opsctl.bench.sweep import parse_sweep, run_sweep
 from opsctl.cli.common import (
     HostOpt,
     InventoryOpt,
     JsonOpt,
+    RouterOpt,
     console,
     emit_json,
     handle_errors,
@@ -26,7 +27,7 @@ from opsctl.cli.common import (
     split_selector,
 )
 from opsctl.errors import OpsctlError
-from opsctl.inventory.select import select
+from opsctl.inventory.select import select, select_routers
 
 
 def register(app: typer.Typer) -> None:
@@ -46,26 +47,32 @@ def register(app: typer.Typer) -> None:
         repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions per prompt.")] = 3,
         max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=8192)] = 128,
         chart: Annotated[Path | None, typer.Option("--chart", help="Write a PNG chart of tok/s and tau.")] = None,
+        router: RouterOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Benchmark services: warm-up, N repeats of a prompt set at temperature 0, medians and min-max."""
+        """Benchmark services: warm-up, N repeats of a prompt set at temperature 0, medians and min-max.
+        `--router NAME`: also (or, alone, only) through that router."""
         inv = load_inventory(inventory)
         wanted = split_selector(services)
-        picked = [(h, s) for h, svcs in select(inv, split_selector(host), wanted) for s in svcs]
+        routers = select_routers(inv, split_selector(router)) if router is not None else []
+        picked = []
+        if not routers or wanted or host:
+            picked = [(h, s) for h, svcs in select(inv, split_selector(host), wanted) for s in svcs]
         if wanted:  # keep the user's order: the first arm is the reference of every ratio
             picked.sort(key=lambda hs: wanted.index(hs[1].name))
-        if not picked:
+        if not picked and not routers:
             raise OpsctlError("no service selected", "name services with --services")
         settings = BenchSettings(repeat=repeat, max_tokens=max_tokens)
         prompt_set = load_prompts(prompts)
         progress = console.print if not as_json else (lambda _: None)
         if sweep:
-            if len(picked) != 1:
+            if len(picked) != 1 or routers:
                 raise OpsctlError("--sweep works on exactly one service", "select it with --services NAME")
             knob, values = parse_sweep(sweep)
             arms = run_sweep(picked[0][0], picked[0][1], knob, values, prompt_set, settings, progress)
         else:
             arms = [bench_service(h, s, prompt_set, settings, progress=progress) for h, s in picked]
+            arms += [bench_router(inv, r, prompt_set, settings, progress) for r in routers]
         report = summarize(arms)
         if chart is not None:
             write_chart(report, chart)

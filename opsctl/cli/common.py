@@ -33,6 +33,10 @@ ServiceOpt = Annotated[
     list[str] | None,
     typer.Option("--service", help="Only these services (repeatable, or comma separated). No match is an error."),
 ]
+RouterOpt = Annotated[
+    list[str] | None,
+    typer.Option("--router", help="These routers (repeatable, or comma separated). No match is an error."),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 ForksOpt = Annotated[int, typer.Option("--forks", min=1, max=256, help="Hosts worked on in parallel.")]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,7 @@ from opsctl.cli.common import (
     HostOpt,
     InventoryOpt,
     JsonOpt,
+    RouterOpt,
     ServiceOpt,
     console,
     emit_json,
@@ -25,12 +27,13 @@ from opsctl.deploy.flow import DeploySettings, ServiceResult
 from opsctl.deploy.release import DEFAULT_KEEP
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.runner import RolloutOptions, RunReport
-from opsctl.errors import DeployError
+from opsctl.errors import DeployError, ExitCode
 from opsctl.inventory.load import Override
 from opsctl.inventory.model import Host, Mode, Service
-from opsctl.inventory.select import select
+from opsctl.inventory.select import select, select_routers
 from opsctl.progress import Ticker
 from opsctl.remote.base import Connect
+from opsctl.router.deploy import RouterResult
 
 ModeOpt = Annotated[
     Mode | None, typer.Option("--mode", help="Deploy the selected services in this mode (overrides the inventory).")
@@ -81,32 +84,46 @@ def _selection(
     return selection
 
 
-def print_report(report: RunReport, as_json: bool, plan: bool = False) -> None:
+def print_report(report: RunReport, as_json: bool, plan: bool = False, routers: Sequence[RouterResult] = ()) -> None:
     if as_json:
         emit_json(
             {
                 "action": report.action,
                 "interrupted": report.interrupted,
                 "stopped_early": report.stopped_early,
-                "failures": report.failures,
+                "failures": report.failures + sum(1 for r in routers if r.outcome.failed),
                 "results": report.results,
+                "routers": list(routers),
             }
         )
     for r in report.results:
         _print_result(r, plan)
+    for rr in routers:
+        _print_result(rr, plan)
     if report.stopped_early:
         console.print("[bold red]rollout stopped:[/] failures exceeded --max-fail", markup=True)
     if report.interrupted:
         console.print("interrupted: locks released; previous releases serving")
 
 
-def _print_result(r: ServiceResult, plan: bool) -> None:
+def _exit(report: RunReport, routers: Sequence[RouterResult], plan: bool) -> int:
+    code = int(report.exit_code(plan))
+    if code in (0, int(ExitCode.CHANGES_PENDING)) and any(r.outcome.failed for r in routers):
+        return int(ExitCode.ERROR)
+    if code == 0 and plan and any(r.outcome is Outcome.PLANNED for r in routers):
+        return int(ExitCode.CHANGES_PENDING)
+    return code
+
+
+def _print_result(r: ServiceResult | RouterResult, plan: bool) -> None:
     style = _STYLE.get(r.outcome, "bold red")
-    console.print(f"[{style}]{r.host}/{r.service}: {r.outcome.value}[/] {r.message}", markup=True)
+    name = r.service if isinstance(r, ServiceResult) else f"router {r.router}"
+    unit = layout.unit_name(r.service if isinstance(r, ServiceResult) else f"router-{r.router}")
+    console.print(f"[{style}]{r.host}/{name}: {r.outcome.value}[/] {r.message}", markup=True)
     for line in r.plan:
         console.print(f"    {line}", markup=False)
     if r.journal_tail:
-        console.print(f"    --- journal tail of {layout.unit_name(r.service)} on {r.host} ---", markup=False)
+        console.print(f"    --- journal tail of {unit} on {r.host} ---", markup=False)
         for line in r.journal_tail.splitlines():
             console.print(f"    {line}", markup=False)
     if r.timings and not plan:
@@ -144,29 +161,51 @@ def register(app: typer.Typer) -> None:
         break_lock: Annotated[
             bool, typer.Option("--break-lock", help="Remove the selected hosts' deploy locks (stale) and exit.")
         ] = False,
+        router: RouterOpt = None,
         forks: ForksOpt = 16,
         as_json: JsonOpt = False,
     ) -> None:
-        """Deploy a release per service: stage, verify, switch, restart, health + smoke gates, auto-rollback."""
+        """Deploy a release per service: stage, verify, switch, restart, health + smoke gates, auto-rollback.
+        A service behind a router is taken out of it first, drained, and put back once it passes its gates;
+        then the routers themselves (`--router NAME` alone: only those routers)."""
         from opsctl.artifact import runtime_wheel as build_wheel
         from opsctl.deploy import runner
+        from opsctl.router.rolling import RouterGuard
+        from opsctl.router.run import run_routers
 
-        selection = _selection(inventory, host, service, mode, health_timeout, readiness_delay)
-        if break_lock:
-            _break_locks(selection)
-            return
-        with Ticker("runtime wheel", out=lambda line: console.print(line, markup=False)):
-            wheel = build_wheel(runtime_wheel)
-        settings = DeploySettings(
-            keep=keep,
-            force=force,
-            plan=plan,
-            smoke=not no_smoke,
-        )  # fmt: skip (health_timeout/readiness_delay reach the services through the inventory overrides)
-        options = RolloutOptions(canary=canary, batch=batch, max_fail=max_fail, lock_wait=lock_wait, forks=forks)
-        report = runner.deploy(selection, wheel, settings, options, say=lambda m: console.print(m, markup=False))
-        print_report(report, as_json, plan)
-        raise typer.Exit(int(report.exit_code(plan)))
+        def say(message: str) -> None:
+            console.print(message, markup=False)
+
+        routers_only = router is not None and host is None and service is None
+        inv = load_inventory(inventory, overrides(split_selector(host), split_selector(service), mode))
+        routers = select_routers(inv, split_selector(router), split_selector(host))
+        report = RunReport("deploy")
+        if not routers_only:
+            selection = _selection(inventory, host, service, mode, health_timeout, readiness_delay)
+            if break_lock:
+                _break_locks(selection)
+                return
+            with Ticker("runtime wheel", out=lambda line: console.print(line, markup=False)):
+                wheel = build_wheel(runtime_wheel)
+            settings = DeploySettings(
+                keep=keep,
+                force=force,
+                plan=plan,
+                smoke=not no_smoke,
+            )  # fmt: skip (health_timeout/readiness_delay reach the services through the inventory overrides)
+            options = RolloutOptions(canary=canary, batch=batch, max_fail=max_fail, lock_wait=lock_wait, forks=forks)
+            guard = RouterGuard(inv) if inv.routers else None
+            try:
+                report = runner.deploy(selection, wheel, settings, options, say=say, routers=guard)
+            finally:
+                if guard is not None:
+                    guard.close()
+        # --force restarts a router only when named (--router): a forced service deploy must not cut its clients.
+        router_results = [] if report.interrupted else run_routers(
+            inv, routers, "deploy", say, force=force and router is not None, plan=plan, keep=keep, lock_wait=lock_wait
+        )  # fmt: skip
+        print_report(report, as_json, plan, router_results)
+        raise typer.Exit(int(_exit(report, router_results, plan)))
 
     @app.command("rollback")
     @handle_errors
@@ -180,6 +219,7 @@ def register(app: typer.Typer) -> None:
         plan: Annotated[bool, typer.Option("--plan", help="Show the target release; change nothing.")] = False,
         health_timeout: Annotated[float | None, typer.Option("--health-timeout")] = None,
         readiness_delay: Annotated[float | None, typer.Option("--readiness-delay")] = None,
+        router: RouterOpt = None,
         allow_old_secrets: Annotated[
             bool,
             typer.Option(
@@ -189,14 +229,32 @@ def register(app: typer.Typer) -> None:
         forks: ForksOpt = 16,
         as_json: JsonOpt = False,
     ) -> None:
-        """Back to the previous good release (bad ones skipped), health gated."""
+        """Back to the previous good release (bad ones skipped), health gated. `--router NAME`: that router."""
         from opsctl.deploy import runner
+        from opsctl.router.rolling import RouterGuard
+        from opsctl.router.run import run_routers
 
+        if router is not None:
+            inv = load_inventory(inventory)
+            results = run_routers(
+                inv, select_routers(inv, split_selector(router)), "rollback",
+                lambda m: console.print(m, markup=False), plan=plan, to=to, lock_wait=lock_wait,
+            )  # fmt: skip
+            print_report(RunReport("rollback"), as_json, plan, results)
+            raise typer.Exit(int(_exit(RunReport("rollback"), results, plan)))
         services = [*(service or []), *([service_arg] if service_arg else [])] or None
         selection = _selection(inventory, host, services, None, health_timeout, readiness_delay)
         settings = DeploySettings(plan=plan, allow_old_secrets=allow_old_secrets)
         options = RolloutOptions(lock_wait=lock_wait, forks=forks)
-        report = runner.rollback(selection, settings, options, say=lambda m: console.print(m, markup=False), to=to)
+        inv = load_inventory(inventory)
+        guard = RouterGuard(inv) if inv.routers else None
+        try:
+            report = runner.rollback(
+                selection, settings, options, say=lambda m: console.print(m, markup=False), to=to, routers=guard
+            )
+        finally:
+            if guard is not None:
+                guard.close()
         print_report(report, as_json, plan)
         raise typer.Exit(int(report.exit_code(plan)))
 

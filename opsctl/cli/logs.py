@@ -4,6 +4,7 @@ SGLang `Decode batch` lines into a table or --json."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Annotated
 
@@ -15,6 +16,7 @@ from opsctl.cli.common import (
     HostOpt,
     InventoryOpt,
     JsonOpt,
+    RouterOpt,
     ServiceOpt,
     console,
     emit_json,
@@ -23,8 +25,8 @@ from opsctl.cli.common import (
     split_selector,
 )
 from opsctl.errors import ExitCode, SelectorError
-from opsctl.inventory.select import select
-from opsctl.logs import METRICS_PATTERN, follow_logs, read_logs, valid_grep
+from opsctl.inventory.select import select, select_routers
+from opsctl.logs import METRICS_PATTERN, Pair, Unit, follow_logs, read_logs, valid_grep
 from opsctl.systemd import JournalQuery
 
 
@@ -45,6 +47,7 @@ def register(app: typer.Typer) -> None:
         show_metrics: Annotated[
             bool, typer.Option("--metrics", help="Parse DDTREE / Decode batch lines into a table.")
         ] = False,
+        router: RouterOpt = None,
         forks: ForksOpt = 16,
         as_json: JsonOpt = False,
     ) -> None:
@@ -55,7 +58,12 @@ def register(app: typer.Typer) -> None:
             raise SelectorError(f"--grep {grep!r} is not a valid regular expression", "fix the pattern")
         inv = load_inventory(inventory)
         services = [*(split_selector(service) or []), *([service_arg] if service_arg else [])] or None
-        pairs = [(h, s) for h, svcs in select(inv, split_selector(host), services) for s in svcs]
+        pairs: list[Pair] = []
+        if router is None or services is not None or host is not None:
+            pairs = [(h, s) for h, svcs in select(inv, split_selector(host), services) for s in svcs]
+        if router is not None:
+            routers = select_routers(inv, split_selector(router))
+            pairs += [(inv.host(r.host), Unit(r.unit_base, r.unit_name)) for r in routers]
         if not pairs:
             raise SelectorError("no services selected", "the inventory's hosts have no services")
         if show_metrics:
@@ -65,7 +73,7 @@ def register(app: typer.Typer) -> None:
         if follow_ and not show_metrics:
             try:
                 for label, line in follow_logs(pairs, query, connect, time.sleep):
-                    typer.echo(f"{label} | {line}")
+                    typer.echo(f"{label} | {_ANSI.sub('', line)}")
             except KeyboardInterrupt:
                 raise typer.Exit(int(ExitCode.OK)) from None  # a clean stop, not an error
             return
@@ -77,7 +85,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[bold red]{outcome.host}: {outcome.error.one_line()}[/]", markup=True)
                 failed = True
                 continue
-            collected[outcome.host] = outcome.value or []
+            collected[outcome.host] = [_ANSI.sub("", line) for line in outcome.value or []]
         if show_metrics:
             _metrics(collected, as_json)
         elif as_json:
@@ -88,6 +96,10 @@ def register(app: typer.Typer) -> None:
                     typer.echo(f"{label} | {line}")
         if failed:
             raise typer.Exit(int(ExitCode.ERROR))
+
+
+# sglang-router colours its log lines (tracing's ANSI codes, whatever NO_COLOR says): shown plain.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _metrics(collected: dict[str, list[str]], as_json: bool) -> None:

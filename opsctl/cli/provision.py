@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
             runtime_wheel=runtime_wheel,
             forks=forks,
         )
-        result = provision(hosts, settings)
+        result = provision(hosts, settings, routers=inv.routers)
         if json_out:
             emit_json(_as_json(result))
         _print_human(result)

@@ -13,6 +13,7 @@ from opsctl.cli.common import (
     HostOpt,
     InventoryOpt,
     JsonOpt,
+    RouterOpt,
     ServiceOpt,
     console,
     emit_json,
@@ -22,9 +23,10 @@ from opsctl.cli.common import (
 )
 from opsctl.errors import ExitCode, OpsctlError, SmokeError
 from opsctl.health import auth_headers, base_url
-from opsctl.inventory.model import Host, Inventory, Mode, Service
-from opsctl.inventory.select import select
+from opsctl.inventory.model import Host, Inventory, Mode, Router, Service
+from opsctl.inventory.select import select, select_routers
 from opsctl.progress import Ticker
+from opsctl.router.render import router_url
 from opsctl.smoke import EquivalenceReport, Generation, PromptAgreement, load_prompts, run_equivalence, smoke_service
 
 
@@ -66,10 +68,16 @@ def register(app: typer.Typer) -> None:
             float, typer.Option("--threshold", min=0.0, max=1.0, help="Required fraction of identical prompts.")
         ] = 1.0,
         timeout: Annotated[float, typer.Option("--timeout", help="Seconds per request.")] = 120.0,
+        router: RouterOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Smoke-test services (HTTP 200, finish_reason stop|length, tokens > 0, text non-empty)."""
+        """Smoke-test services (HTTP 200, finish_reason stop|length, tokens > 0, text non-empty); `--router NAME`:
+        the same request through that router (it picks the worker)."""
         inv = load_inventory(inventory)
+        if router is not None:
+            with httpx.Client() as client:
+                ok = _smoke_routers(client, inv, select_routers(inv, split_selector(router)), timeout, as_json)
+            raise typer.Exit(int(ExitCode.OK if ok else ExitCode.ERROR))
         selection = [(h, s) for h, svcs in select(inv, split_selector(host), split_selector(service)) for s in svcs]
         if not selection:
             raise SmokeError("no services selected", "the inventory's hosts have no services")
@@ -79,6 +87,21 @@ def register(app: typer.Typer) -> None:
             else:
                 ok = _smoke(client, selection, timeout, as_json)
         raise typer.Exit(int(ExitCode.OK if ok else ExitCode.ERROR))
+
+
+def _smoke_routers(client: httpx.Client, inv: Inventory, routers: list[Router], timeout: float, as_json: bool) -> bool:
+    results = []
+    for r in routers:
+        name = f"router {r.name}"
+        result = smoke_service(client, r.host, name, router_url(inv, r), auth_headers(r.api_key), timeout=timeout)
+        results.append(result)
+        verdict = "[green]ok[/]" if result.ok else "[bold red]FAILED[/]"
+        console.print(f"{r.host}/{name}: {verdict} {result.latency_s:.1f}s model={result.model}", markup=True)
+        for reason in result.reasons:
+            console.print(f"    {reason}", markup=False)
+    if as_json:
+        emit_json(results)
+    return all(x.ok for x in results)
 
 
 def _smoke(client: httpx.Client, selection: list[tuple[Host, Service]], timeout: float, as_json: bool) -> bool:

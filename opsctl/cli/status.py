@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import httpx
 import typer
 
 from opsctl.cli.common import (
@@ -12,6 +13,7 @@ from opsctl.cli.common import (
     HostOpt,
     InventoryOpt,
     JsonOpt,
+    RouterOpt,
     ServiceOpt,
     console,
     emit_json,
@@ -20,7 +22,9 @@ from opsctl.cli.common import (
     split_selector,
 )
 from opsctl.errors import ExitCode
-from opsctl.inventory.select import select
+from opsctl.inventory.model import Inventory, Router
+from opsctl.inventory.select import select, select_routers
+from opsctl.router.status import RouterStatus, collect_router
 from opsctl.status import ServiceStatus, collect_all
 
 
@@ -31,17 +35,23 @@ def register(app: typer.Typer) -> None:
         inventory: InventoryOpt,
         host: HostOpt = None,
         service: ServiceOpt = None,
+        router: RouterOpt = None,
         forks: ForksOpt = 16,
         deep: Annotated[
             bool, typer.Option("--deep", help="Also sha256 every model file against provision's manifest (slow).")
         ] = False,
         as_json: JsonOpt = False,
     ) -> None:
-        """Unit state, restarts, current release, health, model integrity, locks and last DDTREE metrics."""
+        """Unit state, restarts, current release, health and last DDTREE metrics of every selected service; each
+        router's unit, release, health and members as the router sees them."""
         from opsctl.remote import connect
 
         inv = load_inventory(inventory)
-        selection = [(h, svcs) for h, svcs in select(inv, split_selector(host), split_selector(service)) if svcs]
+        routers_only = router is not None and host is None and service is None
+        selection = [] if routers_only else [
+            (h, svcs) for h, svcs in select(inv, split_selector(host), split_selector(service)) if svcs
+        ]  # fmt: skip
+        picked = select_routers(inv, split_selector(router), split_selector(host)) if service is None else []
 
         outcomes = collect_all(selection, connect, forks, deep=deep)
         rows: list[ServiceStatus] = []
@@ -51,17 +61,28 @@ def register(app: typer.Typer) -> None:
                 errors.append((outcome.host, outcome.error.one_line()))
             else:
                 rows += outcome.value or []
+        router_rows = _routers(inv, picked)
         if as_json:
             locks = {r.host: r.lock for r in rows if r.lock}
-            emit_json({"services": rows, "locks": locks, "errors": [{"host": h, "error": e} for h, e in errors]})
+            emit_json(
+                {
+                    "services": rows,
+                    "routers": router_rows,
+                    "locks": locks,
+                    "errors": [{"host": h, "error": e} for h, e in errors],
+                }
+            )
         else:
             _table(rows)
+            _router_table(router_rows)
             for h, held in sorted({r.host: r.lock for r in rows if r.lock}.items()):
                 console.print(f"[yellow]{h}: deploy lock held by {held}[/]", markup=True)
             for h, e in errors:
                 console.print(f"[bold red]{h}: {e}[/]", markup=True)
         # a missing or changed model: the next restart fails, or the process runs on files that are gone
-        unhealthy = errors or any(not r.healthy or not r.models_ok for r in rows)
+        unhealthy = (
+            errors or any(not r.healthy or not r.models_ok for r in rows) or any(not r.healthy for r in router_rows)
+        )
         raise typer.Exit(int(ExitCode.ERROR if unhealthy else ExitCode.OK))
 
 
@@ -87,3 +108,40 @@ def _table(rows: list[ServiceStatus]) -> None:
                 "(staging never finished; the next deploy marks it BAD, pruning removes it)[/]",
                 markup=True,
             )
+
+
+def _routers(inv: Inventory, routers: list[Router]) -> list[RouterStatus]:
+    from opsctl.errors import OpsctlError
+    from opsctl.remote import connect
+
+    out = []
+    with httpx.Client() as http:
+        for router in routers:
+            try:
+                conn = connect(inv.host(router.host))
+            except OpsctlError:
+                conn = None
+            try:
+                out.append(collect_router(conn, inv, router, http))
+            finally:
+                if conn is not None:
+                    conn.close()
+    return out
+
+
+def _router_table(rows: list[RouterStatus]) -> None:
+    for r in rows:
+        unit = f"{r.unit.active_state}/{r.unit.sub_state}" if r.unit else "?"
+        colour = "green" if r.healthy else "bold red"
+        console.print(
+            f"[{colour}]{r.host}/router {r.router}[/] {r.url} {unit} release={r.current or '(none)'} "
+            f"releases={r.releases} bad={r.bad_releases} rollback_to={r.rollback_to or '-'} health={r.health}",
+            markup=True,
+        )
+        for m in r.members:
+            state = "[green]healthy[/]" if m.healthy else "[bold red]unhealthy[/]"
+            console.print(f"    member {m.worker} {m.url} {state} in_flight={m.load}", markup=True)
+        for name in r.missing:
+            console.print(f"    [bold red]member {name}: not in the router[/]", markup=True)
+        if r.error:
+            console.print(f"    [bold red]{r.error}[/]", markup=True)

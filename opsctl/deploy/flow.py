@@ -74,6 +74,9 @@ class ServiceContext:
     cancel: threading.Event
     say: Callable[[str], None]  # progress line (already prefixed by the caller)
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # Called once staging passed, right before the switch: takes the service out of its routers
+    # (opsctl.router.rolling). An error there fails the deploy with nothing switched.
+    before_live: Callable[[], None] | None = None
 
     @property
     def paths(self) -> ServicePaths:
@@ -293,10 +296,24 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         "deploy-start", staged.release_id, "started",
         f"previous={facts.current or '-'} mode={ctx.service.mode.value}{why}",
     )  # fmt: skip
-    if _stage(ctx, staged, wheel, facts, chash, result):
+    if _stage(ctx, staged, wheel, facts, chash, result) and _before_live(ctx, staged.release_id, result):
         _go_live(ctx, settings, staged.release_id, facts.current, result)
         result.timings["total_s"] = time.monotonic() - start
     return result
+
+
+def _before_live(ctx: ServiceContext, new_id: str, result: ServiceResult) -> bool:
+    """The caller's hook right before the switch (out of the service's routers); False: failed, nothing switched."""
+    if ctx.before_live is None:
+        return True
+    try:
+        ctx.before_live()
+    except OpsctlError as exc:
+        _mark_bad(ctx, new_id, f"not switched: {exc.message}")
+        result.outcome, result.message = Outcome.FAILED, f"nothing switched: {exc.one_line()}"
+        ctx.audit("deploy", new_id, "failed", result.message)
+        return False
+    return True
 
 
 def _unchanged(
@@ -584,6 +601,8 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
     if settings.plan:
         result.outcome, result.message = Outcome.PLANNED, f"would roll back {facts.current} -> {target}"
         return result
+    if ctx.before_live is not None:
+        ctx.before_live()  # out of its routers first (an error: nothing was switched)
     ctx.say(f"rolling back {facts.current} -> {target}")
     baseline = _restart(ctx, target)
     gate = _gate(ctx, settings, baseline)

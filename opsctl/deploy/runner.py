@@ -26,6 +26,7 @@ from opsctl.deploy.staged import StagedRelease
 from opsctl.errors import DeployError, ExitCode, OpsctlError, UnreachableError
 from opsctl.inventory.model import Host, Service
 from opsctl.remote.base import Connect, Connection
+from opsctl.router.rolling import RouterGuard, Taken
 from opsctl.secrets import SecretError
 
 
@@ -171,18 +172,23 @@ def deploy(
     options: RolloutOptions,
     say: Callable[[str], None],
     connect: Connect = remote.connect,
+    routers: RouterGuard | None = None,
 ) -> RunReport:
+    """Deploy each selected service; one that a router fronts is taken out of it first (`routers`)."""
     if not settings.plan:
         require_secrets(selection)
-    return run(
-        "deploy",
-        selection,
-        lambda ctx: deploy_service(ctx, wheel, settings),
-        options,
-        say,
-        connect,
-        take_lock=not settings.plan,
-    )
+
+    def work(ctx: ServiceContext) -> ServiceResult:
+        if routers is None or not routers.fronted(ctx.host.name, ctx.service.name):
+            return deploy_service(ctx, wheel, settings)
+        if settings.plan:
+            result = deploy_service(ctx, wheel, settings)
+            if result.outcome is Outcome.PLANNED:
+                result.plan.append(routers.plan_line(ctx.host.name, ctx.service.name))
+            return result
+        return behind_routers(ctx, routers, lambda: deploy_service(ctx, wheel, settings))
+
+    return run("deploy", selection, work, options, say, connect, take_lock=not settings.plan)
 
 
 def rollback(
@@ -192,16 +198,50 @@ def rollback(
     say: Callable[[str], None],
     to: str | None = None,
     connect: Connect = remote.connect,
+    routers: RouterGuard | None = None,
 ) -> RunReport:
-    return run(
-        "rollback",
-        selection,
-        lambda ctx: rollback_service(ctx, settings, to),
-        options,
-        say,
-        connect,
-        take_lock=not settings.plan,
-    )
+    """Roll back each selected service; one behind a router is taken out and drained first, like a deploy."""
+
+    def work(ctx: ServiceContext) -> ServiceResult:
+        if routers is None or settings.plan or not routers.fronted(ctx.host.name, ctx.service.name):
+            return rollback_service(ctx, settings, to)
+        return behind_routers(ctx, routers, lambda: rollback_service(ctx, settings, to), (Outcome.UNREACHABLE,))
+
+    return run("rollback", selection, work, options, say, connect, take_lock=not settings.plan)
+
+
+def behind_routers(
+    ctx: ServiceContext,
+    routers: RouterGuard,
+    work: Callable[[], ServiceResult],
+    not_serving: tuple[Outcome, ...] = (Outcome.FAILED, Outcome.UNREACHABLE),
+) -> ServiceResult:
+    """`work` (a deploy or rollback) with the service out of its routers from the switch until it serves again.
+    It goes back in when its /health answers and its outcome is not one of `not_serving` (a deploy's `failed`
+    means nothing healthy serves; a rollback's `failed` restored the release that served before)."""
+    host, svc = ctx.host.name, ctx.service.name
+    taken: list[Taken] = []
+
+    def take_out() -> None:
+        taken.extend(routers.take_out(host, svc, ctx.say, ctx.cancel.is_set))
+
+    ctx.before_live = take_out
+    result: ServiceResult | None = None
+    try:
+        result = work()
+        if not taken and result.outcome is Outcome.UNCHANGED:
+            problem = routers.ensure_in(host, svc, ctx.say)  # e.g. left out by an earlier failed deploy
+            if problem:
+                result.outcome, result.message = Outcome.FAILED, f"{result.message}; {problem}"
+        return result
+    finally:
+        if taken:
+            serving = (result is None or result.outcome not in not_serving) and routers.serving(host, svc)
+            problem = routers.put_back(taken, serving, ctx.say)
+            if problem and result is not None:
+                if result.outcome in (Outcome.DEPLOYED, Outcome.UNCHANGED):
+                    result.outcome = Outcome.FAILED
+                result.message = f"{result.message}; {problem}"
 
 
 def require_secrets(selection: Sequence[tuple[Host, Sequence[Service]]]) -> None:

@@ -34,6 +34,7 @@ from opsctl.inventory.model import (
 )
 from opsctl.inventory.parallel import check_port_clashes, parallel
 from opsctl.inventory.reader import MAX_DEPTH, read_file
+from opsctl.inventory.routers import parse_routers
 from opsctl.inventory.rules import SECRET_HINT, Kind, clean, excerpt, secret_flag, token_kind
 from opsctl.secrets import SecretRef
 
@@ -173,7 +174,7 @@ def _refuse_tokens(value: Any, path: str, depth: int) -> None:
 
 
 def _inventory(data: Any, source: str, base_dir: Path | None) -> Inventory:
-    top = s.mapping(data, "", {"defaults", "hosts"}, {"hosts"})
+    top = s.mapping(data, "", {"defaults", "hosts", "routers"}, {"hosts"})
     defaults = s.mapping(top.get("defaults"), "defaults", HOST_SCALARS | {"ssh", "service"})
     hosts_data = s.mapping(top["hosts"], "hosts", set(top["hosts"] or {}) if isinstance(top["hosts"], dict) else set())
     if not hosts_data:
@@ -188,7 +189,8 @@ def _inventory(data: Any, source: str, base_dir: Path | None) -> Inventory:
         seen = addresses.setdefault((host.address, host.ssh.port), host.name)
         if seen != host.name:
             raise InventoryError(f"hosts.{host.name}.address", f"{host.address} is already used by host {seen}")
-    return Inventory(path=source, hosts=hosts, warnings=tuple(warnings))
+    routers = parse_routers(top["routers"], hosts) if top.get("routers") is not None else ()
+    return Inventory(path=source, hosts=hosts, warnings=tuple(warnings), routers=routers)
 
 
 def _merged(defaults: dict[str, Any], own: dict[str, Any], key: str) -> Any:

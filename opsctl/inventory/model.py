@@ -176,11 +176,77 @@ class Host:
         raise KeyError(name)
 
 
+class RouterPolicy(StrEnum):
+    """sglang-router's --policy (the names its own CLI takes)."""
+
+    CACHE_AWARE = "cache_aware"  # the router's default: prefix-cache affinity, balanced under load
+    ROUND_ROBIN = "round_robin"
+    RANDOM = "random"
+    POWER_OF_TWO = "power_of_two"  # two random workers, the less loaded one (reads each worker's /get_load)
+
+
+@dataclass(frozen=True)
+class WorkerRef:
+    """One service a router fronts."""
+
+    host: str
+    service: str
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.service}"
+
+
+@dataclass(frozen=True)
+class Router:
+    """An sglang-router (SGLang's Rust load balancer) in front of services, deployed like a service: unit
+    opsctl-router-<name>.service on `host`, releases under /opt/opsctl/services/router-<name>/."""
+
+    name: str
+    host: str  # the inventory host it runs on
+    port: int  # where clients connect
+    workers: tuple[WorkerRef, ...]  # the services it fronts (default: every service of the inventory)
+    bind: str = "0.0.0.0"
+    policy: RouterPolicy = RouterPolicy.CACHE_AWARE
+    version: str = "0.3.2"  # sglang-router pin (locks/sglang-router-<version>.txt)
+    api_key: SecretRef | None = None  # clients must send it; the router sends it to the workers too
+    max_unavailable: int = 1  # workers of this router out of rotation at once during a rolling deploy
+    drain_timeout: float = 60.0  # seconds to wait for a removed worker's in-flight requests
+    health_timeout: float = 120.0  # seconds the router's own deploy waits for /health
+    readiness_delay: float = 3.0  # seconds before the router's crash-loop re-check
+    health_check_interval: int = 2  # seconds between the router's own checks of each worker
+    metrics_port: int | None = None  # Prometheus port (default: port + 1)
+
+    @property
+    def unit_base(self) -> str:
+        """The name under /opt/opsctl/services and in the unit (opsctl-<unit_base>.service)."""
+        return f"router-{self.name}"
+
+    @property
+    def unit_name(self) -> str:
+        return f"opsctl-{self.unit_base}.service"
+
+    @property
+    def prometheus_port(self) -> int:
+        return self.metrics_port if self.metrics_port is not None else self.port + 1
+
+
 @dataclass(frozen=True)
 class Inventory:
     path: str  # the file it was loaded from
     hosts: tuple[Host, ...]
     warnings: tuple[str, ...] = ()  # loud notices (e.g. hybrid unsafe), printed by every command
+    routers: tuple[Router, ...] = ()
+
+    def router(self, name: str) -> Router:
+        for router in self.routers:
+            if router.name == name:
+                return router
+        raise KeyError(name)
+
+    def routers_of(self, host: str, service: str) -> tuple[Router, ...]:
+        """The routers that front host/service."""
+        ref = WorkerRef(host, service)
+        return tuple(r for r in self.routers if ref in r.workers)
 
     def host(self, name: str) -> Host:
         for host in self.hosts:

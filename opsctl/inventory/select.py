@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from opsctl.errors import SelectorError
-from opsctl.inventory.model import Host, Inventory, Service
+from opsctl.inventory.model import Host, Inventory, Router, Service
 
 
 def select(
@@ -27,3 +27,16 @@ def select(
         if picked or services is None:
             result.append((host, picked))
     return result
+
+
+def select_routers(inventory: Inventory, names: list[str] | None, hosts: list[str] | None = None) -> list[Router]:
+    """Routers by name (`--router`), else every router (on the selected hosts when `hosts` is given)."""
+    known = [r.name for r in inventory.routers]
+    for name in names or []:
+        if name not in known:
+            raise SelectorError(f"--router {name} matches no router", f"known routers: {', '.join(known) or 'none'}")
+    return [
+        r
+        for r in inventory.routers
+        if (names is None or r.name in names) and (names is not None or hosts is None or r.host in hosts)
+    ]

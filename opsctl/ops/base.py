@@ -110,6 +110,7 @@ class Artifacts:
     wheelhouses: Mapping[str, Path] = field(default_factory=dict)  # profile -> local wheel dir to push
     runtime_wheel: RuntimeWheel | None = None  # the ddtree-runtime wheel built from runtime/ (opsctl.artifact)
     manifests: Mapping[str, Manifest] = field(default_factory=dict)  # control-side model source -> manifest
+    router_wheelhouses: Mapping[str, Path] = field(default_factory=dict)  # host name -> its routers' wheels
 
 
 @dataclass(frozen=True)

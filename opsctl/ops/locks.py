@@ -19,6 +19,7 @@ from opsctl.ops.errors import ProvisionError
 class Profile(StrEnum):
     REFERENCE = "reference"  # torch CPU, transformers, fastapi, uvicorn (the runtime's own server)
     SGLANG = "sglang"  # pinned SGLang + its torch, sglang-kernel and flashinfer
+    ROUTER = "router"  # sglang-router and its launcher's imports, installed per router release
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,17 @@ def lock_for(host: Host, directory: Path | None = None) -> Lock:
             f"write {name} (exact pins for sglang=={host.sglang_version} and its torch) or fix sglang_version",
         ) from None
     return Lock(profile, name, text)
+
+
+def router_lock(version: str, directory: Path | None = None) -> Lock:
+    """`sglang-router-<version>.txt`: what a router release installs into its own site dir."""
+    name = f"sglang-router-{version}.txt"
+    path = (directory or locks_dir()) / name
+    try:
+        text = path.read_text()
+    except OSError:
+        raise ProvisionError(
+            f"no requirement lock {path} for sglang-router {version}",
+            f"write {name} (exact pins, as `pip download sglang-router=={version}` resolves them) or fix the version",
+        ) from None
+    return Lock(Profile.ROUTER, name, text)

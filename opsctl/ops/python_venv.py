@@ -31,6 +31,7 @@ LOCK_FILE = "opsctl-lock.txt"
 VERIFY_MODULES: dict[Profile, tuple[str, ...]] = {
     Profile.REFERENCE: ("torch", "transformers", "safetensors", "fastapi", "uvicorn"),
     Profile.SGLANG: ("torch", "sgl_kernel", "flashinfer", "sglang"),
+    Profile.ROUTER: ("sglang_router",),
 }
 
 # Run on the host by the venv's python: imports each module, reports versions and CUDA as one JSON line.

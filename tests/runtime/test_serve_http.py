@@ -284,6 +284,46 @@ def test_api_key(servers: Callable[..., ServeProcess]) -> None:
     assert [m["id"] for m in models["data"]] == ["tiny"]
 
 
+# What sglang-router 0.3.2 sends a worker, recorded from the real binary: its /v1/chat/completions and
+# /generate bodies (it renames max_tokens to max_completion_tokens and adds its own defaults).
+ROUTER_CHAT = {
+    "messages": [{"role": "user", "content": "What is 2+2?"}], "model": "tiny", "logprobs": False,
+    "max_completion_tokens": 4, "stream": False, "temperature": 0.0, "no_stop_trim": False, "ignore_eos": False,
+    "continue_final_message": False, "skip_special_tokens": True, "separate_reasoning": True,
+    "stream_reasoning": True, "chat_template_kwargs": {"enable_thinking": False}, "return_hidden_states": False,
+}  # fmt: skip
+ROUTER_GENERATE = {
+    "model": None, "input_ids": [1, 2], "sampling_params": {"temperature": 0.0, "max_new_tokens": 4},
+    "return_text_in_logprobs": False, "stream": False, "log_metrics": True, "return_hidden_states": False,
+    "background": False, "no_logs": False, "return_bytes": False, "return_entropy": False,
+}  # fmt: skip
+
+
+def test_what_the_router_calls(servers: Callable[..., ServeProcess]) -> None:
+    """/health, /server_info, /model_info when the router adds a worker; its request bodies; /get_load counts
+    a request from arrival to its last byte (opsctl drains on it before a deploy)."""
+    s = servers("dense", "baseline")
+    info = s.get("/model_info").json()
+    assert info["model_path"] == s.get("/server_info").json()["model_path"] and info["is_generation"] is True
+    r = s.post("/v1/chat/completions", ROUTER_CHAT)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 4, r.text
+    r = s.post("/generate", ROUTER_GENERATE)
+    assert r.status_code == 200 and 1 <= len(r.json()["output_ids"]) <= 4, r.text
+    assert s.get("/get_load").json() == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+    long = chat_body("Count to three.", max_tokens=400, ignore_eos=True)
+    with cf.ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(s.post, "/v1/chat/completions", long, 300) for _ in range(2)]
+        seen = 0
+        deadline = time.monotonic() + 60
+        while seen < 2 and time.monotonic() < deadline and not all(f.done() for f in futures):
+            load = s.get("/get_load").json()[0]
+            seen = max(seen, load["num_reqs"] + load["num_waiting_reqs"])
+            time.sleep(0.05)
+        assert [f.result().status_code for f in futures] == [200, 200]
+    assert seen == 2, "both requests should have been in flight at once"
+    assert s.get("/get_load").json()[0]["num_reqs"] == 0
+
+
 def test_tokenize_matches_the_chat_template(servers: Callable[..., ServeProcess]) -> None:
     s = servers("dense", "baseline")
     body = {

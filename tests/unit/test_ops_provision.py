@@ -89,7 +89,7 @@ def test_one_failed_host_does_not_hide_the_others() -> None:
 
 def test_playbook_lists_every_operation_in_order() -> None:
     assert prov.load_playbook(prov.PLAYBOOK) == (
-        "gpu_driver", "cuda_toolkit", "python_venv", "runtime_wheel", "model_sync", "model_restore"
+        "gpu_driver", "cuda_toolkit", "python_venv", "runtime_wheel", "router_wheels", "model_sync", "model_restore"
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ddtree.serve import sse
 from ddtree.serve.auth import authorized, is_exempt
 from ddtree.serve.chat import render_chat
+from ddtree.serve.inflight import Inflight, InflightMiddleware
 from ddtree.serve.protocol import (
     RequestError,
     Sampling,
@@ -62,6 +63,8 @@ def create_app(state: AppState) -> FastAPI:
                 return await call_next(request)
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
 
+    inflight = Inflight()
+    app.add_middleware(InflightMiddleware, inflight=inflight)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 401 carries the id too
 
     @app.exception_handler(Exception)
@@ -143,6 +146,30 @@ def create_app(state: AppState) -> FastAPI:
     @app.get("/get_server_info")
     async def server_info() -> dict[str, Any]:
         return state.server_info()
+
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def model_info() -> dict[str, Any]:
+        """SGLang's shape; sglang-router reads it when a worker is added."""
+        return {
+            "model_path": args.model_path,
+            "tokenizer_path": args.model_path,
+            "is_generation": True,
+            "served_model_name": args.served_model_name,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+        }
+
+    @app.get("/get_load")
+    async def get_load() -> list[dict[str, int]]:
+        """SGLang's shape (one entry per data-parallel rank): running and queued generation requests. Counted
+        at the HTTP edge, so a request between arrival and its last response byte is never missed (drain)."""
+        loaded = state.loaded
+        queued = loaded.worker.queued if loaded is not None else 0
+        running = max(inflight.count - queued, 0)
+        return [{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": queued, "num_tokens": 0}]
 
     @app.get("/metrics")
     async def metrics() -> Response:

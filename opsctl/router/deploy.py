@@ -1,0 +1,311 @@
+"""Deploy (and roll back) one router on its host, like a service: releases, switch, restart, health gate,
+automatic rollback. The caller holds the host's deploy lock.
+
+A router release is `/opt/opsctl/services/router-<name>/releases/<id>/` with the unit, env, router.json
+(0600), launch.py, the lock it installed (requirements.txt) and site/ (sglang-router and its dependencies,
+`pip install --target` from the router wheelhouse). Its id hashes the rendered files (secrets masked) and the
+lock, so an unchanged router is never restarted. Restarting a router is a short outage for its clients: it
+happens only when the router's own configuration changed (a service deploy never restarts it).
+
+Health gate: the unit active, NRestarts unmoved, `/health` 200, then after the readiness delay all again;
+plus `/readiness` (at least one healthy worker) when any of its workers answers /health, so a router that
+cannot reach its workers fails its gate instead of going live serving nobody.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+
+from opsctl import __version__, systemd
+from opsctl.commands import Cmd, sh
+from opsctl.deploy import audit, release
+from opsctl.deploy.gate import GateConfig, health_gate
+from opsctl.deploy.preflight import looks_like_help, unknown_flags
+from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
+from opsctl.deploy.rollout import Outcome
+from opsctl.errors import DeployError, OpsctlError, UnreachableError
+from opsctl.health import probe
+from opsctl.inventory.model import Inventory, Router
+from opsctl.ops.locks import router_lock
+from opsctl.ops.router_wheels import REMOTE_ROUTER_WHEELHOUSE
+from opsctl.remote.base import Connection
+from opsctl.render import Secrets
+from opsctl.router.render import render_router, router_url, worker_urls
+
+LIVE_TIMEOUT_S = 60.0
+LOCK_FILE = "requirements.txt"
+
+
+@dataclass
+class RouterResult:
+    host: str
+    router: str
+    outcome: Outcome
+    release: str | None = None
+    previous: str | None = None
+    message: str = ""
+    journal_tail: str = ""
+    plan: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def install_cmd(venv: str, requirements: str, site: str, offline: bool) -> Cmd:
+    """sglang-router and its dependencies into the release's own site dir (from the pushed wheelhouse)."""
+    argv = [f"{venv}/bin/python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    argv += ["--no-index"] if offline else []
+    argv += ["--find-links", REMOTE_ROUTER_WHEELHOUSE, "--target", site, "-r", requirements]
+    return Cmd.of(*argv, sudo=True)
+
+
+def import_check_cmd(venv: str, site: str) -> Cmd:
+    """The release's router imports and knows its flags (its own --help, with the release's site dir)."""
+    return sh(
+        f"PYTHONPATH={shlex.quote(site)} {shlex.quote(venv + '/bin/python')} -m sglang_router.launch_router "
+        "--help 2>&1",
+        sudo=True,
+    )
+
+
+class RouterDeploy:
+    """One router on one connected host."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        router: Router,
+        remote: Connection,
+        http: httpx.Client,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.inventory = inventory
+        self.router = router
+        self.remote = remote
+        self.http = http
+        self.say = say
+        self.host = inventory.host(router.host)
+        self.paths = ServicePaths(router.unit_base)
+        self.lock = router_lock(router.version)
+
+    # ------------------------------------------------------------------ helpers
+    def _run(self, cmd: Cmd, check: bool = True, timeout: float | None = LIVE_TIMEOUT_S) -> str:
+        return self.remote.run(cmd, timeout=timeout, check=check).stdout
+
+    def _audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
+        line = audit.audit_line(self.host.name, self.router.unit_base, action, release_id, result, detail)
+        audit.append_local(line)
+        try:
+            self.remote.run(audit.append_host_cmd(line), check=False, timeout=30)
+        except OpsctlError:
+            pass
+
+    def facts(self) -> ReleaseFacts:
+        return release.parse_release_facts(self._run(release.facts_cmd(self.paths)))
+
+    def config_hash(self) -> str:
+        rendered = render_router(self.inventory, self.router, release.PLACEHOLDER_ID)
+        files = {k: v.replace(release.PLACEHOLDER_ID, "<release>") for k, (v, _) in rendered.files.items()}
+        files[LOCK_FILE] = self.lock.text
+        argv = tuple(a.replace(release.PLACEHOLDER_ID, "<release>") for a in rendered.exec_start)
+        return release.config_hash(files, argv, self.lock.sha256)
+
+    def _gate(self, baseline: int, timeout: float | None = None) -> tuple[bool, str, float]:
+        url = router_url(self.inventory, self.router)
+        config = GateConfig(
+            timeout=timeout if timeout is not None else self.router.health_timeout,
+            readiness_delay=self.router.readiness_delay,
+            poll_s=0.5,
+        )
+        gate = health_gate(
+            read_unit=lambda: systemd.parse_show(self._run(systemd.show_cmd(self.paths.unit_name))),
+            probe=lambda: probe(self.http, url + "/health", timeout=5.0),
+            baseline_restarts=baseline,
+            config=config,
+        )
+        if not gate.ok:
+            return False, gate.reason, 0.0
+        reason = self._ready(url)
+        return (not reason), reason or "healthy", gate.time_to_healthy or 0.0
+
+    def _ready(self, url: str) -> str:
+        """ "" when the router serves: /readiness 200, or none of its workers is up anyway (first deploy)."""
+        t0 = time.monotonic()
+        workers_up = any(probe(self.http, w + "/health", timeout=3.0).ok for w in _urls(self.inventory, self.router))
+        if not workers_up:
+            return ""
+        while time.monotonic() - t0 < 60:
+            if probe(self.http, url + "/readiness", timeout=5.0).ok:
+                return ""
+            time.sleep(0.5)
+        return "/readiness not 200 within 60s although workers answer /health: the router cannot reach them"
+
+    def _restart(self, release_id: str) -> int:
+        p = self.paths
+        self._run(release.switch_cmd(p, release_id))
+        self._run(release.install_unit_cmd(p, release_id))
+        self._run(systemd.daemon_reload_cmd())
+        self._run(systemd.enable_cmd(p.unit_name), check=False)
+        self._run(systemd.restart_cmd(p.unit_name))
+        return systemd.parse_show(self._run(systemd.show_cmd(p.unit_name))).n_restarts
+
+    def journal_tail(self, lines: int = 30) -> str:
+        try:
+            return self._run(systemd.journal_tail_cmd(self.paths.unit_name, lines), check=False, timeout=30).rstrip()
+        except OpsctlError:
+            return ""
+
+    # ------------------------------------------------------------------ deploy
+    def deploy(self, force: bool = False, plan: bool = False, keep: int = release.DEFAULT_KEEP) -> RouterResult:
+        start = time.monotonic()
+        result = RouterResult(self.host.name, self.router.name, Outcome.FAILED)
+        facts = self.facts()
+        result.previous = facts.current
+        chash = self.config_hash()
+        new_id = release.unused_release_id(_now(), chash, {r.release_id for r in facts.releases})
+        if facts.current is not None and facts.current_hash == chash and not force:
+            result.outcome, result.release = Outcome.UNCHANGED, facts.current
+            health = probe(self.http, router_url(self.inventory, self.router) + "/health", timeout=5.0)
+            if health.ok or plan:
+                result.message = f"release {facts.current}: same config, nothing restarted"
+            else:
+                result.outcome = Outcome.FAILED
+                result.message = (
+                    f"unchanged config (release {facts.current}) but /health: {health.describe()}; "
+                    "`opsctl deploy --force` restarts it, `opsctl logs --router` shows why"
+                )
+            return result
+        if plan:
+            rendered = render_router(self.inventory, self.router, new_id)
+            result.outcome, result.release = Outcome.PLANNED, new_id
+            result.message = f"would deploy router release {new_id} (current: {facts.current or 'none'})"
+            result.plan = [
+                f"release {facts.current or '(none)'} -> {new_id}",
+                f"install {self.lock.name} into {self.paths.site(new_id)}",
+                f"restart {self.paths.unit_name} (its clients see a short outage); health gate",
+                "router " + " ".join(rendered.argv),
+            ]
+            return result
+        result.release = new_id
+        self._audit("deploy-start", new_id, "started", f"previous={facts.current or '-'}")
+        self.say(f"staging router release {new_id}")
+        try:
+            self._stage(new_id, chash, facts.current)
+        except UnreachableError as exc:
+            result.outcome, result.message = Outcome.UNREACHABLE, exc.one_line()
+            return result
+        except OpsctlError as exc:
+            self._run(release.mark_bad_cmd(self.paths, new_id, f"staging failed: {exc.message}"), check=False)
+            result.message = f"staging failed, nothing switched: {exc.one_line()}"
+            self._audit("deploy", new_id, "failed", result.message)
+            return result
+        result.timings["stage_s"] = time.monotonic() - start
+        self.say(f"switching to {new_id} and restarting {self.paths.unit_name}")
+        try:
+            ok, reason, healthy_s = self._gate(self._restart(new_id))
+        except OpsctlError as exc:
+            ok, reason, healthy_s = False, exc.one_line(), 0.0
+        if ok:
+            result.timings["healthy_s"] = healthy_s
+            doomed = release.plan_prune(self.facts(), keep)
+            if doomed:
+                self._run(release.remove_releases_cmd(self.paths, doomed), check=False)
+            result.outcome = Outcome.DEPLOYED
+            result.message = f"{new_id} (previous: {facts.current or 'none'})"
+            result.timings["total_s"] = time.monotonic() - start
+            self._audit("deploy", new_id, "ok", f"previous={facts.current or '-'}")
+            return result
+        result.journal_tail = self.journal_tail()
+        self._run(release.mark_bad_cmd(self.paths, new_id, reason), check=False)
+        result.outcome, result.message = self._roll_back(facts.current, new_id, reason)
+        result.timings["total_s"] = time.monotonic() - start
+        return result
+
+    def _stage(self, new_id: str, chash: str, previous: str | None) -> None:
+        rendered = render_router(self.inventory, self.router, new_id, Secrets.REVEAL)
+        self._run(Cmd.of("mkdir", "-p", "--", self.paths.release(new_id), sudo=True))
+        for name, (text, mode) in rendered.files.items():
+            self.remote.put_text(text, self.paths.release_file(new_id, name), mode)
+        requirements = self.paths.release_file(new_id, LOCK_FILE)
+        self.remote.put_text(self.lock.text, requirements, 0o644)
+        if previous:
+            self.remote.put_text(previous + "\n", self.paths.release_file(new_id, release.PREVIOUS), 0o644)
+        offline = self.host.wheelhouse is not None
+        self._run(install_cmd(self.host.venv, requirements, self.paths.site(new_id), offline), timeout=900)
+        out = self.remote.run(import_check_cmd(self.host.venv, self.paths.site(new_id)), check=False, timeout=300)
+        if not looks_like_help(out.stdout):
+            last = (out.stdout.strip().splitlines() or [f"exit {out.exit_code}"])[-1]
+            raise DeployError(f"sglang_router does not start on the host: {last}", "check the router wheelhouse")
+        unknown = unknown_flags(rendered.argv, out.stdout)
+        if unknown:
+            raise DeployError(f"sglang-router {self.router.version} does not know {', '.join(unknown)}")
+        masked = render_router(self.inventory, self.router, new_id)
+        manifest = Manifest(
+            release_id=new_id, service=self.router.unit_base, host=self.host.name, mode="router",
+            engine=f"sglang-router-{self.router.version}", config_hash=chash, created_at=_now().strftime(
+                "%Y-%m-%dT%H:%M:%SZ"), runtime_wheel=self.lock.name, runtime_sha256=self.lock.sha256,
+            runtime_version=self.router.version, opsctl_version=__version__, argv=masked.exec_start,
+            files=release.file_digests({k: v for k, (v, _) in masked.files.items()}),
+        )  # fmt: skip
+        self.remote.put_text(manifest.to_json(), f"{self.paths.release(new_id)}/{release.MANIFEST}", 0o644)
+        verify = self.remote.run(systemd.verify_cmd(self.paths.release_unit(new_id)), check=False)
+        if not verify.ok or verify.stdout.strip():
+            raise DeployError(f"systemd-analyze verify rejected the router unit: {verify.stdout.strip()[:300]}")
+
+    def _roll_back(self, previous: str | None, failed: str, reason: str) -> tuple[Outcome, str]:
+        self.say(f"FAILED: {reason}")
+        if previous is None:
+            p = self.paths
+            self._run(systemd.disable_now_cmd(p.unit_name), check=False)
+            self._run(Cmd.of("rm", "-f", "--", p.current, p.installed_unit, sudo=True), check=False)
+            self._run(systemd.daemon_reload_cmd(), check=False)
+            self._audit("deploy", failed, "failed", f"{reason}; no previous release: router stopped")
+            return Outcome.FAILED, f"{reason}; no previous router release: router stopped"
+        self.say(f"rolling back to {previous}")
+        try:
+            ok, why, _ = self._gate(self._restart(previous))
+        except OpsctlError as exc:
+            ok, why = False, exc.one_line()
+        if not ok:
+            self._audit("rollback-auto", previous, "failed", f"{reason}; {why}")
+            return Outcome.FAILED, f"{reason}; rolled back to {previous} but it is not healthy: {why}"
+        self._audit("rollback-auto", previous, "ok", reason)
+        return Outcome.ROLLED_BACK, f"{reason}; rolled back to {previous} (healthy); {failed} marked bad"
+
+    def rollback(self, to: str | None = None) -> RouterResult:
+        result = RouterResult(self.host.name, self.router.name, Outcome.FAILED)
+        facts = self.facts()
+        result.previous = facts.current
+        target = to or facts.rollback_target()
+        entry = facts.entry(target) if target else None
+        if target is None or entry is None or not entry.complete or target == facts.current:
+            raise DeployError(
+                f"router {self.router.name}: nothing to roll back to from {facts.current or 'none'}",
+                "deploy a fixed configuration instead",
+            )
+        result.release = target
+        self.say(f"rolling back {facts.current} -> {target}")
+        ok, why, _ = self._gate(self._restart(target))
+        if ok:
+            self._audit("rollback", target, "ok", f"from={facts.current or '-'}")
+            result.outcome, result.message = Outcome.REVERTED, f"rolled back to {target} (healthy)"
+            return result
+        result.journal_tail = self.journal_tail()
+        if facts.current:
+            self._run(release.mark_bad_cmd(self.paths, target, f"rollback target unhealthy: {why}"), check=False)
+            self._gate(self._restart(facts.current))
+        self._audit("rollback", target, "failed", why)
+        result.message = f"{target} failed its health gate ({why}); {facts.current} restored"
+        return result
+
+
+def _urls(inventory: Inventory, router: Router) -> tuple[str, ...]:
+    return worker_urls(inventory, router)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

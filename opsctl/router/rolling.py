@@ -1,0 +1,245 @@
+"""Drain-aware rolling deploys behind sglang-router: take a worker out, drain it, deploy, put it back.
+
+For a service that a router fronts, the deploy (opsctl.deploy.flow) calls `take_out` right before it switches
+the release, and the runner calls `put_back` when the deploy is over:
+
+1. wait for a free slot of the router (`max_unavailable`, default 1: one worker out per router at a time);
+2. refuse when no other worker of the router is healthy (never take the last healthy worker out);
+3. `DELETE /workers/<id>`, wait until the router no longer lists it;
+4. drain: poll the worker's `/get_load` until nothing is in flight (bounded by `drain_timeout`, wait shown);
+5. (the deploy: switch, restart, health gate, smoke gate; on failure the previous release is restored)
+6. put back when the worker serves a release that passed its gates (the new one, or the old one restored):
+   `POST /workers`, wait until the router reports it healthy, then free the slot for the next worker.
+   A worker that is not healthy stays out, and the result says so.
+
+A router that does not answer at all (not deployed yet, or down) serves nobody: the deploy goes on without it,
+and says so. Steps 2-3 run under one lock per router, so two workers never pass the last-healthy check at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from opsctl.errors import DeployError
+from opsctl.health import auth_headers, probe
+from opsctl.inventory.model import Inventory, Router
+from opsctl.router.api import Member, RouterClient, worker_load
+from opsctl.router.render import router_url, worker_url
+
+MEMBERSHIP_TIMEOUT_S = 60.0  # the router applies add/remove in the background; this is how long we wait
+DRAIN_POLL_S = 0.25
+NO_LOAD_GRACE_S = 3.0  # a worker without /get_load: wait this long for its in-flight requests instead
+
+
+@dataclass
+class _RouterSlot:
+    router: Router
+    slots: threading.BoundedSemaphore
+    check: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A worker taken out of one router; `put_back` owes the router its slot."""
+
+    router: Router
+    url: str
+    was_member: bool
+
+
+class RouterGuard:
+    """Shared by every deploy of one run: the routers of the inventory and their free slots."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        client: Callable[[Router], RouterClient] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        http: httpx.Client | None = None,
+    ) -> None:
+        self.inventory = inventory
+        self.http = http or httpx.Client()
+        self._client = client or (lambda r: RouterClient(self.http, router_url(inventory, r), r.api_key))
+        self.sleep = sleep
+        self.clock = clock
+        self._slots = {r.name: _RouterSlot(r, threading.BoundedSemaphore(r.max_unavailable)) for r in inventory.routers}
+
+    def fronted(self, host: str, service: str) -> bool:
+        return bool(self.inventory.routers_of(host, service))
+
+    def take_out(
+        self, host: str, service: str, say: Callable[[str], None], cancelled: Callable[[], bool] = lambda: False
+    ) -> list[Taken]:
+        """Out of every router that fronts host/service, drained. On an error every router already left is
+        given its worker and slot back, and a DeployError says why (nothing was switched yet)."""
+        taken: list[Taken] = []
+        try:
+            for router in self.inventory.routers_of(host, service):
+                item = self._take_out_of(router, host, service, say, cancelled)
+                if item is not None:
+                    taken.append(item)
+            if taken:
+                self._drain(host, service, taken, say)
+        except BaseException:
+            self.put_back(taken, True, say)
+            raise
+        return taken
+
+    def _take_out_of(
+        self, router: Router, host: str, service: str, say: Callable[[str], None], cancelled: Callable[[], bool]
+    ) -> Taken | None:
+        slot = self._slots[router.name]
+        url = self._url(host, service)
+        t0 = self.clock()
+        announced = False
+        while not slot.slots.acquire(timeout=0.5):
+            if cancelled():
+                raise DeployError(f"interrupted while waiting for router {router.name}", "nothing was switched")
+            if not announced:
+                say(f"waiting for router {router.name}: {router.max_unavailable} worker(s) already out")
+                announced = True
+        if announced:
+            say(f"router {router.name}: slot free after {self.clock() - t0:.1f}s")
+        try:
+            client = self._client(router)
+            if not client.health().ok:
+                say(f"router {router.name} does not answer /health: deploying without it (it serves nobody now)")
+                slot.slots.release()
+                return None
+            with slot.check:
+                members = client.members()
+                me = next((m for m in members if m.url == url), None)
+                others = [m for m in members if m.url != url and m.healthy]
+                if not others:
+                    raise DeployError(
+                        f"router {router.name}: {host}/{service} is its last healthy worker "
+                        f"({_describe(members)}); taking it out would stop the router serving",
+                        "bring another worker of the router back to health first; nothing was switched",
+                    )
+                if me is not None:
+                    client.remove(me)
+                    self._wait(lambda: client.member(url) is None, f"router {router.name} to drop {url}")
+            say(
+                f"out of router {router.name} ({len(others)} other healthy worker(s) serve)"
+                if me is not None
+                else f"not a member of router {router.name}: it is added after the deploy"
+            )
+            return Taken(router, url, me is not None)
+        except BaseException:
+            slot.slots.release()
+            raise
+
+    def _drain(self, host: str, service: str, taken: list[Taken], say: Callable[[str], None]) -> None:
+        svc = self.inventory.host(host).service(service)
+        url = taken[0].url
+        headers = auth_headers(svc.api_key)
+        limit = min(t.router.drain_timeout for t in taken)
+        t0 = self.clock()
+        load = worker_load(self.http, url, headers)
+        if load is None:
+            grace = min(limit, NO_LOAD_GRACE_S)
+            self.sleep(grace)
+            say(f"drain: {url} does not report its load (/get_load); waited {grace:.1f}s")
+            return
+        while load and self.clock() - t0 < limit:
+            self.sleep(DRAIN_POLL_S)
+            load = worker_load(self.http, url, headers) or 0
+        waited = self.clock() - t0
+        if load:
+            say(f"drain: {load} request(s) still in flight after {waited:.1f}s (drain_timeout): going on")
+        else:
+            say(f"drained in {waited:.1f}s (nothing in flight)")
+
+    def put_back(self, taken: list[Taken], serving: bool, say: Callable[[str], None]) -> str:
+        """Back into each router (when `serving`: the worker passed its gates), waiting until each reports it
+        healthy. Returns "" or one line saying which routers it is not back in."""
+        problems: list[str] = []
+        for item in taken:
+            slot = self._slots[item.router.name]
+            try:
+                if not serving:
+                    problems.append(f"left out of router {item.router.name} (not serving a healthy release)")
+                    continue
+                problem = self._add(item, say)
+                if problem:
+                    problems.append(problem)
+            finally:
+                slot.slots.release()
+        return "; ".join(problems)
+
+    def ensure_in(self, host: str, service: str, say: Callable[[str], None]) -> str:
+        """A serving worker that a router does not list (left out earlier) is added back; "" or the problem."""
+        if not self.serving(host, service):
+            return ""
+        url = self._url(host, service)
+        problems = []
+        for router in self.inventory.routers_of(host, service):
+            try:
+                client = self._client(router)
+                if not client.health().ok or client.member(url) is not None:
+                    continue
+            except Exception as exc:  # a RouterError: reported, never fatal for an unchanged service
+                problems.append(f"router {router.name}: {getattr(exc, 'message', type(exc).__name__)}")
+                continue
+            say(f"not in router {router.name}: adding it")
+            problem = self._add(Taken(router, url, False), say)
+            if problem:
+                problems.append(problem)
+        return "; ".join(problems)
+
+    def plan_line(self, host: str, service: str) -> str:
+        names = ", ".join(r.name for r in self.inventory.routers_of(host, service))
+        limit = min(r.drain_timeout for r in self.inventory.routers_of(host, service))
+        return (
+            f"before the switch: out of router {names}, drained (at most {limit:g}s); "
+            "back in once healthy and smoke-tested"
+        )
+
+    def _add(self, item: Taken, say: Callable[[str], None]) -> str:
+        try:
+            client = self._client(item.router)
+            t0 = self.clock()
+            if client.member(item.url) is None:
+                client.add(item.url)
+
+            def healthy() -> bool:
+                member = client.member(item.url)
+                return member is not None and member.healthy
+
+            self._wait(healthy, f"router {item.router.name} to report {item.url} healthy")
+        except DeployError as exc:
+            return f"not back in router {item.router.name}: {exc.message}"
+        except Exception as exc:  # a RouterError, or anything from the HTTP layer
+            return f"not back in router {item.router.name}: {getattr(exc, 'message', type(exc).__name__)}"
+        say(f"back in router {item.router.name}, healthy after {self.clock() - t0:.1f}s")
+        return ""
+
+    def _wait(self, done: Callable[[], bool], what: str) -> None:
+        t0 = self.clock()
+        while not done():
+            if self.clock() - t0 > MEMBERSHIP_TIMEOUT_S:
+                raise DeployError(f"timed out after {MEMBERSHIP_TIMEOUT_S:.0f}s waiting for {what}")
+            self.sleep(0.25)
+
+    def _url(self, host: str, service: str) -> str:
+        inv_host = self.inventory.host(host)
+        return worker_url(inv_host, inv_host.service(service).port)
+
+    def serving(self, host: str, service: str) -> bool:
+        """The worker answers /health now (decides whether it goes back into its routers)."""
+        return probe(self.http, self._url(host, service) + "/health", timeout=5.0).ok
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _describe(members: tuple[Member, ...]) -> str:
+    if not members:
+        return "it has no workers"
+    return ", ".join(f"{m.url} {'healthy' if m.healthy else 'unhealthy'}" for m in members)

@@ -1,0 +1,93 @@
+"""`opsctl status` for a router: its unit and release (over SSH), its health, and its members as the router
+itself reports them (`GET /workers`): which fronted services it routes to, healthy or not, and which of them
+it does not list at all. Reads only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+
+from opsctl.deploy import release
+from opsctl.errors import OpsctlError
+from opsctl.inventory.model import Inventory, Router
+from opsctl.remote.base import Connection
+from opsctl.router.api import Member, RouterClient
+from opsctl.router.render import router_url, worker_url
+from opsctl.systemd import UnitState, parse_show, show_cmd
+
+
+@dataclass(frozen=True)
+class MemberStatus:
+    worker: str  # host/service, or the URL when the router lists a worker the inventory does not name
+    url: str
+    healthy: bool
+    load: int
+
+
+@dataclass(frozen=True)
+class RouterStatus:
+    router: str
+    host: str
+    url: str
+    unit: UnitState | None
+    current: str | None
+    releases: int
+    bad_releases: int
+    rollback_to: str | None
+    health: str
+    healthy: bool  # /health 200 and every fronted service listed and healthy
+    members: list[MemberStatus] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # fronted services the router does not list
+    error: str | None = None
+
+
+def members_view(
+    inventory: Inventory, router: Router, members: tuple[Member, ...]
+) -> tuple[list[MemberStatus], list[str]]:
+    """Router-reported members named by the inventory, and the fronted services it does not list. Pure."""
+    names = {}
+    for ref in router.workers:
+        host = inventory.host(ref.host)
+        names[worker_url(host, host.service(ref.service).port)] = str(ref)
+    listed = [MemberStatus(names.get(m.url, m.url), m.url, m.healthy, m.load) for m in members]
+    seen = {m.url for m in members}
+    return listed, [name for url, name in names.items() if url not in seen]
+
+
+def collect_router(conn: Connection | None, inventory: Inventory, router: Router, http: httpx.Client) -> RouterStatus:
+    paths = release.ServicePaths(router.unit_base)
+    unit = None
+    facts = release.ReleaseFacts(None, ())
+    error = None
+    if conn is not None:
+        try:
+            unit = parse_show(conn.run(show_cmd(paths.unit_name)).stdout)
+            facts = release.parse_release_facts(conn.run(release.facts_cmd(paths)).stdout)
+        except OpsctlError as exc:
+            error = exc.one_line()
+    client = RouterClient(http, router_url(inventory, router), router.api_key)
+    probe = client.health()
+    members: list[MemberStatus] = []
+    missing = [str(w) for w in router.workers]
+    if probe.ok:
+        try:
+            members, missing = members_view(inventory, router, client.members())
+        except OpsctlError as exc:
+            error = exc.one_line()
+    healthy = probe.ok and not missing and all(m.healthy for m in members) and error is None
+    return RouterStatus(
+        router=router.name,
+        host=router.host,
+        url=client.base,
+        unit=unit,
+        current=facts.current,
+        releases=len(facts.releases),
+        bad_releases=sum(1 for r in facts.releases if r.bad),
+        rollback_to=facts.rollback_target(),
+        health=probe.describe(),
+        healthy=healthy,
+        members=members,
+        missing=missing,
+        error=error,
+    )

@@ -1,0 +1,235 @@
+"""Zero-downtime deploys behind the real sglang-router 0.3.2, on 2 lab hosts, through the real CLI.
+
+lab1 and lab2 each serve the tiny model (`ref`); the router `front` runs on lab1 and fronts both; lab2 also
+runs a baseline service (`base`, not behind the router) for the equivalence check. A bounded steady client
+(10 chat completions/s, at most 120 s, opsctl.bench.steady) runs through the router while `opsctl deploy
+--mode shadow` and then `--mode tree` roll through both services: no request may fail. For contrast the same
+client straight against lab1/ref during its plain deploy (no router) shows the outage. Then a release that
+fails its gate behind the router: no failed request, the worker back on its old release and in the router.
+
+Numbers go to .out/router_lab.json (docs/deploy.md quotes them).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from opsctl.bench.steady import SteadyClient, SteadyReport
+from tests.lab.test_deploy_support import (
+    REPO,
+    add_service,
+    crash_fault_installed,
+    current_mode,
+    current_release,
+    derived_inventory,
+    opsctl,
+    provision,
+    service,
+    tune,
+)
+
+pytestmark = pytest.mark.lab
+
+ROUTER_PORT = 30080
+OUT = REPO / ".out" / "router_lab.json"
+RESULTS: dict[str, Any] = {}
+
+
+def _with_router(doc: dict[str, Any]) -> None:
+    add_service(doc, "lab2", "base", 30001, mode="baseline")
+    doc["hosts"]["lab2"]["services"]["base"].pop("draft_model", None)
+    tune(doc)
+    doc["routers"] = {
+        "front": {
+            "host": "lab1",
+            "port": ROUTER_PORT,
+            "services": ["lab1/ref", "lab2/ref"],
+            "policy": "round_robin",
+            "drain_timeout": 30,
+            "health_timeout": 120,
+        }
+    }
+
+
+@pytest.fixture(scope="module")
+def router_inventory(lab_hosts, tmp_path_factory) -> Path:
+    inv = derived_inventory(tmp_path_factory.mktemp("router") / "lab.yaml", _with_router)
+    result = provision(inv)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = opsctl("deploy", "-i", str(inv), "--service", "ref", "--mode", "tree", timeout=1500)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "lab1/router front: deployed" in first.stderr or "router front: unchanged" in first.stderr, first.stderr
+    base = opsctl("deploy", "-i", str(inv), "--service", "base", timeout=1500)
+    assert base.returncode == 0, base.stderr[-4000:]
+    return inv
+
+
+def _address(inv: Path, host: str) -> str:
+    import yaml
+
+    return str(yaml.safe_load(inv.read_text())["hosts"][host]["address"])
+
+
+def _members(inv: Path) -> dict[str, bool]:
+    body = httpx.get(f"http://{_address(inv, 'lab1')}:{ROUTER_PORT}/workers", timeout=10).json()
+    return {w["url"]: w["is_healthy"] for w in body["workers"]}
+
+
+@contextmanager
+def steady(url: str) -> Iterator[SteadyClient]:
+    client = SteadyClient(url, rate=10, max_s=120)
+    client.start()
+    try:
+        yield client
+    finally:
+        client.finish()
+
+
+def _record(name: str, report: SteadyReport, **extra: Any) -> None:
+    RESULTS[name] = {
+        "sent": report.sent, "failed": report.failed, "causes": report.causes,
+        "duration_s": round(report.duration_s, 1), "longest_gap_s": round(report.longest_gap_s, 1), **extra,
+    }  # fmt: skip
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps(RESULTS, indent=1) + "\n")
+
+
+def test_rolling_deploy_behind_the_router_drops_nothing(router_inventory: Path) -> None:
+    inv = str(router_inventory)
+    router = f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}"
+    assert set(_members(router_inventory).values()) == {True} and len(_members(router_inventory)) == 2
+    for mode in ("shadow", "tree"):
+        before = {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")}
+        t0 = time.monotonic()
+        with steady(router) as client:
+            result = opsctl("deploy", "-i", inv, "--service", "ref", "--mode", mode, timeout=1500)
+            deploy_s = time.monotonic() - t0
+        report = client.report
+        _record(f"router_{mode}", report, deploy_rc=result.returncode, deploy_s=round(deploy_s, 1))
+        assert result.returncode == 0, result.stderr[-4000:]
+        assert "lab1/ref: deployed" in result.stderr and "lab2/ref: deployed" in result.stderr
+        assert "out of router front" in result.stderr and "back in router front" in result.stderr
+        assert "drained in" in result.stderr or "still in flight" in result.stderr
+        assert report.sent >= 20, report.summary()
+        assert report.failed == 0, report.summary()
+        for h in ("lab1", "lab2"):
+            assert current_release(router_inventory, h, "ref") != before[h]
+            assert current_mode(router_inventory, h, "ref") == mode
+        assert set(_members(router_inventory).values()) == {True} and len(_members(router_inventory)) == 2
+    eq = opsctl("smoke", "-i", inv, "--service", "ref", "--equivalence", "--baseline", "lab2/base",
+                "--prompts", str(REPO / "inventory" / "lab-prompts.yaml"), "--json")  # fmt: skip
+    assert eq.returncode == 0, eq.stderr[-3000:]
+    status = opsctl("status", "-i", inv, "--router", "front", "--json")
+    assert status.returncode == 0, status.stderr[-2000:]
+    (row,) = json.loads(status.stdout)["routers"]
+    assert row["healthy"] and {m["worker"] for m in row["members"]} == {"lab1/ref", "lab2/ref"}
+    through = opsctl("smoke", "-i", inv, "--router", "front", "--json")
+    assert through.returncode == 0 and json.loads(through.stdout)[0]["ok"], through.stderr[-2000:]
+
+
+def test_without_a_router_the_deploy_is_an_outage(router_inventory: Path, tmp_path: Path) -> None:
+    """Contrast: the same client straight at lab1/ref while it is redeployed (no router in front)."""
+    plain = derived_inventory(tmp_path / "plain.yaml", lambda d: (_with_router(d), d.pop("routers")))
+    direct = f"http://{_address(router_inventory, 'lab1')}:30000"
+    with steady(direct) as client:
+        result = opsctl("deploy", "-i", str(plain), "--host", "lab1", "--service", "ref", "--mode", "shadow",
+                        timeout=1500)  # fmt: skip
+    _record("direct_shadow", client.report, deploy_rc=result.returncode)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert client.report.failed > 0, client.report.summary()
+    back = opsctl("deploy", "-i", str(router_inventory), "--host", "lab1", "--service", "ref", "--mode", "tree")
+    assert back.returncode == 0, back.stderr[-3000:]
+
+
+def test_failed_gate_behind_the_router_restores_the_old_release_in_the_router(
+    router_inventory: Path, tmp_path: Path
+) -> None:
+    def crash(doc: dict[str, Any]) -> None:
+        _with_router(doc)
+        service(doc, "lab2", "ref")["extra_env"] = {"OPSCTL_FAULT_CRASH": "30000:1"}  # before the 3 s re-check
+
+    faulty = derived_inventory(tmp_path / "crash.yaml", crash)
+    router = f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}"
+    before = current_release(router_inventory, "lab2", "ref")
+    with crash_fault_installed(router_inventory, "lab2"), steady(router) as client:
+        result = opsctl("deploy", "-i", str(faulty), "--host", "lab2", "--service", "ref", "--mode", "tree")
+    _record("router_failed_gate", client.report, deploy_rc=result.returncode)
+    assert result.returncode == 1, result.stderr[-4000:]
+    assert "lab2/ref: rolled-back" in result.stderr, result.stderr[-4000:]
+    assert "back in router front" in result.stderr
+    assert client.report.failed == 0, client.report.summary()
+    assert current_release(router_inventory, "lab2", "ref") == before
+    members = _members(router_inventory)
+    assert len(members) == 2 and all(members.values()), members
+
+
+def test_last_healthy_worker_is_never_taken_out(router_inventory: Path) -> None:
+    """With lab2/ref stopped, deploying lab1/ref would leave the router nobody: refused, nothing switched."""
+    from opsctl.commands import Cmd
+    from tests.lab.test_deploy_support import remote_run
+
+    before = current_release(router_inventory, "lab1", "ref")
+    router_before = current_release(router_inventory, "lab1", "router-front")
+    remote_run(router_inventory, "lab2", Cmd.of("systemctl", "stop", "opsctl-ref.service"))
+    try:
+        done = threading.Event()
+        for _ in range(60):  # the router marks it unhealthy after its failure threshold (interval 2 s)
+            if not _members(router_inventory).get(f"http://{_address(router_inventory, 'lab2')}:30000", True):
+                done.set()
+                break
+            threading.Event().wait(1)
+        assert done.is_set(), _members(router_inventory)
+        result = opsctl("deploy", "-i", str(router_inventory), "--host", "lab1", "--service", "ref", "--force")
+        assert result.returncode == 1
+        assert "last healthy worker" in result.stderr and "nothing switched" in result.stderr, result.stderr[-3000:]
+        assert current_release(router_inventory, "lab1", "ref") == before
+        assert current_release(router_inventory, "lab1", "router-front") == router_before  # --force: services only
+    finally:
+        remote_run(router_inventory, "lab2", Cmd.of("systemctl", "start", "opsctl-ref.service"))
+
+
+def test_router_release_that_cannot_start_is_rolled_back(router_inventory: Path, tmp_path: Path) -> None:
+    """The router's own deploy is gated too: listening on an address lab1 does not have makes the new release
+    crash-loop; the previous router release comes back and serves. Then `opsctl rollback --router` works."""
+
+    def elsewhere(doc: dict[str, Any]) -> None:
+        _with_router(doc)
+        doc["routers"]["front"]["bind"] = doc["hosts"]["lab2"]["address"]
+
+    bad = derived_inventory(tmp_path / "bad-router.yaml", elsewhere)
+    before = current_release(router_inventory, "lab1", "router-front")
+    result = opsctl("deploy", "-i", str(bad), "--router", "front")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "lab1/router front: rolled-back" in result.stderr, result.stderr[-3000:]
+    assert current_release(router_inventory, "lab1", "router-front") == before
+    through = opsctl("smoke", "-i", str(router_inventory), "--router", "front", "--json")
+    assert through.returncode == 0 and json.loads(through.stdout)[0]["ok"], through.stderr[-2000:]
+    refused = opsctl("rollback", "-i", str(router_inventory), "--router", "front")
+    if refused.returncode == 0:  # a reused lab: an older good router release exists
+        assert "lab1/router front: reverted" in refused.stderr, refused.stderr[-3000:]
+        assert current_release(router_inventory, "lab1", "router-front") != before
+    else:
+        # A fresh lab: the router has one good release, so there is nothing to roll back to (one line, exit 1).
+        assert "nothing to roll back to" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+
+        def random_policy(doc: dict[str, Any]) -> None:
+            _with_router(doc)
+            doc["routers"]["front"]["policy"] = "random"
+
+        other = derived_inventory(tmp_path / "random.yaml", random_policy)
+        changed = opsctl("deploy", "-i", str(other), "--router", "front")
+        assert changed.returncode == 0 and "lab1/router front: deployed" in changed.stderr, changed.stderr[-3000:]
+        back = opsctl("rollback", "-i", str(router_inventory), "--router", "front")
+        assert back.returncode == 0 and "lab1/router front: reverted" in back.stderr, back.stderr[-3000:]
+        assert current_release(router_inventory, "lab1", "router-front") == before
+    again = opsctl("deploy", "-i", str(router_inventory), "--router", "front")  # back to the inventory's config
+    assert again.returncode == 0, again.stderr[-3000:]

@@ -1,0 +1,122 @@
+"""The router's own deploy against a FakeHost (commands asserted exactly where they matter) and a mocked HTTP
+side: a first deploy stages, installs offline, checks the flags against sglang-router 0.3.2's recorded --help,
+verifies, switches and gates; the key is only ever in the 0600 router.json; an unchanged router is never
+restarted; a router that never answers is rolled back."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from opsctl.commands import Cmd
+from opsctl.deploy.rollout import Outcome
+from opsctl.inventory.load import parse_inventory
+from opsctl.inventory.model import Inventory
+from opsctl.remote.fake import FakeHost
+from opsctl.router.deploy import RouterDeploy
+
+HELP = (Path(__file__).parents[1] / "fixtures" / "router" / "launch_router_help-0.3.2.txt").read_text()
+SECRET = "s3cret-router-deploy-key"
+ROOT = "/opt/opsctl/services/router-front"
+
+
+def inventory() -> Inventory:
+    svc = {
+        "port": 30000, "mode": "baseline", "engine": "reference", "device": "cpu",
+        "model": {"source": "/data/m", "source_on": "host", "path": "/dev/shm/m", "hybrid": False},
+    }  # fmt: skip
+    return parse_inventory(
+        {
+            "defaults": {"wheelhouse": "/var/cache/opsctl/wheelhouse"},
+            "hosts": {"h1": {"address": "10.0.0.1", "services": {"ref": svc}}},
+            "routers": {"front": {"host": "h1", "port": 30080, "api_key": "env:RK", "readiness_delay": 0}},
+        }
+    )
+
+
+class Host(FakeHost):
+    """Answers like a host: release facts from what was written, systemctl show, the router's --help."""
+
+    def __init__(self, current: str | None = None, restarts: list[int] | None = None) -> None:
+        super().__init__("h1", handler=self.answer)
+        self.current = current
+        self.restarts = restarts or [0]
+
+    def answer(self, cmd: Cmd) -> Any:
+        shown = cmd.display()
+        if "readlink" in shown and f"{ROOT}/current" in shown:
+            rel = f"release {self.current} 0 1\n" if self.current else ""
+            return (0, f"current {ROOT}/releases/{self.current or ''}\nprevious \n{rel}", "")
+        if "launch_router --help" in shown:
+            return (0, HELP, "")
+        if shown.startswith("systemctl show"):
+            n = self.restarts.pop(0) if len(self.restarts) > 1 else self.restarts[0]
+            return (0, f"ActiveState=active\nSubState=running\nNRestarts={n}\n", "")
+        if "mv -T" in shown and "current.tmp" in shown:
+            self.current = re.search(r"releases/(\S+?) ", shown).group(1)  # type: ignore[union-attr]
+        return None
+
+
+def http(router_up: bool) -> httpx.Client:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "10.0.0.1" and request.url.port == 30080 and router_up:
+            return httpx.Response(200)
+        raise httpx.ConnectError("connection refused")
+
+    return httpx.Client(transport=httpx.MockTransport(handler))
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RK", SECRET)
+
+
+def test_first_deploy_stages_installs_offline_and_gates() -> None:
+    inv = inventory()
+    host = Host()
+    said: list[str] = []
+    result = RouterDeploy(inv, inv.router("front"), host, http(True), said.append).deploy()  # type: ignore[arg-type]
+    assert result.outcome is Outcome.DEPLOYED, result.message
+    rid = result.release
+    assert rid is not None
+    site = f"{ROOT}/releases/{rid}/site"
+    assert (
+        f"/opt/opsctl/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-index "
+        f"--find-links /var/cache/opsctl/router-wheelhouse --target {site} -r {ROOT}/releases/{rid}/requirements.txt"
+    ) in host.ran
+    restart = host.ran.index("systemctl restart -- opsctl-router-front.service")
+    assert host.ran[restart - 3 : restart] == [
+        "install -m 0644 "
+        f"{ROOT}/releases/{rid}/opsctl-router-front.service /etc/systemd/system/opsctl-router-front.service",
+        "systemctl daemon-reload",
+        "systemctl enable --quiet -- opsctl-router-front.service",
+    ]
+    config, mode = host.files[f"{ROOT}/releases/{rid}/router.json"]
+    assert mode == 0o600 and SECRET in config
+    leaked = [p for p, (text, _) in host.files.items() if SECRET in text and not p.endswith("router.json")]
+    assert leaked == [] and not any(SECRET in line for line in host.ran + said)
+    assert f"{ROOT}/releases/{rid}/manifest.json" in host.files
+
+
+def test_unchanged_router_is_not_restarted() -> None:
+    inv = inventory()
+    first = Host()
+    rid = RouterDeploy(inv, inv.router("front"), first, http(True)).deploy().release  # type: ignore[arg-type]
+    again = Host(current=rid)
+    result = RouterDeploy(inv, inv.router("front"), again, http(True)).deploy()  # type: ignore[arg-type]
+    assert result.outcome is Outcome.UNCHANGED and not any("restart" in line for line in again.ran)
+
+
+def test_router_that_never_answers_fails_its_gate_and_is_stopped_without_a_previous() -> None:
+    inv = inventory()
+    router = inv.router("front")
+    router = type(router)(**{**router.__dict__, "health_timeout": 1.0})
+    host = Host()
+    result = RouterDeploy(inv, router, host, http(False)).deploy()  # type: ignore[arg-type]
+    assert result.outcome is Outcome.FAILED
+    assert "no HTTP 200 from /health within 1s" in result.message and "router stopped" in result.message
+    assert "systemctl disable --now --quiet -- opsctl-router-front.service" in host.ran
