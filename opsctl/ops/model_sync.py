@@ -236,7 +236,7 @@ class ModelSync:
             acts, why = plan_model(spec, manifest, read_facts(ctx.remote, spec))
             actions += acts
             notes += why
-            if any(isinstance(a, Verify) for a in acts):  # only a copy verifies
+            if any(isinstance(a, Verify | CopyVerified) for a in acts):  # only a copy verifies
                 replaced.append(spec)
         if not models_of(ctx.spec):
             notes.append("no models (the host has no services)")
