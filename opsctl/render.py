@@ -166,6 +166,15 @@ def flags_argv(options: list[tuple[str, object]]) -> tuple[str, ...]:
 def unit_directives(service: Service, release_dir: str, exec_start: tuple[str, ...]) -> list[tuple[str, str, str]]:
     """The unit as (section, key, value); ExecStart's value is the command line (each argument quoted)."""
     description = f"opsctl {service.name}: {service.engine.value} {service.mode.value} on port {service.port}"
+    identifier = f"opsctl-{service.name}"
+    return server_directives(description, release_dir, exec_start, 5, STOP_TIMEOUT_S, identifier)
+
+
+def server_directives(
+    description: str, release_dir: str, exec_start: tuple[str, ...], restart_sec: int, stop_s: int, identifier: str
+) -> list[tuple[str, str, str]]:
+    """A long-running server from a release dir (a service, a router): restarted on failure, at most 5 starts in
+    10 min, its env file, its journal identifier."""
     return [
         ("Unit", "Description", description),
         ("Unit", "After", "network-online.target"),
@@ -177,11 +186,11 @@ def unit_directives(service: Service, release_dir: str, exec_start: tuple[str, .
         ("Service", "EnvironmentFile", f"{release_dir}/env"),
         ("Service", "ExecStart", " ".join(quote_exec(a) for a in exec_start)),
         ("Service", "Restart", "on-failure"),
-        ("Service", "RestartSec", "5"),
+        ("Service", "RestartSec", str(restart_sec)),
         ("Service", "KillMode", "mixed"),
-        ("Service", "TimeoutStopSec", str(STOP_TIMEOUT_S)),
+        ("Service", "TimeoutStopSec", str(stop_s)),
         ("Service", "LimitNOFILE", "65536"),
-        ("Service", "SyslogIdentifier", f"opsctl-{service.name}"),
+        ("Service", "SyslogIdentifier", identifier),
         ("Install", "WantedBy", "multi-user.target"),
     ]
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from opsctl import layout
 from opsctl.inventory.model import Host, Inventory, Router
-from opsctl.render import SYSTEM_PATH, Secrets
+from opsctl.render import SYSTEM_PATH, Secrets, server_directives
 from opsctl.secrets import MASK
-from opsctl.systemd import SystemdSyntaxError, check_env_file, check_unit, escape_specifiers, quote_env, quote_exec
+from opsctl.systemd import SystemdSyntaxError, check_env_file, check_unit, escape_specifiers, quote_env
 
 STOP_TIMEOUT_S = 30
 SHUTDOWN_GRACE_S = 10  # the router's own wait for in-flight requests on SIGTERM (its default is 180 s)
@@ -110,24 +110,9 @@ def router_env(host: Host, release_dir: str) -> list[tuple[str, str]]:
 
 
 def unit_directives(router: Router, release_dir: str, exec_start: tuple[str, ...]) -> list[tuple[str, str, str]]:
-    return [
-        ("Unit", "Description", f"opsctl router {router.name}: sglang-router {router.version} on port {router.port}"),
-        ("Unit", "After", "network-online.target"),
-        ("Unit", "Wants", "network-online.target"),
-        ("Unit", "StartLimitIntervalSec", "600"),
-        ("Unit", "StartLimitBurst", "5"),
-        ("Service", "Type", "simple"),
-        ("Service", "WorkingDirectory", release_dir),
-        ("Service", "EnvironmentFile", f"{release_dir}/env"),
-        ("Service", "ExecStart", " ".join(quote_exec(a) for a in exec_start)),
-        ("Service", "Restart", "on-failure"),
-        ("Service", "RestartSec", "2"),
-        ("Service", "KillMode", "mixed"),
-        ("Service", "TimeoutStopSec", str(STOP_TIMEOUT_S)),
-        ("Service", "LimitNOFILE", "65536"),
-        ("Service", "SyslogIdentifier", router.unit_name.removesuffix(".service")),
-        ("Install", "WantedBy", "multi-user.target"),
-    ]
+    description = f"opsctl router {router.name}: sglang-router {router.version} on port {router.port}"
+    identifier = router.unit_name.removesuffix(".service")
+    return server_directives(description, release_dir, exec_start, 2, STOP_TIMEOUT_S, identifier)
 
 
 def render_router(
