@@ -111,6 +111,16 @@ def batch_row_topk(lp: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return lp.gather(1, ids), ids
 
 
+def check_tree_inputs(draft_logprobs: Tensor, root_tokens: Tensor, budget: int, topk: int) -> None:
+    """The shapes and knobs every batched tree builder (torch or fused) accepts; ValueError otherwise."""
+    if draft_logprobs.dim() != 3 or draft_logprobs.shape[2] < 1:
+        raise ValueError(f"draft_logprobs must be [bs, R, V] with V >= 1, got {tuple(draft_logprobs.shape)}")
+    if root_tokens.shape != draft_logprobs.shape[:1]:
+        raise ValueError(f"root_tokens must be [bs={draft_logprobs.shape[0]}], got {tuple(root_tokens.shape)}")
+    if budget < 0 or topk < 1:
+        raise ValueError(f"budget must be >= 0 and topk >= 1, got {budget}, {topk}")
+
+
 def build_trees_batched(draft_logprobs: Tensor, root_tokens: Tensor, budget: int, topk: int) -> BatchTrees:
     """Every request's DDTree on the log-probs' device: the tree `build_tree_heap(draft_logprobs[b],
     root_tokens[b], budget, topk)` builds, for all b at once.
@@ -119,12 +129,7 @@ def build_trees_batched(draft_logprobs: Tensor, root_tokens: Tensor, budget: int
     vocabulary; per depth one add, one stable sort of [bs, M_{d-1} * k] candidate scores and one add; then one
     stable sort of [bs, sum M_d] for the pop order and a fixed number of gathers.
     """
-    if draft_logprobs.dim() != 3 or draft_logprobs.shape[2] < 1:
-        raise ValueError(f"draft_logprobs must be [bs, R, V] with V >= 1, got {tuple(draft_logprobs.shape)}")
-    if root_tokens.shape != draft_logprobs.shape[:1]:
-        raise ValueError(f"root_tokens must be [bs={draft_logprobs.shape[0]}], got {tuple(root_tokens.shape)}")
-    if budget < 0 or topk < 1:
-        raise ValueError(f"budget must be >= 0 and topk >= 1, got {budget}, {topk}")
+    check_tree_inputs(draft_logprobs, root_tokens, budget, topk)
     bs, n_rows, vocab = draft_logprobs.shape
     depth_rows, k = len(level_sizes(n_rows, budget, topk, vocab)), min(topk, vocab)
     lp = draft_logprobs.detach()[:, :depth_rows].to(torch.float32)  # lp: [bs, R', V]

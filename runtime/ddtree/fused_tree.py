@@ -24,7 +24,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from ddtree.batch_tree import BatchTrees, level_sizes
+from ddtree.batch_tree import BatchTrees, check_tree_inputs, level_sizes
 
 CHUNK = 4096  # vocabulary tokens per stage-one program
 MAX_TOPK = 32  # larger top-k: the unrolled extraction gets long; build_trees_batched is used instead
@@ -81,12 +81,7 @@ def row_topk_fused(lp: Tensor, depth_rows: int, k: int) -> tuple[Tensor, Tensor]
 
 def build_trees_fused(draft_logprobs: Tensor, root_tokens: Tensor, budget: int, topk: int) -> BatchTrees:
     """`build_trees_batched(draft_logprobs [bs, R, V], root_tokens [bs], budget, topk)` in four launches."""
-    if draft_logprobs.dim() != 3 or draft_logprobs.shape[2] < 1:
-        raise ValueError(f"draft_logprobs must be [bs, R, V] with V >= 1, got {tuple(draft_logprobs.shape)}")
-    if root_tokens.shape != draft_logprobs.shape[:1]:
-        raise ValueError(f"root_tokens must be [bs={draft_logprobs.shape[0]}], got {tuple(root_tokens.shape)}")
-    if budget < 0 or topk < 1:
-        raise ValueError(f"budget must be >= 0 and topk >= 1, got {budget}, {topk}")
+    check_tree_inputs(draft_logprobs, root_tokens, budget, topk)
     bs, n_rows, vocab = draft_logprobs.shape
     device = draft_logprobs.device
     sizes = level_sizes(n_rows, budget, topk, vocab)

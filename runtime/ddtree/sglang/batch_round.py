@@ -57,8 +57,7 @@ def plan_batch(
 
     draft_logprobs: [bs, R, V] (row d - 1 = depth d); root_tokens, prefix_lens: [bs] int tensors.
     """
-    if budget + 1 > num_slots:
-        raise ValueError(f"budget {budget} does not fit {num_slots} slots (budget + 1 <= slots)")
+    _check_budget_fits(budget, num_slots)
     prefix_lens = prefix_lens.to(draft_logprobs.device)
     if fused_available(draft_logprobs.device, topk):  # 5 Triton launches (ddtree.fused_tree)
         trees = build_trees_fused(draft_logprobs, root_tokens, budget, topk)
@@ -71,8 +70,7 @@ def layout_batch_fused(trees: BatchTrees, prefix_lens: Tensor, num_slots: int) -
     """`layout_batch` in one Triton launch (one program per request; `ddtree._triton_tree.layout_kernel`)."""
     bs, n = trees.tokens.shape
     s = num_slots
-    if s < n:
-        raise ValueError(f"num_slots={s} is smaller than the trees ({n} nodes, root included)")
+    _check_slots(n, s)
     device = trees.tokens.device
 
     def ints(*shape: int) -> Tensor:
@@ -107,18 +105,26 @@ def plan_batch_topk(
 ) -> BatchPlan:
     """`plan_batch` from each drafter row's top-k already taken, top_vals / top_ids [bs, R, k] (a vocab-parallel
     head at TP > 1: `ddtree.sglang.vocab_parallel.head_topk`)."""
-    if budget + 1 > num_slots:
-        raise ValueError(f"budget {budget} does not fit {num_slots} slots (budget + 1 <= slots)")
+    _check_budget_fits(budget, num_slots)
     trees = build_trees_from_topk(top_vals, top_ids, root_tokens, budget)
     return layout_batch(trees, prefix_lens.to(top_vals.device), num_slots)
+
+
+def _check_budget_fits(budget: int, num_slots: int) -> None:
+    if budget + 1 > num_slots:
+        raise ValueError(f"budget {budget} does not fit {num_slots} slots (budget + 1 <= slots)")
+
+
+def _check_slots(nodes: int, num_slots: int) -> None:
+    if num_slots < nodes:
+        raise ValueError(f"num_slots={num_slots} is smaller than the trees ({nodes} nodes, root included)")
 
 
 def layout_batch(trees: BatchTrees, prefix_lens: Tensor, num_slots: int) -> BatchPlan:
     """`to_sglang_layout` for a whole batch: slots in BFS order (depth, parent slot, id), padded to S slots."""
     bs, n = trees.tokens.shape
     s = num_slots
-    if s < n:
-        raise ValueError(f"num_slots={s} is smaller than the trees ({n} nodes, root included)")
+    _check_slots(n, s)
     device = trees.tokens.device
     ancestors = ancestor_masks(trees.parents)  # [bs, N, N] in node ids
     order = bfs_slot_order(trees.parents, trees.depths, ancestors)  # [bs, N] node id per slot
