@@ -97,7 +97,7 @@ def _write_router(out: Path, item: RenderedRouter) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, (text, mode) in item.files.items():
-            path = folder / (f"opsctl-router-{item.router}.service" if name == "unit" else name)
+            path = folder / (layout.unit_name(f"router-{item.router}") if name == "unit" else name)
             path.write_text(text)
             path.chmod(mode)
     except OSError as exc:

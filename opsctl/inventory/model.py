@@ -223,7 +223,7 @@ class Router:
 
     @property
     def unit_name(self) -> str:
-        return f"opsctl-{self.unit_base}.service"
+        return layout.unit_name(self.unit_base)
 
     @property
     def prometheus_port(self) -> int:
