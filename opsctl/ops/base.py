@@ -8,7 +8,6 @@ Facts are read with read-only commands only, so planning never changes a host.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -60,21 +59,7 @@ class Verify:
         return f"verify {self.what}: {shown}" if self.what else f"verify: {shown}"
 
 
-@dataclass(frozen=True)
-class CopyVerified:
-    """Push a local directory while `verify` hashes on the host beside it (each file as it lands); once the push
-    ended, `ended` tells the hasher so (it then checks what changed since and prints its listing), and the
-    listing is judged. Costs the copy plus the hashing of the last file, not the copy plus all the hashing."""
-
-    push: Push
-    verify: Verify
-    ended: Cmd
-
-    def display(self) -> str:
-        return f"{self.push.display()}, and beside it {self.verify.display()}"
-
-
-Action = Cmd | Push | PutText | Verify | CopyVerified
+Action = Cmd | Push | PutText | Verify
 
 
 def display(action: Action) -> str:
@@ -152,15 +137,6 @@ def execute(
             _push(remote, action, progress)
         elif isinstance(action, PutText):
             remote.put_text(action.text, action.remote, mode=action.mode)
-        elif isinstance(action, CopyVerified):
-            with ThreadPoolExecutor(1) as pool:
-                hashing = pool.submit(remote.run, action.verify.cmd, timeout, False)
-                try:
-                    _push(remote, action.push, progress)
-                finally:
-                    remote.run(action.ended, timeout=60.0, check=False)
-                result = hashing.result()
-            action.verify.judge(result.exit_code, result.stdout, result.stderr)
         else:
             result = remote.run(action.cmd, timeout=timeout, check=False)
             action.judge(result.exit_code, result.stdout, result.stderr)

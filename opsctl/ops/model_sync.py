@@ -8,9 +8,11 @@ Copy protocol (the final path never holds a partial model):
    interrupted run); skip the model when the final path matches the manifest;
 3. refuse when /dev/shm cannot hold the bytes still to copy, with the numbers;
 4. stage: hard-link the files that are already good at the final path (tmpfs hard links cost no space), drop
-   corrupted or stale files, rsync the source over the staging dir while the host hashes each file as it lands
-   (ops/facts/host_hasher.py: python3 hashlib; a final pass re-hashes anything that changed after it was
-   hashed), compare that listing with the manifest, write the manifest into it;
+   corrupted or stale files, rsync the source over the staging dir, verify, write the manifest into it.
+   Verifying a control-side copy does not re-read it: every staged file is either one hashed in step 2 or one
+   rsync wrote in this run and checked against the bytes its sender read (rsync's whole-file checksum; a
+   mismatch fails the copy), and the source's (size, mtime, inode) still being those of its manifest proves
+   the sender read the hashed bytes; so the host lists sizes only. Other copies are hashed after the copy;
 5. swap: final -> .opsctl-old-<name>, staging -> final (two renames), remove the old copy.
 """
 
@@ -25,7 +27,7 @@ from pathlib import Path
 from opsctl import layout, modelcheck
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
-from opsctl.ops.base import Action, Context, CopyVerified, Plan, Push, PutText, Verify, execute, read
+from opsctl.ops.base import Action, Context, Plan, Push, PutText, Verify, execute, read
 from opsctl.ops.errors import ManifestMismatchError, ProvisionError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
@@ -36,7 +38,9 @@ from opsctl.ops.facts.manifest import (
     hash_listing_cmd,
     parse_hash_listing,
     parse_manifest_json,
-    watch_listing_cmd,
+    parse_size_listing,
+    size_listing_cmd,
+    source_stamps,
 )
 from opsctl.ops.facts.system import DiskSpace, gib, parse_df
 from opsctl.remote.base import Connection
@@ -50,15 +54,12 @@ class ModelPaths:
     final: str
     staging: str
     old: str
-    copied: str  # marker: the copy into staging ended (tells the hasher beside it)
 
     @staticmethod
     def of(path: str) -> ModelPaths:
         final = path.rstrip("/")
         parent, name = posixpath.split(final)
-        return ModelPaths(
-            final, f"{parent}/.opsctl-sync-{name}", f"{parent}/.opsctl-old-{name}", f"{parent}/.opsctl-copied-{name}"
-        )
+        return ModelPaths(final, f"{parent}/.opsctl-sync-{name}", f"{parent}/.opsctl-old-{name}")
 
     @property
     def parent(self) -> str:
@@ -118,26 +119,7 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
     if link:
         cp = shlex.join(["cp", "-alf", "--parents", "-t", p.staging, "--", *link])
         actions.append(Cmd.of("sh", "-c", f"cd {shlex.quote(p.final)} && {cp}"))
-    if spec.source_on is ModelSourceKind.CONTROL:
-        # The host hashes each file as rsync lands it: the copy costs rsync plus the last file's hash.
-        actions.append(Cmd.of("rm", "-f", p.copied))
-        verify = Verify(
-            watch_listing_cmd(p.staging, manifest, p.copied, COPY_TIMEOUT_S),
-            judge=_verify_judge(spec.name, manifest),
-            what=f"sha256 of {len(manifest.files)} files",
-            shown=f"hash each file in {p.staging} as it lands (python3 hashlib), compare with the manifest",
-        )
-        actions.append(CopyVerified(Push(Path(spec.source), p.staging), verify, Cmd.of("touch", p.copied)))
-    else:
-        actions.append(Cmd.of("rsync", "-a", f"{spec.source.rstrip('/')}/", f"{p.staging}/"))
-        actions.append(
-            Verify(
-                hash_listing_cmd(p.staging),
-                judge=_verify_judge(spec.name, manifest),
-                what=f"sha256 of {len(manifest.files)} files",
-                shown=f"hash every file in {p.staging} (python3 hashlib on every CPU), compare with the manifest",
-            )
-        )
+    actions += _copy(spec, manifest, p.staging)
     actions.append(PutText(f"{p.staging}/{MANIFEST_NAME}", manifest.to_json()))
     final, staging, old = (shlex.quote(x) for x in (p.final, p.staging, p.old))
     actions.append(
@@ -148,6 +130,29 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
         )
     )
     return actions, notes
+
+
+def _copy(spec: ModelSpec, manifest: Manifest, staging: str) -> list[Action]:
+    """rsync the source over the staging dir, then prove the staged files are the manifest's."""
+    hashed = Verify(
+        hash_listing_cmd(staging),
+        judge=_verify_judge(spec.name, manifest),
+        what=f"sha256 of {len(manifest.files)} files",
+        shown=f"hash every file in {staging} (python3 hashlib on every CPU), compare with the manifest",
+    )
+    if spec.source_on is ModelSourceKind.HOST:
+        return [Cmd.of("rsync", "-a", f"{spec.source.rstrip('/')}/", f"{staging}/"), hashed]
+    push = Push(Path(spec.source), staging)
+    if set(manifest.stamps) != set(manifest.files):  # a manifest not built from this source here: hash the copy
+        return [push, hashed]
+    sized = Verify(
+        size_listing_cmd(staging),
+        judge=_sizes_judge(spec.name, manifest, Path(spec.source)),
+        what=f"{len(manifest.files)} files",
+        shown=f"sizes in {staging} as in the manifest, and {spec.source} unchanged since it was hashed "
+        "(rsync checked every byte it wrote against what its sender read)",
+    )
+    return [push, sized]
 
 
 def _why(p: ModelPaths, manifest: Manifest, state: DirState | None, need: int) -> str:
@@ -172,12 +177,42 @@ def _verify_judge(name: str, manifest: Manifest) -> Callable[[int, str, str], No
         if not state.matches:
             wrong = sorted(state.bad | state.missing | state.extra)
             raise ManifestMismatchError(
-                f"{name}: the copy does not match the source manifest: {', '.join(wrong[:3])}"
-                + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""),
+                f"{name}: the copy does not match the source manifest: {_few(wrong)}",
                 "the source changed during the copy, or the host's memory is faulty; run provision again",
             )
 
     return judge
+
+
+def _sizes_judge(name: str, manifest: Manifest, source: Path) -> Callable[[int, str, str], None]:
+    def judge(exit_code: int, stdout: str, stderr: str) -> None:
+        if exit_code != 0:
+            raise ManifestMismatchError(f"{name}: listing the staged copy failed: {stderr.strip()[-200:]}")
+        sizes = parse_size_listing(stdout)
+        wrong = sorted(p for p in manifest.files.keys() | sizes.keys() if sizes.get(p) != _size(manifest, p))
+        if wrong:
+            raise ManifestMismatchError(
+                f"{name}: the copy does not match the source manifest: {_few(wrong)}",
+                "the host's staging directory was changed during the copy; run provision again",
+            )
+        now = source_stamps(source, manifest.files)
+        changed = sorted(p for p, stamp in now.items() if stamp != manifest.stamps[p])
+        if changed:
+            raise ManifestMismatchError(
+                f"{name}: the source changed during the copy: {_few(changed)}",
+                "run provision again once nothing writes to the model source",
+            )
+
+    return judge
+
+
+def _size(manifest: Manifest, path: str) -> int | None:
+    entry = manifest.files.get(path)
+    return None if entry is None else entry.size
+
+
+def _few(paths: list[str]) -> str:
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
 
 
 def read_facts(remote: Connection, spec: ModelSpec) -> ModelFacts:
@@ -236,7 +271,7 @@ class ModelSync:
             acts, why = plan_model(spec, manifest, read_facts(ctx.remote, spec))
             actions += acts
             notes += why
-            if any(isinstance(a, Verify | CopyVerified) for a in acts):  # only a copy verifies
+            if any(isinstance(a, Verify) for a in acts):  # only a copy verifies
                 replaced.append(spec)
         if not models_of(ctx.spec):
             notes.append("no models (the host has no services)")

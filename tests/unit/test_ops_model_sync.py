@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ from opsctl.inventory.model import (
     Service,
     SshConfig,
 )
-from opsctl.ops.base import Artifacts, Context, CopyVerified
+from opsctl.ops.base import Artifacts, Context, Push, Verify
 from opsctl.ops.errors import ManifestMismatchError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
@@ -35,7 +33,7 @@ from opsctl.ops.facts.manifest import (
     hash_listing_cmd,
     parse_hash_listing,
     sha256_file,
-    watch_listing_cmd,
+    size_listing_cmd,
 )
 from opsctl.ops.facts.system import DiskSpace
 from opsctl.ops.model_sync import ModelFacts, ModelPaths, ModelSync, models_of, plan_model
@@ -74,30 +72,43 @@ def test_paths() -> None:
         "/dev/shm/Qwen3.6-27B",
         "/dev/shm/.opsctl-sync-Qwen3.6-27B",
         "/dev/shm/.opsctl-old-Qwen3.6-27B",
-        "/dev/shm/.opsctl-copied-Qwen3.6-27B",
     )
 
 
 def test_absent_model_is_staged_verified_and_renamed() -> None:
-    actions, notes = plan_model(SPEC, MANIFEST, facts(None))
+    """A manifest hashed from this source here: the copy is proven by sizes, rsync's checksum and the source's
+    stamps, not by re-reading it on the host."""
+    stamped = Manifest(MANIFEST.files, {"config.json": (100, 1, 7), "model.safetensors": (1000, 2, 8)})
+    actions, notes = plan_model(SPEC, stamped, facts(None))
     assert displays(actions) == [
         "rm -rf /dev/shm/.opsctl-old-m",
         "mkdir -p /dev/shm/.opsctl-sync-m",
-        "rm -f /dev/shm/.opsctl-copied-m",
-        "push /models/m -> /dev/shm/.opsctl-sync-m, and beside it verify sha256 of 2 files: hash each file in "
-        "/dev/shm/.opsctl-sync-m as it lands (python3 hashlib), compare with the manifest",
+        "push /models/m -> /dev/shm/.opsctl-sync-m",
+        "verify 2 files: sizes in /dev/shm/.opsctl-sync-m as in the manifest, and /models/m unchanged since it "
+        "was hashed (rsync checked every byte it wrote against what its sender read)",
         f"write /dev/shm/.opsctl-sync-m/{MANIFEST_NAME} ({len(MANIFEST.to_json())} bytes, mode 644)",
         SWAP,
     ]
-    copy = actions[3]
-    assert isinstance(copy, CopyVerified)
-    assert copy.ended == Cmd.of("touch", "/dev/shm/.opsctl-copied-m")
-    verify = copy.verify
-    assert verify.cmd == watch_listing_cmd("/dev/shm/.opsctl-sync-m", MANIFEST, "/dev/shm/.opsctl-copied-m", 7200)
+    verify = actions[3]
+    assert isinstance(verify, Verify)
+    assert verify.cmd == size_listing_cmd("/dev/shm/.opsctl-sync-m")
+    with pytest.raises(ManifestMismatchError, match=r"does not match the source manifest: model\.safetensors"):
+        verify.judge(0, "100 config.json\n999 model.safetensors\n", "")
+    with pytest.raises(ManifestMismatchError, match=r"does not match the source manifest: extra\.bin"):
+        verify.judge(0, "100 config.json\n1000 model.safetensors\n5 extra.bin\n", "")
+    assert notes == ["/dev/shm/m: absent; copy 2 files, 0.00 GiB (0.00 GiB to transfer)"]
+
+
+def test_manifest_without_stamps_hashes_the_copy() -> None:
+    """A manifest not built from this source on this machine cannot vouch for what rsync sent: hash the copy."""
+    actions, _ = plan_model(SPEC, MANIFEST, facts(None))
+    assert isinstance(actions[2], Push)
+    verify = actions[3]
+    assert isinstance(verify, Verify)
+    assert verify.cmd == hash_listing_cmd("/dev/shm/.opsctl-sync-m")
     verify.judge(0, f"{A} 100 config.json\n{B} 1000 model.safetensors\n", "")  # matches: no error
     with pytest.raises(ManifestMismatchError, match=r"does not match the source manifest: model\.safetensors"):
         verify.judge(0, f"{A} 100 config.json\n{C} 1000 model.safetensors\n", "")
-    assert notes == ["/dev/shm/m: absent; copy 2 files, 0.00 GiB (0.00 GiB to transfer)"]
 
 
 def test_matching_model_with_manifest_is_unchanged() -> None:
@@ -118,9 +129,8 @@ def test_corrupted_file_is_recopied_good_files_are_hard_linked() -> None:
         "rm -rf /dev/shm/.opsctl-old-m",
         "mkdir -p /dev/shm/.opsctl-sync-m",
         "sh -c 'cd /dev/shm/m && cp -alf --parents -t /dev/shm/.opsctl-sync-m -- config.json'",
-        "rm -f /dev/shm/.opsctl-copied-m",
+        "push /models/m -> /dev/shm/.opsctl-sync-m",
     ]
-    assert displays(actions)[4].startswith("push /models/m -> /dev/shm/.opsctl-sync-m, and beside it verify")
     assert displays(actions)[-1] == SWAP
     assert notes == ["/dev/shm/m: 1 corrupted or changed (model.safetensors); re-copy (0.00 GiB to transfer)"]
 
@@ -220,7 +230,7 @@ def test_failed_verification_never_touches_the_final_path(tmp_path: Path) -> Non
     source = _model(tmp_path / "src", {"a.bin": b"A" * 1000})
     ctx, dest = _ctx(tmp_path, source)
     _converge(ctx)
-    # the source changes after its manifest was taken: the staged copy cannot match the manifest
+    # a manifest that does not describe the source (no stamps: the copy is hashed) cannot be satisfied
     (source / "a.bin").write_bytes(b"B" * 1000)
     stale = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): Manifest(
         {"a.bin": FileEntry(1000, "0" * 64)})}))  # fmt: skip
@@ -230,13 +240,31 @@ def test_failed_verification_never_touches_the_final_path(tmp_path: Path) -> Non
     assert (dest / "a.bin").read_bytes() == b"A" * 1000  # the old, complete model is still in place
 
 
+def test_source_changed_during_the_copy_is_refused(tmp_path: Path) -> None:
+    """Same size, other bytes, written after the manifest was hashed: rsync copies the new bytes faithfully,
+    the source's stamps give it away, and the final path keeps the previous model."""
+    source = _model(tmp_path / "src", {"a.bin": b"A" * 1000, "b.bin": b"B" * 1000})
+    ctx, dest = _ctx(tmp_path, source)
+    _converge(ctx)
+    (source / "b.bin").write_bytes(b"C" * 1000)
+    ctx = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): build_local_manifest(source)}))
+    op = ModelSync()
+    plan = op.plan(ctx)
+    time.sleep(0.01)  # a write within the same mtime tick would still change the inode below
+    (source / "b.bin").unlink()
+    (source / "b.bin").write_bytes(b"D" * 1000)
+    with pytest.raises(ManifestMismatchError, match=r"the source changed during the copy: b\.bin"):
+        op.apply(ctx, plan)
+    assert (dest / "b.bin").read_bytes() == b"B" * 1000
+
+
 def test_interrupted_copy_leaves_no_partial_model(tmp_path: Path) -> None:
     source = _model(tmp_path / "src", {"a.bin": b"A" * 1000, "b.bin": b"B" * 1000})
     ctx, dest = _ctx(tmp_path, source)
     op = ModelSync()
     plan = op.plan(ctx)
     # run the plan up to (not including) the push, then "crash" half way: one file staged
-    cut = next(i for i, a in enumerate(plan.actions) if isinstance(a, CopyVerified))
+    cut = next(i for i, a in enumerate(plan.actions) if isinstance(a, Push))
     for action in plan.actions[:cut]:
         assert isinstance(action, Cmd)
         ctx.remote.run(action)
@@ -278,29 +306,3 @@ def test_python_and_coreutils_listings_agree(tmp_path: Path) -> None:
     assert sorted(fast) == ["a.bin", "empty", "sub/b.bin"]
     assert fast["a.bin"] == FileEntry(3000, sha256_file(tmp_path / "m" / "a.bin"))
     assert host.run(hash_listing_cmd(str(tmp_path / "absent"))).stdout == ""
-
-
-def test_watch_hashes_files_as_they_land_and_rehashes_what_changed_after(tmp_path: Path) -> None:
-    """Files arrive one by one (renamed into place, as rsync does); one is replaced after it was hashed; the
-    listing printed after the marker describes what is on disk at the end."""
-    staging, marker = tmp_path / "staging", tmp_path / "copied"
-    staging.mkdir()
-    want = Manifest({"a.bin": FileEntry(1000, "x"), "b.bin": FileEntry(1000, "x")})
-    host = LocalHost()
-    with ThreadPoolExecutor(1) as pool:
-        listing = pool.submit(host.run, watch_listing_cmd(str(staging), want, str(marker), 60))
-        for name, data in (("a.bin", b"A" * 1000), ("b.bin", b"B" * 1000)):
-            time.sleep(0.3)
-            (staging / f".{name}.tmp").write_bytes(data)
-            (staging / f".{name}.tmp").rename(staging / name)
-        time.sleep(0.3)
-        (staging / ".a.tmp").write_bytes(b"Z" * 1000)  # same size, other bytes, new inode
-        (staging / ".a.tmp").rename(staging / "a.bin")
-        marker.touch()
-        got = parse_hash_listing(listing.result(timeout=30).stdout)
-    assert got == {
-        "a.bin": FileEntry(1000, sha256_file(staging / "a.bin")),
-        "b.bin": FileEntry(1000, sha256_file(staging / "b.bin")),
-    }
-    assert got["a.bin"].sha256 == hashlib.sha256(b"Z" * 1000).hexdigest()
-    assert not marker.exists()  # the hasher removes its marker

@@ -1,22 +1,15 @@
-"""Runs ON THE HOST as `python3 -c <this file> ROOT [MARKER TIMEOUT WANT]`; never imported by opsctl.
+"""Runs ON THE HOST as `python3 -c <this file> ROOT`; never imported by opsctl.
 
 Standard library only, Python >= 3.9. Prints `<sha256> <size> <path>` for every regular file under ROOT (the
 manifest excepted), hashing with hashlib (OpenSSL, SHA-NI where the CPU has it: about 4x coreutils' sha256sum)
-on every CPU.
-
-With MARKER, TIMEOUT and WANT (JSON {path: size}) it runs beside a copy that fills ROOT: each wanted file is
-hashed as soon as it is there at its full size (rsync renames a file into place only when it is complete);
-when MARKER appears (the copy ended) or TIMEOUT seconds pass, a final pass hashes whatever is new or changed
-since (inode, size, mtime), so the listing always describes what is on disk at the end.
+on every CPU. A file that changed while it was hashed is hashed again.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 SKIP = ".opsctl-manifest.json"
@@ -69,31 +62,10 @@ def hash_into(pool: ThreadPoolExecutor, root: str, rels: list[str], done: dict[s
             done[rel] = got
 
 
-def watch(
-    pool: ThreadPoolExecutor, root: str, marker: str, deadline: float, want: dict[str, int]
-) -> dict[str, tuple[Key, str]]:
-    done: dict[str, tuple[Key, str]] = {}
-    while True:
-        ended = os.path.exists(marker) or time.monotonic() > deadline
-        ready = [r for r, size in want.items() if r not in done and (key_of(root, r) or (0, -1, 0))[1] == size]
-        hash_into(pool, root, ready, done)
-        if ended:
-            break
-        if not ready:
-            time.sleep(0.05)
-    try:
-        os.unlink(marker)
-    except OSError:
-        pass
-    return done
-
-
 def main(argv: list[str]) -> int:
     root = argv[1]
     pool = ThreadPoolExecutor(max(1, os.cpu_count() or 1))
     done: dict[str, tuple[Key, str]] = {}
-    if len(argv) > 2:
-        done = watch(pool, root, argv[2], time.monotonic() + float(argv[3]), json.loads(argv[4]))
     if not os.path.isdir(root):
         return 0
     present = regular_files(root)

@@ -10,8 +10,8 @@ import hashlib
 import json
 import os
 import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.commands import Cmd
@@ -27,9 +27,15 @@ class FileEntry:
     sha256: str
 
 
+Stamp = tuple[int, int, int]  # (size, mtime_ns, inode) of a source file when it was hashed
+
+
 @dataclass(frozen=True)
 class Manifest:
     files: Mapping[str, FileEntry]  # relative path -> entry
+    # The control-side source's stamps when the manifest was built (empty for a host-side or stored manifest):
+    # the same stamps after a copy prove the bytes rsync sent are the ones hashed.
+    stamps: Mapping[str, Stamp] = field(default_factory=dict, compare=False)
 
     @property
     def total_bytes(self) -> int:
@@ -81,19 +87,33 @@ def hash_listing_cmd(directory: str) -> Cmd:
     return Cmd.of("sh", "-c", script)
 
 
-def watch_listing_cmd(directory: str, manifest: Manifest, marker: str, timeout: float) -> Cmd:
-    """Like `hash_listing_cmd`, but run beside the copy that fills `directory`: each file is hashed as it lands,
-    and the listing is printed once `marker` exists (the copy ended; see host_hasher.py). Without python3 it
-    waits for the marker, then hashes everything with sha256sum."""
-    d, m = shlex.quote(directory), shlex.quote(marker)
-    want = json.dumps({p: e.size for p, e in sorted(manifest.files.items())})
-    script = (
-        "if command -v python3 >/dev/null 2>&1; then "
-        f"exec python3 -c {shlex.quote(HOST_HASHER)} {d} {m} {timeout:g} {shlex.quote(want)}; fi; "
-        f"n=0; while [ ! -e {m} ] && [ $n -lt {int(timeout * 5)} ]; do sleep 0.2; n=$((n+1)); done; rm -f {m}; "
-        + _coreutils_listing(d)
-    )
-    return Cmd.of("sh", "-c", script)
+def size_listing_cmd(directory: str) -> Cmd:
+    """A read-only command printing `<size> <path>` per regular file under `directory` (the manifest excepted)."""
+    d = shlex.quote(directory)
+    return Cmd.of("sh", "-c", f"cd {d} && find . -type f ! -name {MANIFEST_NAME} -printf '%s %P\\n'")
+
+
+def parse_size_listing(text: str) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for line in text.splitlines():
+        size, sep, path = line.partition(" ")
+        if not sep or not size.isdigit() or not path:
+            raise FactError(f"size listing: malformed line {line!r}")
+        sizes[path] = int(size)
+    return sizes
+
+
+def source_stamps(root: Path, names: Iterable[str]) -> dict[str, Stamp | None]:
+    """The stamps of these files under `root` now (None for a file that is gone)."""
+    found: dict[str, Stamp | None] = {}
+    for rel in names:
+        try:
+            st = (root / rel).stat()
+        except OSError:
+            found[rel] = None
+            continue
+        found[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return found
 
 
 def parse_hash_listing(text: str) -> dict[str, FileEntry]:
@@ -113,6 +133,7 @@ def build_local_manifest(root: Path, cache_file: Path | None = None) -> Manifest
     did not change (a 54 GB model is hashed once, not on every run)."""
     cache = _load_cache(cache_file)
     files: dict[str, FileEntry] = {}
+    stamps: dict[str, Stamp] = {}
     new_cache: dict[str, list[object]] = {}
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
@@ -132,13 +153,14 @@ def build_local_manifest(root: Path, cache_file: Path | None = None) -> Manifest
         else:
             digest = sha256_file(path)
         files[rel] = FileEntry(st.st_size, digest)
+        stamps[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
         new_cache[rel] = [*key, digest]
     if cache_file is not None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(new_cache))
         os.replace(tmp, cache_file)
-    return Manifest(files)
+    return Manifest(files, stamps)
 
 
 def sha256_file(path: Path) -> str:
