@@ -71,8 +71,9 @@ def main() -> int:
             plain_dir, sync_dir = f"/dev/shm/bench-plain-{rnd}", f"/dev/shm/bench-sync-{rnd}"
             remote.run(Cmd.of("rm", "-rf", plain_dir, sync_dir))
             model = ModelSpec(str(source), ModelSourceKind.CONTROL, sync_dir, hybrid=False)
-            host = dataclasses.replace(spec, services=(dataclasses.replace(spec.services[0], model=model,
-                                                                            draft_model=None),))  # fmt: skip
+            # a service that is not deployed: model_sync would otherwise restart the lab's own unit after the copy
+            bench_service = dataclasses.replace(spec.services[0], name="bench-sync", model=model, draft_model=None)
+            host = dataclasses.replace(spec, services=(bench_service,))
             ctx = Context(host, remote, artifacts=Artifacts(manifests={str(source): manifest}))
 
             def plain(d: str = plain_dir) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -52,41 +53,50 @@ def up(cfg: LabConfig, count: int) -> LabReport:
         for index in range(1, count + 1):
             cfg.address(index)  # raises if N hosts do not fit the subnet
         net.check_subnet(cfg)
-        root, build_s = rootfs.ensure(cfg)
-        if current is not None and current.hosts and current.rootfs and Path(current.rootfs).is_dir():
-            root = Path(current.rootfs)  # running hosts sit on that lower layer: keep one per lab
-        st = current or LabState(subnet=str(cfg.subnet), bridge=cfg.bridge)
-        st = replace(st, rootfs=str(root), inventory=str(cfg.inventory_path.resolve()))
-        state.save(cfg, st)
-        keys.ensure_client_key(cfg)
-        net.ensure_bridge(cfg)
-        started: list[HostRecord] = []
-        with Ticker("lab up") as ticker:
-            for index in range(1, count + 1):
-                record = st.hosts.get(host_name(index)) or _new_record(cfg, index)
-                if machine.is_running(record):
-                    continue
-                ticker.update(f"booting {record.name}")
-                st = _boot(cfg, st, record, root)
-                started.append(st.hosts[record.name])
-            deadline = time.monotonic() + cfg.boot_timeout
-            ready: list[str] = []
-            ticker.update(f"waiting for systemd and sshd on {', '.join(r.name for r in started)}")
-
-            def wait(record: HostRecord) -> None:
-                machine.wait_ready(cfg, record, deadline)
-                ready.append(record.name)
-                ticker.update(f"ready: {', '.join(sorted(ready))}")
-
-            outcomes = run_parallel(started, lambda r: r.name, wait)
-        failed = [o.error for o in outcomes if o.error is not None]
-        if failed:
-            raise LabError(
-                "; ".join(e.one_line() for e in failed), "see `opsctl lab status`; `opsctl lab down` cleans up"
-            )
-        models.ensure_tiny_models()
+        # The tiny models (CPU-bound training) build while debootstrap downloads and the hosts boot: on a fresh
+        # machine that overlaps about a minute of each. A failure below still waits for the build (kept for
+        # the next run).
+        with ThreadPoolExecutor(1, thread_name_prefix="tiny-models") as pool:
+            tiny = pool.submit(models.ensure_tiny_models)
+            root, build_s = rootfs.ensure(cfg)
+            if current is not None and current.hosts and current.rootfs and Path(current.rootfs).is_dir():
+                root = Path(current.rootfs)  # running hosts sit on that lower layer: keep one per lab
+            st = current or LabState(subnet=str(cfg.subnet), bridge=cfg.bridge)
+            st = replace(st, rootfs=str(root), inventory=str(cfg.inventory_path.resolve()))
+            state.save(cfg, st)
+            keys.ensure_client_key(cfg)
+            net.ensure_bridge(cfg)
+            st, started = _boot_all(cfg, st, root, count)
+            tiny.result()
         inventory.write(cfg, st.hosts.values())
         return _report(cfg, st, build_s, tuple(r.name for r in started), time.monotonic() - begin)
+
+
+def _boot_all(cfg: LabConfig, st: LabState, root: Path, count: int) -> tuple[LabState, list[HostRecord]]:
+    """Boot lab1..labN where not running and wait until every booted one is ready; (new state, booted)."""
+    started: list[HostRecord] = []
+    with Ticker("lab up") as ticker:
+        for index in range(1, count + 1):
+            record = st.hosts.get(host_name(index)) or _new_record(cfg, index)
+            if machine.is_running(record):
+                continue
+            ticker.update(f"booting {record.name}")
+            st = _boot(cfg, st, record, root)
+            started.append(st.hosts[record.name])
+        deadline = time.monotonic() + cfg.boot_timeout
+        ready: list[str] = []
+        ticker.update(f"waiting for systemd and sshd on {', '.join(r.name for r in started)}")
+
+        def wait(record: HostRecord) -> None:
+            machine.wait_ready(cfg, record, deadline)
+            ready.append(record.name)
+            ticker.update(f"ready: {', '.join(sorted(ready))}")
+
+        outcomes = run_parallel(started, lambda r: r.name, wait)
+    failed = [o.error for o in outcomes if o.error is not None]
+    if failed:
+        raise LabError("; ".join(e.one_line() for e in failed), "see `opsctl lab status`; `opsctl lab down` cleans up")
+    return st, started
 
 
 def start_host(cfg: LabConfig, name: str) -> None:

@@ -201,6 +201,7 @@ class SshHost:
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(self.config.keepalive)
+        _no_delay(transport)
         return client
 
     def _close_clients(self) -> None:
@@ -424,6 +425,13 @@ class SshHost:
 def connect(host: Host) -> SshHost:
     """An SSH host for an inventory host. Lazy: the first call connects (errors surface per host there)."""
     return SshHost(host)
+
+
+def _no_delay(transport: paramiko.Transport) -> None:
+    """Send small packets at once, as OpenSSH does: with Nagle's algorithm on, every channel open waits for the
+    peer's delayed ACK (about 40 ms per command, measured on the lab; 3 ms with this)."""
+    if isinstance(transport.sock, socket.socket):  # a jump host's channel is not a TCP socket: its own is set
+        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _put_text_cmd(remote_path: str, mode: int, text: str) -> Cmd:

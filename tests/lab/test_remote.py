@@ -9,6 +9,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -58,6 +59,15 @@ def test_one_connection_is_reused(remotes: dict[str, SshHost]) -> None:
     ports = {host.run(sh("echo $SSH_CONNECTION")).stdout.split()[1] for _ in range(3)}
     assert len(ports) == 1
     assert host.run(Cmd.of("true")).ok
+
+
+def test_small_packets_are_sent_at_once(remotes: dict[str, SshHost]) -> None:
+    """TCP_NODELAY on the connection: without it each command waited ~40 ms for the host's delayed ACK."""
+    host = remotes["lab1"]
+    host.run(Cmd.of("true"))
+    transport = host._transport()
+    assert isinstance(transport.sock, socket.socket)
+    assert transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
 
 
 def test_many_concurrent_commands_share_one_connection(remotes: dict[str, SshHost]) -> None:
