@@ -1,8 +1,8 @@
 #!/bin/sh
-# Debian packages the lab tier needs (`opsctl lab up`: systemd-nspawn, debootstrap, ip, ssh, rsync).
+# Debian packages the lab tier needs (`opsctl lab up`: systemd-nspawn, mmdebstrap, ip, ssh, rsync).
 # Run as root; called by .ci/run before the lab tier. Idempotent: installs only what is missing.
 set -eu
-LAB_PACKAGES="systemd-container debootstrap iproute2 openssh-client rsync"
+LAB_PACKAGES="systemd-container mmdebstrap iproute2 openssh-client rsync"
 missing=""
 for pkg in $LAB_PACKAGES; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing="$missing $pkg"

@@ -16,7 +16,7 @@ if command -v opsctl >/dev/null; then opsctl lab down >/dev/null 2>&1 || true; f
 rm -rf /var/cache/opsctl/lab /var/cache/opsctl/tiny /var/cache/opsctl/wheelhouse /var/cache/opsctl/manifests
 python3 -m pip cache purge >/dev/null 2>&1 || true
 if [ "${COLD_APT:-0}" = 1 ]; then
-  apt-get remove -y -qq systemd-container debootstrap rsync >/dev/null
+  apt-get remove -y -qq systemd-container mmdebstrap rsync >/dev/null
 fi
 git clone -q "$repo" "$work/opsctl"
 python3 -m venv "$work/venv"

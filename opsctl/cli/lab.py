@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         """Boot lab1..labN (idempotent); write the lab inventory."""
         cfg = _config(subnet, inventory)
         if not rootfs.cache_path(cfg).is_dir():
-            console.print(f"building the lab rootfs once into {cfg.cache_dir} (debootstrap, 2-5 minutes)...")
+            console.print(f"building the lab rootfs once into {cfg.cache_dir} (mmdebstrap, about 1 minute)...")
         report = up(cfg, hosts)
         if report.rootfs_build_s is not None:
             console.print(f"built the rootfs in {report.rootfs_build_s:.0f}s ({report.rootfs})")

@@ -53,7 +53,7 @@ def up(cfg: LabConfig, count: int) -> LabReport:
         for index in range(1, count + 1):
             cfg.address(index)  # raises if N hosts do not fit the subnet
         net.check_subnet(cfg)
-        # The tiny models (CPU-bound training) build while debootstrap downloads and the hosts boot: on a fresh
+        # The tiny models (CPU-bound training) build while the rootfs downloads and the hosts boot: on a fresh
         # machine that overlaps about a minute of each. A failure below still waits for the build (kept for
         # the next run).
         with ThreadPoolExecutor(1, thread_name_prefix="tiny-models") as pool:

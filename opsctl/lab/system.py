@@ -1,4 +1,4 @@
-"""Running the control machine's tools for the lab (ip, mount, debootstrap, ssh-keygen); failures -> LabError."""
+"""Running the control machine's tools for the lab (ip, mount, mmdebstrap, ssh-keygen); failures -> LabError."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ log = logging.getLogger("opsctl.lab")
 # tool -> Debian package that provides it
 TOOLS = {
     "systemd-nspawn": "systemd-container",
-    "debootstrap": "debootstrap",
+    "mmdebstrap": "mmdebstrap",
     "ip": "iproute2",
     "ssh": "openssh-client",
     "ssh-keygen": "openssh-client",
     "rsync": "rsync",
     "mount": "mount",
 }
-APT_PACKAGES = ("systemd-container", "debootstrap", "iproute2", "openssh-client", "rsync")
+APT_PACKAGES = ("systemd-container", "mmdebstrap", "iproute2", "openssh-client", "rsync")
 APT_COMMAND = "apt-get install -y " + " ".join(APT_PACKAGES)
 
 

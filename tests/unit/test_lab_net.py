@@ -44,12 +44,12 @@ def test_collisions_found_for_overlaps_and_host_routes() -> None:
 
 def test_preflight_names_missing_tool_and_apt_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(system.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(system.shutil, "which", lambda tool: None if tool == "debootstrap" else "/usr/bin/x")
+    monkeypatch.setattr(system.shutil, "which", lambda tool: None if tool == "mmdebstrap" else "/usr/bin/x")
     with pytest.raises(LabError) as info:
         system.preflight()
     assert info.value.one_line() == (
-        "the lab needs debootstrap (package debootstrap) "
-        "(run: apt-get install -y systemd-container debootstrap iproute2 openssh-client rsync)"
+        "the lab needs mmdebstrap (package mmdebstrap) "
+        "(run: apt-get install -y systemd-container mmdebstrap iproute2 openssh-client rsync)"
     )
 
 
