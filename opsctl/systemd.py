@@ -447,6 +447,16 @@ def enable_cmd(unit: str) -> Cmd:
     return Cmd.of("systemctl", "enable", "--quiet", "--", unit, sudo=True)
 
 
+def reenable_cmd(unit: str) -> Cmd:
+    """Enable as the unit file says now (its [Install] section may have changed since the last enable)."""
+    return Cmd.of("systemctl", "reenable", "--quiet", "--", unit, sudo=True)
+
+
+def is_enabled_cmd(unit: str) -> Cmd:
+    """A fact read: exit 0 when the unit is enabled."""
+    return Cmd.of("systemctl", "is-enabled", "--quiet", "--", unit)
+
+
 def restart_cmd(unit: str) -> Cmd:
     return Cmd.of("systemctl", "restart", "--", unit, sudo=True)
 

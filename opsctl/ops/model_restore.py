@@ -19,7 +19,7 @@ import posixpath
 import re
 import shlex
 
-from opsctl import layout
+from opsctl import layout, systemd
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
 from opsctl.ops.base import Action, Context, Plan, PutText, execute, read
@@ -143,8 +143,8 @@ def plan_restore(
     actions: list[Action] = [Cmd.of("mkdir", "-p", *dirs, sudo=True)] if dirs else []
     actions += writes
     actions += [
-        Cmd.of("systemctl", "daemon-reload", sudo=True),
-        Cmd.of("systemctl", "reenable", "--quiet", "--", unit_name(spec), sudo=True),
+        systemd.daemon_reload_cmd(),
+        systemd.reenable_cmd(unit_name(spec)),
     ]
     return actions, [f"{spec.path}: install {unit_name(spec)} (copies {spec.source} back after a reboot)"]
 
@@ -164,7 +164,7 @@ class ModelRestore:
                 for path in desired_files(spec, manifest, services):
                     out = read(ctx.remote, Cmd.of("cat", path))
                     have[path] = out.stdout if out.exit_code == 0 else ""
-            enabled = read(ctx.remote, Cmd.of("systemctl", "is-enabled", "--quiet", "--", unit_name(spec)))
+            enabled = read(ctx.remote, systemd.is_enabled_cmd(unit_name(spec)))
             acts, why = plan_restore(spec, manifest, services, have, enabled.exit_code == 0)
             actions += acts
             notes += why

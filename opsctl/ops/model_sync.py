@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsctl import layout, modelcheck
+from opsctl import layout, modelcheck, systemd
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
 from opsctl.ops.base import Action, Context, Plan, Push, PutText, Verify, execute, read
@@ -313,14 +313,11 @@ def model_users(host: Host, specs: list[ModelSpec]) -> list[str]:
 
 def deployed(remote: Connection, units: list[str]) -> list[str]:
     """The units that are deployed (enabled); a service not deployed yet has nothing to restart."""
-    return [u for u in units if read(remote, Cmd.of("systemctl", "is-enabled", "--quiet", "--", u)).exit_code == 0]
+    return [u for u in units if read(remote, systemd.is_enabled_cmd(u)).exit_code == 0]
 
 
 def restart_cmds(unit: str) -> list[Cmd]:
     """A process that mapped the old files keeps them until it restarts, and a unit that crash-looped on a
     missing model (after a reboot) has given up: reset its failure count, then restart (waits for the old
     process to stop, so the next check sees the new start time)."""
-    return [
-        Cmd.of("systemctl", "reset-failed", "--", unit, sudo=True),
-        Cmd.of("systemctl", "restart", "--", unit, sudo=True),
-    ]
+    return [systemd.reset_failed_cmd(unit), systemd.restart_cmd(unit)]
