@@ -31,6 +31,7 @@ DDTREE on a hybrid target refuses CUDA graphs (the worker's start-up gate): that
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import os
@@ -146,8 +147,9 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 # dflash: SGLang's DFLASH; tree: DDTREE tree; tree-es: DDTREE tree with SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1 (the
 # drafter's CUDA graph without DFLASH's greedy head); tree-old: DDTREE tree with the runtime under --old-runtime
-# first on PYTHONPATH (a before/after comparison in one call)
-MODES = ("dflash", "tree", "tree-es", "tree-old")
+# first on PYTHONPATH (a before/after comparison in one call); dflash-rep: a second DFLASH Engine, the same settings
+# (the run-to-run spread of one configuration)
+MODES = ("dflash", "dflash-rep", "tree", "tree-es", "tree-old")
 # Acceptance lengths to turn round times into tok/s (labelled where printed). DDTree paper (arXiv 2604.12989,
 # Table 1, Qwen3-8B, temperature 0; its DDTree column uses the best budget of 16..1024, i.e. more than 15 nodes):
 PAPER_TAU = {
@@ -171,6 +173,11 @@ def write_configs(root: Path) -> dict[str, Path]:
 
 
 # ---------------------------------------------------------------- one Engine (child process)
+
+
+def tokens_digest(output_ids: list[list[int]]) -> str:
+    """One batch's greedy tokens, as a digest: equal digests across modes = the same tokens, request for request."""
+    return hashlib.sha256(json.dumps(output_ids).encode()).hexdigest()
 
 
 def engine_child(job_path: Path, result_path: Path) -> None:
@@ -218,7 +225,7 @@ def engine_child(job_path: Path, result_path: Path) -> None:
             accept = [o["meta_info"].get("spec_accept_length") for o in outs]
             out["batches"].append(
                 {"bs": bs, "wall_s": wall, "out_lens": [len(o["output_ids"]) for o in outs], "accept": accept,
-                 "output_ids": [o["output_ids"] for o in outs]}
+                 "output_ids_sha256": tokens_digest([o["output_ids"] for o in outs])}
             )  # fmt: skip
     finally:
         engine.shutdown()
@@ -249,7 +256,7 @@ def engine_kwargs(pair: Path, model: str, mode: str, graphs: bool, args: argpars
         "skip_server_warmup": True,
         "random_seed": 0,
         "log_level": "info",
-        "speculative_algorithm": "DFLASH" if mode == "dflash" else "DDTREE",
+        "speculative_algorithm": "DFLASH" if mode.startswith("dflash") else "DDTREE",
         "speculative_draft_model_path": str(pair / "draft"),
     }
     if graphs:
@@ -499,6 +506,14 @@ def print_tables(report: dict[str, Any], args: argparse.Namespace) -> None:
         for bs, row in (entry.get("loop") or {}).items():
             cells = [f"{row[k]:.3f}" for k in (*LOOP_PHASES, "between")]
             print(f"| {name} | {bs} | " + " | ".join(cells) + " |")
+    for bs in map(str, args.batches):  # the same prompts in every Engine: greedy tokens must agree
+        digests = {
+            name: b["output_ids_sha256"]
+            for name, entry in report["runs"].items()
+            for b in (entry.get("result") or {}).get("batches", [])
+            if str(b["bs"]) == bs
+        }
+        print(f"# bs {bs}: tokens equal across {', '.join(digests)}: {len(set(digests.values())) == 1}")
     for name, entry in report["runs"].items():
         if "error" in entry or "skipped" in entry:
             print(f"# {name}: {entry.get('error') or entry.get('skipped')}")

@@ -4,8 +4,9 @@
 # - diag: dense 8B shape, CUDA graphs, DFLASH / DDTREE tree / DDTREE tree with SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1,
 #   batch 1 / 8 / 32, with the scheduler-loop timer and a cProfile of the scheduler outside the rounds
 #   (standin/loop_timer.py; the profile slows the host between rounds, so steps here are not the table's)
-# - final: the same without the profile, plus DDTREE tree with the runtime in ./old_runtime (the code before the
-#   fix, copied there by the caller) in the same call: before and after side by side.
+# - final: the same without the profile, and a second DFLASH Engine last (dflash-rep: how far one configuration
+#   moves between Engines); MODES=...,tree-old runs DDTREE with the runtime in ./old_runtime (copied there by the
+#   caller) in the same call, for a before/after of a worker change.
 # Needs .whl (SGLang's wheels, /work/shared/notes/sglang-on-h200.md) in the repository root.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +21,7 @@ if [ "$what" = diag ]; then
     logs=/tmp/logs-diag
 else
     LOG_DIR=/tmp/logs-final timeout 560 bash dev/sglang_gpu/run.sh cost --cache /tmp/cb --json "$R/cost-dense-final.json" \
-        --models dense --graphs on --modes "${MODES:-dflash,tree-old,tree,tree-es}" --old-runtime old_runtime \
+        --models dense --graphs on --modes "${MODES:-dflash,tree,tree-es,dflash-rep}" --old-runtime old_runtime \
         --timeout 150 >> "$R/run.log" 2>&1
     echo "final rc=$?" >> "$R/run.log"
     logs=/tmp/logs-final
