@@ -338,7 +338,7 @@ def summarize(timer: Path, batches: list[int], skip: int) -> dict[str, Any]:
             continue
         row: dict[str, Any] = {"rounds": len(recs)}
         for key in ("draft_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "host_ms", "head_ms", "plan_ms",
-                    "mask_ms", "prep_ms"):  # fmt: skip
+                    "mask_ms", "prep_ms", "fwd_ms"):  # fmt: skip
             vals = [r[key] for r in recs if key in r]
             if vals:
                 row[key] = statistics.median(vals)
@@ -490,11 +490,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_tables(report: dict[str, Any], args: argparse.Namespace) -> None:
-    keys = ("draft_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "step_ms", "host_ms", "timer_ms",
+    keys = ("draft_ms", "fwd_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "step_ms", "host_ms", "timer_ms",
             "sched_ms", "head_ms", "plan_ms", "mask_ms", "prep_ms")  # fmt: skip
-    print("| run | bs | draft | build | verify | commit | round | step | host | timer | sched | head | plan | mask | "
-          "prep | tau | graph |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| run | bs | draft | (fwd) | build | verify | commit | round | step | host | timer | sched | head | plan | "
+          "mask | prep | tau | graph |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, entry in report["runs"].items():
         for bs, row in (entry.get("rounds") or {}).items():
             cells = [f"{row[k]:.2f}" if k in row else "-" for k in keys]

@@ -88,6 +88,8 @@ def instrument(worker: Any) -> None:
         if all(c in events for c in sub):
             for name, a, b in zip(("head", "plan", "mask", "prep"), sub, sub[1:], strict=False):
                 record[f"{name}_ms"] = events[a].elapsed_time(events[b])
+        if "draft_fwd_start" in events and "draft_end" in events:
+            record["fwd_ms"] = events["draft_fwd_start"].elapsed_time(events["draft_end"])
         record["round_ms"] = events["start"].elapsed_time(events["end"])
         record["host_ms"] = (host_end - host_start) * 1e3
         record["tokens"] = int(out.accept_lens.sum()) if getattr(out, "accept_lens", None) is not None else None
@@ -101,6 +103,7 @@ def instrument(worker: Any) -> None:
     draft_fn = runner.forward
 
     def timed_draft(*args: Any, **kwargs: Any) -> Any:
+        mark("draft_fwd_start")  # fwd: the drafter's forward alone (its graph replay), without the input preparation
         out = draft_fn(*args, **kwargs)
         mark("draft_end")
         return out
