@@ -134,9 +134,11 @@ def server_env(host: Host, service: Service, release_dir: str) -> list[tuple[str
         ("SGLANG_CACHE_DIR", f"{layout.SGLANG_CACHE_ROOT}/{service.name}"),
         ("HF_HUB_OFFLINE", "1"),
     ]
-    if service.engine is Engine.SGLANG and service.mode is Mode.SHADOW:
-        # The shadow worker reads DFLASH's per-position draft distributions, which SGLang only keeps with the
-        # eager draft sampler (docs/sglang.md).
+    if service.engine is Engine.SGLANG and service.mode in (Mode.SHADOW, Mode.TREE):
+        # Shadow reads DFLASH's per-position draft distributions, which SGLang only keeps with the eager draft
+        # sampler. Tree builds its trees from the drafter's hidden states: a drafter CUDA graph with DFLASH's
+        # greedy head folded in computes that head every round for nothing (0.6-0.8 ms per round on an H200,
+        # docs/sglang.md "Cost at real shapes").
         env.append(("SGLANG_DFLASH_EAGER_DRAFT_SAMPLER", "1"))
     if service.mode.ddtree:
         knobs = service.ddtree

@@ -31,6 +31,7 @@ DDTREE on a hybrid target refuses CUDA graphs (the worker's start-up gate): that
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import os
@@ -144,7 +145,11 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "dense": (DENSE_TARGET, drafter(DENSE_TARGET, [1, 9, 17, 25, 33], 151669)),
     "hybrid": (HYBRID_TARGET, drafter(HYBRID_TARGET, [1, 16, 31, 46, 61], 248070)),
 }
-MODES = ("dflash", "tree")
+# dflash: SGLang's DFLASH; tree: DDTREE tree; tree-es: DDTREE tree with SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1 (the
+# drafter's CUDA graph without DFLASH's greedy head); tree-old: DDTREE tree with the runtime under --old-runtime
+# first on PYTHONPATH (a before/after comparison in one call); dflash-rep: a second DFLASH Engine, the same settings
+# (the run-to-run spread of one configuration)
+MODES = ("dflash", "dflash-rep", "tree", "tree-es", "tree-old")
 # Acceptance lengths to turn round times into tok/s (labelled where printed). DDTree paper (arXiv 2604.12989,
 # Table 1, Qwen3-8B, temperature 0; its DDTree column uses the best budget of 16..1024, i.e. more than 15 nodes):
 PAPER_TAU = {
@@ -168,6 +173,11 @@ def write_configs(root: Path) -> dict[str, Path]:
 
 
 # ---------------------------------------------------------------- one Engine (child process)
+
+
+def tokens_digest(output_ids: list[list[int]]) -> str:
+    """One batch's greedy tokens, as a digest: equal digests across modes = the same tokens, request for request."""
+    return hashlib.sha256(json.dumps(output_ids).encode()).hexdigest()
 
 
 def engine_child(job_path: Path, result_path: Path) -> None:
@@ -214,8 +224,9 @@ def engine_child(job_path: Path, result_path: Path) -> None:
             mark(f"done {bs}")
             accept = [o["meta_info"].get("spec_accept_length") for o in outs]
             out["batches"].append(
-                {"bs": bs, "wall_s": wall, "out_lens": [len(o["output_ids"]) for o in outs], "accept": accept}
-            )
+                {"bs": bs, "wall_s": wall, "out_lens": [len(o["output_ids"]) for o in outs], "accept": accept,
+                 "output_ids_sha256": tokens_digest([o["output_ids"] for o in outs])}
+            )  # fmt: skip
     finally:
         engine.shutdown()
     result_path.write_text(json.dumps(out))
@@ -245,7 +256,7 @@ def engine_kwargs(pair: Path, model: str, mode: str, graphs: bool, args: argpars
         "skip_server_warmup": True,
         "random_seed": 0,
         "log_level": "info",
-        "speculative_algorithm": "DFLASH" if mode == "dflash" else "DDTREE",
+        "speculative_algorithm": "DFLASH" if mode.startswith("dflash") else "DDTREE",
         "speculative_draft_model_path": str(pair / "draft"),
     }
     if graphs:
@@ -259,9 +270,18 @@ def engine_kwargs(pair: Path, model: str, mode: str, graphs: bool, args: argpars
 
 def run_env(model: str, mode: str, args: argparse.Namespace, timer: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "DDTREE_ROUND_TIMER": str(timer)}
+    env["DDTREE_LOOP_TIMER"] = str(timer.with_name("loop.jsonl"))  # standin/loop_timer.py: the scheduler's phases
+    if args.loop_profile:
+        env["DDTREE_LOOP_PROFILE"] = str(timer.with_name("loop.prof"))
     if model == "hybrid":
         env["SGLANG_MAMBA_SSM_DTYPE"] = "bfloat16"
-    if mode == "tree":
+    if mode == "tree-es":
+        env["SGLANG_DFLASH_EAGER_DRAFT_SAMPLER"] = "1"
+    if mode == "tree-old":
+        if args.old_runtime is None:
+            raise SystemExit("mode tree-old needs --old-runtime")
+        env["PYTHONPATH"] = os.pathsep.join([str(args.old_runtime.resolve()), env.get("PYTHONPATH", "")])
+    if mode.startswith("tree"):
         env.update(
             DDTREE_VERIFY="tree",
             DDTREE_BUDGET=str(args.budget),
@@ -270,6 +290,27 @@ def run_env(model: str, mode: str, args: argparse.Namespace, timer: Path) -> dic
             DDTREE_ALLOW_HYBRID_UNSAFE="0",
         )
     return env
+
+
+LOOP_PHASES = ("ingest", "next", "round", "run", "process", "loop")
+
+
+def summarize_loop(path: Path, batches: list[int], skip: int) -> dict[str, Any]:
+    """Medians of the scheduler loop's phases (standin/loop_timer.py) per batch size; `between` = loop - round,
+    the host time outside the worker's round (the round here is host time, its timer's wait for the GPU
+    included)."""
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    out: dict[str, Any] = {}
+    for bs in batches:
+        recs = [r for r in lines if r["bs"] == bs][skip:]
+        if not recs:
+            continue
+        row: dict[str, Any] = {"iterations": len(recs)}
+        for key in LOOP_PHASES:
+            row[key] = statistics.median([r.get(key, 0.0) for r in recs])
+        row["between"] = statistics.median([r["loop"] - r.get("round", 0.0) for r in recs])
+        out[str(bs)] = row
+    return out
 
 
 def summarize(timer: Path, batches: list[int], skip: int) -> dict[str, Any]:
@@ -286,19 +327,28 @@ def summarize(timer: Path, batches: list[int], skip: int) -> dict[str, Any]:
             rounds[int(phase)].append(rec)
     out: dict[str, Any] = {}
     for bs, recs in rounds.items():
-        steps = [b["host_start"] - a["host_start"] for a, b in itertools.pairwise(recs)][skip:]
+        pairs = list(itertools.pairwise(recs))[skip:]
+        steps = [b["host_start"] - a["host_start"] for a, b in pairs]
+        # the step cut in three: the round's entry to the end of its wait (host_ms), the timer's own work after
+        # the wait (timer_ms), the scheduler's work up to the next round's entry (sched_ms)
+        sched = [b["host_start"] - a["host_exit"] for a, b in pairs if "host_exit" in a]
         recs = recs[skip:]
         if not recs:
             out[str(bs)] = {"rounds": 0}
             continue
         row: dict[str, Any] = {"rounds": len(recs)}
         for key in ("draft_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "host_ms", "head_ms", "plan_ms",
-                    "mask_ms", "prep_ms"):  # fmt: skip
+                    "mask_ms", "prep_ms", "fwd_ms"):  # fmt: skip
             vals = [r[key] for r in recs if key in r]
             if vals:
                 row[key] = statistics.median(vals)
         if steps:
             row["step_ms"] = statistics.median(steps) * 1e3
+        if sched:
+            row["sched_ms"] = statistics.median(sched) * 1e3
+            row["timer_ms"] = (
+                statistics.median([r["host_exit"] - r["host_end"] for r in recs if "host_exit" in r]) * 1e3
+            )
         toks = [r["tokens"] / r["bs"] for r in recs if r.get("tokens") is not None]
         row["tau"] = statistics.mean(toks) if toks else None
         row["cuda_graph"] = sum(1 for r in recs if r.get("cuda_graph")) / len(recs)
@@ -362,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma list of run names (e.g. hybrid-tree-eager); default all")
     p.add_argument("--configs-only", action="store_true")
     p.add_argument("--report", nargs="+", type=Path, help="print the comparison tables of these JSON files")
+    p.add_argument("--old-runtime", type=Path, help="mode tree-old: this runtime directory first on PYTHONPATH")
+    p.add_argument("--loop-profile", action="store_true", help="cProfile the scheduler outside the rounds")
     args = p.parse_args(argv)
     if args.engine:
         engine_child(*args.engine)
@@ -385,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                 name = f"{model}-{mode}-{'graph' if graphs else 'eager'}"
                 if args.only and name not in args.only.split(","):
                     continue
-                if model == "hybrid" and mode == "tree" and graphs:
+                if model == "hybrid" and mode.startswith("tree") and graphs:
                     report["runs"][name] = {"skipped": "DDTREE tree on a hybrid target refuses CUDA graphs"}
                     continue
                 specs.append((name, mode, graphs))
@@ -418,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                 if result.is_file():
                     entry["result"] = json.loads(result.read_text())
                     entry["rounds"] = summarize(timer, args.batches, args.skip)
+                    entry["loop"] = summarize_loop(timer.with_name("loop.jsonl"), args.batches, args.skip)
                 else:
                     entry.setdefault("error", f"exit {proc.poll()}")
                     log = (run_dir / "engine.log").read_text(errors="replace")
@@ -437,15 +490,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_tables(report: dict[str, Any], args: argparse.Namespace) -> None:
-    keys = ("draft_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "step_ms", "head_ms", "plan_ms", "mask_ms",
-            "prep_ms")  # fmt: skip
-    print("| run | bs | draft | build | verify | commit | round | step | head | plan | mask | prep | tau | graph |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    keys = ("draft_ms", "fwd_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "step_ms", "host_ms", "timer_ms",
+            "sched_ms", "head_ms", "plan_ms", "mask_ms", "prep_ms")  # fmt: skip
+    print("| run | bs | draft | (fwd) | build | verify | commit | round | step | host | timer | sched | head | plan | "
+          "mask | prep | tau | graph |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, entry in report["runs"].items():
         for bs, row in (entry.get("rounds") or {}).items():
             cells = [f"{row[k]:.2f}" if k in row else "-" for k in keys]
             tau = f"{row['tau']:.2f}" if row.get("tau") else "-"
             print(f"| {name} | {bs} | " + " | ".join(cells) + f" | {tau} | {row.get('cuda_graph', 0):.2f} |")
+    print("| run | bs | ingest | next | round (host) | run | process | loop | between |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, entry in report["runs"].items():
+        for bs, row in (entry.get("loop") or {}).items():
+            cells = [f"{row[k]:.3f}" for k in (*LOOP_PHASES, "between")]
+            print(f"| {name} | {bs} | " + " | ".join(cells) + " |")
+    for bs in map(str, args.batches):  # the same prompts in every Engine: greedy tokens must agree
+        digests = {
+            name: b["output_ids_sha256"]
+            for name, entry in report["runs"].items()
+            for b in (entry.get("result") or {}).get("batches", [])
+            if str(b["bs"]) == bs
+        }
+        print(f"# bs {bs}: tokens equal across {', '.join(digests)}: {len(set(digests.values())) == 1}")
     for name, entry in report["runs"].items():
         if "error" in entry or "skipped" in entry:
             print(f"# {name}: {entry.get('error') or entry.get('skipped')}")

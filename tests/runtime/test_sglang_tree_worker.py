@@ -7,7 +7,14 @@ import pytest
 import torch
 from ddtree.sglang.devcheck import VOCAB, path_logits
 from ddtree.sglang.layout import accept_tensors, full_mask, greedy_accept
-from ddtree.sglang.tree_worker import commit_round, hybrid_tree_refusal, plan_round, round_stats, verify_slots
+from ddtree.sglang.tree_worker import (
+    commit_round,
+    folded_draft_head_warning,
+    hybrid_tree_refusal,
+    plan_round,
+    round_stats,
+    verify_slots,
+)
 from ddtree.tree import build_tree_heap, compile_tree, is_off_spine, walk_tree
 
 pytestmark = pytest.mark.runtime
@@ -118,3 +125,9 @@ def test_plan_round_in_a_wide_window_keeps_depth_within_the_block() -> None:
     for tree in plan.trees:
         assert tree.num_nodes == 2 * SLOTS  # the root and 15 nodes: more than one block
         assert int(tree.depths.max()) <= SLOTS - 1  # what a round commits (tau <= depth + 1) fits one block
+
+
+def test_a_folded_draft_head_is_named_with_the_variable_that_leaves_it_out() -> None:
+    assert folded_draft_head_warning(None) == ""  # eager sampler, or no drafter CUDA graphs
+    warning = folded_draft_head_warning(object())  # SGLang's _DflashDraftSampler, captured with the drafter
+    assert "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1" in warning and "unused" in warning

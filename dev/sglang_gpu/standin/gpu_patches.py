@@ -30,6 +30,8 @@ SiluAndMul and RotaryEmbedding: `SGLANG_FORCE_FUSED_OP_BACKEND=torch` (`kernels/
 - T1 (only with `DDTREE_ROUND_TIMER=<file>`; measurement, not a fix) `sglang/srt/speculative/dflash_worker_v2.py`:
   every DFLASH worker (and DDTREE's tree worker, a subclass) times its decode rounds with CUDA events
   (`round_timer.py`; dev/sglang_gpu/cost_bench.py reads the file).
+- T3 (only with `DDTREE_LOOP_TIMER=<file>`; measurement) `sglang/srt/managers/scheduler.py`: the scheduler loop's
+  phases timed on the host per decode iteration (`loop_timer.py`), where the time between rounds goes.
 """
 
 from __future__ import annotations
@@ -179,6 +181,14 @@ def _patch_round_timer(module: ModuleType) -> None:
     APPLIED.append("T1")
 
 
+def _patch_loop_timer(module: ModuleType) -> None:
+    """T3: loop_timer.patch_scheduler (host time per scheduler-loop phase, DDTREE_LOOP_TIMER set)."""
+    import loop_timer
+
+    loop_timer.patch_scheduler(module)
+    APPLIED.append("T3")
+
+
 def _patch_tree_timer(module: ModuleType) -> None:
     """T2: round_timer.patch_tree_worker (DDTREE's build cut into head / plan / mask / prep)."""
     import round_timer
@@ -227,6 +237,8 @@ def install() -> None:
     if os.environ.get("DDTREE_ROUND_TIMER"):
         PATCHES["sglang.srt.speculative.dflash_worker_v2"] = _patch_round_timer
         PATCHES["ddtree.sglang.tree_worker"] = _patch_tree_timer
+    if os.environ.get("DDTREE_LOOP_TIMER"):
+        PATCHES["sglang.srt.managers.scheduler"] = _patch_loop_timer
     sys.meta_path.insert(0, _PatchFinder(cpu_engine_patches()._PatchingLoader))
     for name, patch in PATCHES.items():
         if name in sys.modules:

@@ -20,12 +20,14 @@ log_softmax), plan (`plan_batch` or its graph replay), mask (FULL_MASK, with the
 
 Event-to-event times are on the GPU's timeline, so host launch gaps inside a segment count (what a round costs),
 and the four add up to the round. Each round appends one JSON line: mode, bs, the four segments and the round in
-ms, host timestamps at entry and exit (the step interval between consecutive rounds includes the scheduler's own
-work), the committed tokens (sum of accept lengths) and whether the verify replayed a CUDA graph.
+ms, host timestamps at entry, at the end of the wait and at the timer's exit (the step interval between consecutive
+rounds' entries = the round + this timer's own work after the wait + the scheduler's work between the timer's exit and
+the next entry), the committed tokens (sum of accept lengths) and whether the verify replayed a CUDA graph.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -86,10 +88,14 @@ def instrument(worker: Any) -> None:
         if all(c in events for c in sub):
             for name, a, b in zip(("head", "plan", "mask", "prep"), sub, sub[1:], strict=False):
                 record[f"{name}_ms"] = events[a].elapsed_time(events[b])
+        if "draft_fwd_start" in events and "draft_end" in events:
+            record["fwd_ms"] = events["draft_fwd_start"].elapsed_time(events["draft_end"])
         record["round_ms"] = events["start"].elapsed_time(events["end"])
         record["host_ms"] = (host_end - host_start) * 1e3
         record["tokens"] = int(out.accept_lens.sum()) if getattr(out, "accept_lens", None) is not None else None
         record["cuda_graph"] = bool(getattr(out, "can_run_cuda_graph", False))
+        record["host_exit"] = time.perf_counter()  # the timer's own work after the wait: host_exit - host_end
+        record["host_end"] = host_end
         sink.write(json.dumps(record) + "\n")
         return out
 
@@ -97,6 +103,7 @@ def instrument(worker: Any) -> None:
     draft_fn = runner.forward
 
     def timed_draft(*args: Any, **kwargs: Any) -> Any:
+        mark("draft_fwd_start")  # fwd: the drafter's forward alone (its graph replay), without the input preparation
         out = draft_fn(*args, **kwargs)
         mark("draft_end")
         return out
@@ -122,6 +129,7 @@ def patch_worker_class(module: Any) -> None:
     cls = module.DFlashWorkerV2
     init = cls.__init__
 
+    @functools.wraps(init)  # the plugin's start-up check reads __init__'s signature (ddtree.sglang.compat)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         instrument(self)

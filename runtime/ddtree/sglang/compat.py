@@ -267,6 +267,7 @@ WORKER_ATTRIBUTES: tuple[str, ...] = (
     "_noise_embed_scale",
     "_draft_block_spec_info",
     "_target_logits_processor",
+    "_draft_sampler",
 )
 
 

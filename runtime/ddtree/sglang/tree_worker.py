@@ -221,6 +221,19 @@ def verify_slots(budget: int, block: int) -> int:
     )
 
 
+def folded_draft_head_warning(draft_sampler: Any) -> str:
+    """A warning when DFLASH's greedy draft head is folded into the drafter's CUDA graph ("" otherwise). A tree
+    round builds its trees from the drafter's hidden states and never reads that head's tokens, so every replay
+    computes it for nothing: 0.6-0.8 ms of a round at Qwen3-8B's shapes on an H200 (docs/sglang.md, "Cost at
+    real shapes"). SGLang folds it in unless SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1 (opsctl renders it)."""
+    if draft_sampler is None:
+        return ""
+    return (
+        "DDTREE tree: DFLASH's greedy draft head is folded into the drafter's CUDA graph and runs every round "
+        "unused; set SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1 to leave it out"
+    )
+
+
 def dense_conv_windows(state: Any) -> Any | None:
     """`state` (SGLang's MambaPool.SpeculativeState) with a dense per-step conv-window buffer, or None when its
     buffers are dense already.
@@ -377,6 +390,9 @@ def tree_worker_class() -> type:
             """After the target's attention backend and CUDA graphs exist (SGLang initializes the target's before
             the draft worker's): decide how a hybrid target is verified, then log the DDTREE init line."""
             super().init_cuda_graphs()
+            folded = folded_draft_head_warning(self._draft_sampler)
+            if folded and self._ddtree_rank == 0:
+                logger.warning(folded)
             graphs = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None) is not None
             if self._ddtree_slots > int(self.block_size) and graphs:
                 raise ValueError(
