@@ -153,7 +153,10 @@ def prepare(
                 wheelhouses[lock.profile] = wheelhouse.given(settings.wheelhouse).path
             elif host.wheelhouse is not None and lock.profile not in wheelhouses:
                 wheelhouses[lock.profile] = wheelhouse.ensure(lock, Path(host.wheelhouse), out=settings.say).path
-    runtime = artifact.runtime_wheel(settings.runtime_wheel) if "runtime_wheel" in steps else None
+    runtime = None
+    if "runtime_wheel" in steps:
+        with Ticker("runtime wheel", out=settings.say):  # a build from source takes seconds, once per source
+            runtime = artifact.runtime_wheel(settings.runtime_wheel)
     manifests: dict[str, Manifest] = {}
     if "model_sync" in steps:
         for host in hosts:

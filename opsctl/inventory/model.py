@@ -149,11 +149,14 @@ class Service:
 
     @property
     def sglang_eager_verify(self) -> bool:
-        """The unit passes --disable-cuda-graph: the SGLang plugin refuses hybrid and wide trees with CUDA graphs,
-        and dense trees stay eager until graph replay is shown exact: on the H200 a tree verify replayed from
-        SGLang's decode CUDA graphs once disagreed with an eager chain re-verify (logit gap 0.35), where eager tree
-        verifies agreed 54 of 54 times (docs/sglang.md, "Verified on a GPU")."""
-        return self.engine is Engine.SGLANG and self.mode is Mode.TREE
+        """The unit passes --disable-cuda-graph where SGLang's verify CUDA graphs cannot take a tree: hybrid and
+        wide trees (the plugin refuses both with graphs), and a backend other than triton, the one whose graphs
+        the plugin captures reading the tree mask (ddtree.sglang.graph_masks; docs/sglang.md, "CUDA graphs")."""
+        return (
+            self.sglang_hybrid_tree
+            or self.sglang_wide_tree
+            or (self.engine is Engine.SGLANG and self.mode is Mode.TREE and self.attention_backend != "triton")
+        )
 
 
 @dataclass(frozen=True)

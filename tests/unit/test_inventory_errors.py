@@ -253,11 +253,6 @@ def test_sglang_tree_on_hybrid_is_exact_without_cuda_graphs(tmp_path: Path) -> N
     result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out2"))
     assert result.exit_code == 0 and "allow_hybrid_unsafe has no effect" in result.stderr, result.stderr
     assert "HYBRID UNSAFE" not in result.stderr
-    # a dense sglang tree is eager too now (graph replay not shown exact: docs/sglang.md), without a hybrid warning
-    inv.write_text(host(svc(body=with_key(GOOD_SERVICE.replace("linear", "tree"), "ddtree: {budget: 15}"))))
-    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out3"))
-    assert result.exit_code == 0 and "runs its verify without CUDA graphs" not in result.stderr, result.stderr
-    assert "disable-cuda-graph: true" in next((tmp_path / "out3").rglob("server.yaml")).read_text()
 
 
 def test_sglang_tree_budget_beyond_the_block_renders_an_eager_verify(tmp_path: Path) -> None:
@@ -295,12 +290,21 @@ def test_selfcheck_renders_for_sglang_tree_and_warns_where_it_does_nothing(tmp_p
     assert result.exit_code == 1 and "selfcheck_every" in result.stderr
 
 
-def test_every_sglang_tree_renders_an_eager_verify(tmp_path: Path) -> None:
-    """Dense trees within the block too (graph replay not shown exact); other modes keep SGLang's CUDA graphs."""
+def test_a_dense_sglang_tree_keeps_cuda_graphs_on_triton_only(tmp_path: Path) -> None:
+    """Its verify graphs read the tree mask on triton (ddtree.sglang.graph_masks); another attention backend's
+    graphs would verify the tree causally, so that one renders eager. Other modes keep SGLang's CUDA graphs."""
     inv = tmp_path / "inv.yaml"
-    inv.write_text(host(svc(body=with_key(GOOD_SERVICE.replace("linear", "tree"), "ddtree: {budget: 7}"))))
-    assert run_cli("render", "-i", str(inv), "--out", str(tmp_path / "tree")).exit_code == 0
-    assert "disable-cuda-graph: true" in next((tmp_path / "tree").rglob("server.yaml")).read_text()
+    tree = GOOD_SERVICE.replace("linear", "tree")
+    cases = [
+        ("tree", "ddtree: {budget: 7}", False),
+        ("flashinfer", "ddtree: {budget: 7}\nattention_backend: flashinfer", True),
+    ]
+    for name, extra, eager in cases:
+        inv.write_text(host(svc(body=with_key(tree, extra))))
+        result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / name))
+        assert result.exit_code == 0 and "without CUDA graphs" not in result.stderr, result.stderr
+        config = next((tmp_path / name).rglob("server.yaml")).read_text()
+        assert ("disable-cuda-graph: true" in config) is eager, config
     for mode in ("linear", "shadow"):
         inv.write_text(host(svc(body=GOOD_SERVICE.replace("linear", mode))))
         assert run_cli("render", "-i", str(inv), "--out", str(tmp_path / mode)).exit_code == 0

@@ -5,6 +5,8 @@ the environment, not the parent's monkeypatches):
 1. torchvision: the real one if it imports, else the inert stub of tests/runtime/sglang_cpu.py (SGLang imports it
    at module level for multimodal preprocessing only).
 2. gpu_patches.install(): the import-time patches of SGLang's CUDA path (G1-G6, P4).
+3. with DDTREE_DEV_CAUSAL_VERIFY_GRAPHS=1 only: the tree worker as it was before ddtree.sglang.graph_masks
+   (SGLang's target-verify graphs captured without the tree mask), for a before/after comparison on the GPU.
 
 `sgl_kernel`, the torch stand-in for SGLang's binary kernel package, is found on the same path.
 """
@@ -12,6 +14,7 @@ the environment, not the parent's monkeypatches):
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -31,6 +34,12 @@ def _setup() -> None:
     import gpu_patches
 
     gpu_patches.install()
+    if os.environ.get("DDTREE_DEV_CAUSAL_VERIFY_GRAPHS") == "1":
+        import ddtree.sglang.graph_masks as graph_masks
+
+        graph_masks.capture_with_tree_masks = lambda dflash_utils, attention_backend: None
+        graph_masks.captured_with_tree_masks = lambda dflash_utils, target_attn_backend: True
+        graph_masks.mask_unmasked_verifies = lambda attn_backend: None
 
 
 _setup()

@@ -336,6 +336,7 @@ class KeptRound:
 
 def tree_worker_class() -> type:
     """DFlashWorkerV2 with the DDTree tree-verify decode round; built lazily (the base class lives in sglang)."""
+    import sglang.srt.speculative.dflash_utils as dflash_utils
     import sglang.srt.speculative.dflash_worker_v2 as dw
     from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_func
     from sglang.srt.configs.hybrid_arch import mambaish_config
@@ -349,6 +350,12 @@ def tree_worker_class() -> type:
     from ddtree.config import HybridMode
     from ddtree.sglang.compat import attribute_refusal
     from ddtree.sglang.gates import GateError, hybrid_mode
+    from ddtree.sglang.graph_masks import (
+        capture_with_tree_masks,
+        captured_with_tree_masks,
+        graph_backend_refusal,
+        mask_unmasked_verifies,
+    )
 
     class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
         def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
@@ -385,6 +392,11 @@ def tree_worker_class() -> type:
             self._ddtree_graphs = RoundGraphs(
                 self._ddtree_slots, config.budget, config.topk, max_batch=config.round_graphs_max_bs
             )
+            # SGLang captures the target's verify graphs after this constructor: have them read the tree mask
+            # (graph_masks; a policy only, inert without graphs; hybrid targets refuse graphs in init_cuda_graphs)
+            self._ddtree_backend = server_args.decode_attention_backend or server_args.attention_backend
+            if not self._ddtree_hybrid and not graph_backend_refusal(self._ddtree_backend):
+                capture_with_tree_masks(dflash_utils, self._ddtree_backend)
 
         def init_cuda_graphs(self) -> None:
             """After the target's attention backend and CUDA graphs exist (SGLang initializes the target's before
@@ -400,6 +412,18 @@ def tree_worker_class() -> type:
                     f"request, more than the {int(self.block_size)} SGLang's verify CUDA graphs are captured for; "
                     "pass --disable-cuda-graph, or DDTREE_BUDGET <= block size - 1"
                 )
+            if graphs and not self._ddtree_hybrid:
+                target_backend = self.target_worker.model_runner.attn_backend
+                if not captured_with_tree_masks(dflash_utils, target_backend):
+                    why = graph_backend_refusal(self._ddtree_backend) or "pass --disable-cuda-graph"
+                    raise ValueError(
+                        "DDTREE: SGLang captured the target's verify CUDA graphs without the tree mask (they would "
+                        f"verify every tree causally): {why}"
+                    )
+                mask_unmasked_verifies(target_backend)
+                if self._ddtree_rank == 0:
+                    logger.info("DDTREE: the target's verify CUDA graphs read the tree mask; chain verifies get "
+                                "the causal one")  # fmt: skip
             hybrid = HybridMode.NONE
             if self._ddtree_hybrid:
                 target_runner = self.target_worker.model_runner
