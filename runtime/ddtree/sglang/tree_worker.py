@@ -41,8 +41,10 @@ Constraints (checked at start): DDTREE_BUDGET <= 2B - 1 (B - 1 on hybrid targets
 they are captured for B tokens per request), for hybrid targets SGLang's GDN backend with its per-step verify
 snapshots (not ReplaySSM, not KDA) and no CUDA graphs (the graphs are captured with the chain metadata; unless
 DDTREE_ALLOW_HYBRID_UNSAFE=1, which runs the flat, wrong order on purpose), no compact (sliding-window) draft
-cache, no selector / LiLiCorr / Domino drafts, a dense LM head (vocab-parallel at TP > 1: each rank's top-k
-is gathered, `ddtree.sglang.vocab_parallel`, so every rank builds the same trees). A decode batch with a sampling,
+cache, no selector / LiLiCorr / Domino drafts, CUDA graphs on dense targets only with the triton backend (the
+verify graphs are captured reading the tree mask, `ddtree.sglang.graph_masks`; SGLang captures DFLASH's
+causal), a dense LM head (vocab-parallel at TP > 1: each rank's top-k is gathered,
+`ddtree.sglang.vocab_parallel`, so every rank builds the same trees). A decode batch with a sampling,
 log-prob or grammar-constrained request takes DFLASH's own round (chain verify, exact for sampling) instead of
 a tree round (WARNING once).
 
