@@ -171,6 +171,13 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "draft_token_num",
         "prepared_step_indices",
     ),
+    # CUDA graphs (ddtree.sglang.graph_masks): the verify graphs' mask policy, and the triton backend's replay step
+    "sglang.srt.speculative.dflash_utils:resolve_dflash_verify_mask_policy": ("attn_backend",),
+    "sglang.srt.layers.attention.triton_backend:TritonAttnBackend.init_forward_metadata_out_graph": (
+        "self",
+        "forward_batch",
+        "in_capture",
+    ),
     # the hybrid tree path: the GDN backend (hybrid_tree_refusal checks its class name) builds its metadata from
     # the tree links the worker hands it
     "sglang.srt.layers.attention.linear.gdn_backend:GDNAttnBackend.__init__": ("self", "model_runner"),
