@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,15 @@ import pytest
 from typer.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C works in the suite however it was started. The Ctrl-C tests signal this process and the opsctl
+    processes it starts; a shell without job control starts a background job (`.ci/run &`, nohup) with SIGINT
+    ignored, Python then installs no KeyboardInterrupt handler, and every child inherits the ignore: those
+    tests would hang or fail. A handler set here is reset to the default on exec, so children handle it too."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass(frozen=True)
