@@ -59,4 +59,8 @@ if [ "${1:-}" = cost ]; then  # issue 18's cost at real shapes: cost_bench.py (r
     shift
     exec "$PY" dev/sglang_gpu/cost_bench.py --json "$RESULTS/cost.json" --log-dir "${LOG_DIR:-/tmp/cost_logs}" "$@"
 fi
+if [ "${1:-}" = mixed ]; then  # greedy requests batched with a sampling one on a tree server with graphs
+    shift
+    exec "$PY" dev/sglang_gpu/mixed_batch.py "$@"
+fi
 exec "$PY" dev/sglang_gpu/harness.py --json "$RESULTS/sglang_gpu.json" --log-dir "$RESULTS/sglang_gpu_logs" "$@"

@@ -6,7 +6,9 @@ the environment, not the parent's monkeypatches):
    at module level for multimodal preprocessing only).
 2. gpu_patches.install(): the import-time patches of SGLang's CUDA path (G1-G6, P4).
 3. with DDTREE_DEV_CAUSAL_VERIFY_GRAPHS=1 only: the tree worker as it was before ddtree.sglang.graph_masks
-   (SGLang's target-verify graphs captured without the tree mask), for a before/after comparison on the GPU.
+   (SGLang's target-verify graphs captured without the tree mask), for a before/after comparison on the GPU;
+   with DDTREE_DEV_NO_CAUSAL_DEFAULT=1 only: the graphs read the mask, but a chain verify gets no causal one
+   (what mixed_batch.py must catch).
 
 `sgl_kernel`, the torch stand-in for SGLang's binary kernel package, is found on the same path.
 """
@@ -39,6 +41,10 @@ def _setup() -> None:
 
         graph_masks.capture_with_tree_masks = lambda dflash_utils, attention_backend: None
         graph_masks.captured_with_tree_masks = lambda dflash_utils, target_attn_backend: True
+        graph_masks.mask_unmasked_verifies = lambda attn_backend: None
+    if os.environ.get("DDTREE_DEV_NO_CAUSAL_DEFAULT") == "1":  # graphs read the mask; chain verifies bring none
+        import ddtree.sglang.graph_masks as graph_masks
+
         graph_masks.mask_unmasked_verifies = lambda attn_backend: None
 
 
