@@ -36,16 +36,14 @@ def _setup() -> None:
     import gpu_patches
 
     gpu_patches.install()
-    if os.environ.get("DDTREE_DEV_CAUSAL_VERIFY_GRAPHS") == "1":
+    causal_graphs = os.environ.get("DDTREE_DEV_CAUSAL_VERIFY_GRAPHS") == "1"
+    if causal_graphs or os.environ.get("DDTREE_DEV_NO_CAUSAL_DEFAULT") == "1":
         import ddtree.sglang.graph_masks as graph_masks
 
-        graph_masks.capture_with_tree_masks = lambda dflash_utils, attention_backend: None
-        graph_masks.captured_with_tree_masks = lambda dflash_utils, target_attn_backend: True
-        graph_masks.mask_unmasked_verifies = lambda attn_backend: None
-    if os.environ.get("DDTREE_DEV_NO_CAUSAL_DEFAULT") == "1":  # graphs read the mask; chain verifies bring none
-        import ddtree.sglang.graph_masks as graph_masks
-
-        graph_masks.mask_unmasked_verifies = lambda attn_backend: None
+        graph_masks.mask_unmasked_verifies = lambda attn_backend: None  # chain verifies bring no mask
+        if causal_graphs:  # and the graphs are captured without one, as SGLang does for DFLASH
+            graph_masks.capture_with_tree_masks = lambda dflash_utils, attention_backend: None
+            graph_masks.captured_with_tree_masks = lambda dflash_utils, target_attn_backend: True
 
 
 _setup()

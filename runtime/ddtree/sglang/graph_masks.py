@@ -80,9 +80,13 @@ def mask_unmasked_verifies(attn_backend: Any) -> None:
     @functools.wraps(original)
     def with_causal_default(forward_batch: Any, in_capture: bool = False) -> Any:
         spec_info = forward_batch.spec_info
-        if in_capture or spec_info is None or spec_info.custom_mask is not None:
-            return original(forward_batch, in_capture)
-        if not forward_batch.forward_mode.is_target_verify():
+        unmasked_verify = (
+            not in_capture
+            and spec_info is not None
+            and spec_info.custom_mask is None
+            and forward_batch.forward_mode.is_target_verify()
+        )
+        if not unmasked_verify:
             return original(forward_batch, in_capture)
         seq_lens = forward_batch.seq_lens
         width = int(spec_info.draft_token_num)
