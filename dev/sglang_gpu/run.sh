@@ -21,10 +21,15 @@ PY=${PYTHON:-python3}
 SITE=${SGLANG_GPU_SITE:-/tmp/site}
 RESULTS=${OUT:-/tmp}
 
-if [ ! -f "$SITE/.sglang_gpu_wheels" ]; then
-    echo "installing $(ls .whl/*.whl | wc -l) wheels into $SITE" >&2
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
-    touch "$SITE/.sglang_gpu_wheels"
+# .whl-server/ (fetch_wheels.sh --server) holds what SGLang's HTTP server adds; the marker names the wheel set, so a
+# warm machine (which keeps /tmp) installs a newly carried set instead of trusting an older marker
+wheels=(.whl/*.whl)
+if compgen -G ".whl-server/*.whl" >/dev/null; then wheels+=(.whl-server/*.whl); fi
+wheel_set=$(printf '%s\n' "${wheels[@]##*/}" | sha256sum | cut -c1-16)
+if [ ! -f "$SITE/.sglang_gpu_wheels.$wheel_set" ]; then
+    echo "installing ${#wheels[@]} wheels into $SITE" >&2
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[@]}"
+    touch "$SITE/.sglang_gpu_wheels.$wheel_set"
 fi
 
 wheel_dir=$(mktemp -d)

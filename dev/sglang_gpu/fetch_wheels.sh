@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# dev/sglang_gpu/fetch_wheels.sh [--server]: download, here (a machine with a package index), the cp312 wheels
+# that SGLang 0.5.23's Engine needs on the H200 dev machine into .whl/ (git-ignored; ~47 MiB), and with --server
+# into .whl-server/ the ~11 MiB more that its HTTP server (python -m sglang.launch_server) imports at module level.
+# The list is ../shared/notes/sglang-on-h200.md's. Carry ".whl" (and ".whl-server" for the HTTP server) in each device call:
+# the 64 MiB carry limit holds the tree, both wheel folders and little else.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+engine=(sglang==0.5.23 apache-tvm-ffi==0.1.11 pydantic==2.13.4 pydantic_core==2.46.4 xgrammar==0.2.7 openai==2.8.0
+  pyzmq==27.3.0 ipython==9.18.1 msgspec==0.23.0 compressed-tensors==0.18.0 fastapi==0.165.0 orjson==3.13.0
+  dill==0.4.1 gguf==0.19.0 pybase64==1.5.1 uvicorn==0.54.0 traitlets==5.16.1 starlette==1.10.0 loguru==0.7.3
+  opentelemetry-api==1.45.2 setproctitle==1.3.8 distro==1.9.0 typing-inspection==0.4.5 annotated-types==0.8.0
+  partial-json-parser==0.2.1.1.post7 sniffio==1.3.1 annotated-doc==0.0.7)
+server=(jsonschema attrs referencing jsonschema-specifications rpds-py soundfile cffi pycparser sentencepiece uvloop
+  python-multipart aiohttp multidict yarl frozenlist aiosignal aiohappyeyeballs propcache)
+download() {  # DIR NAME...
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any \
+    -d "$dir" "$@"
+  du -sh "$dir"
+}
+download .whl "${engine[@]}"
+if [ "${1:-}" = --server ]; then download .whl-server "${server[@]}"; fi
