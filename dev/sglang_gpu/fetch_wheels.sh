@@ -25,3 +25,21 @@ download() {  # DIR NAME...
 }
 download .whl "${engine[@]}"
 if [ "${1:-}" = --server ]; then download .whl-server "${server[@]}"; fi
+# The carry limit: sglang's wheel less sglang/multimodal_gen (diffusion serving, ~4.5 MiB packed, imported by
+# neither the Engine nor the LLM HTTP server), repacked in place with its RECORD lines removed.
+python3 - .whl/sglang-0.5.23-*.whl <<'PY'
+import sys, zipfile, os
+path = sys.argv[1]
+tmp = path + ".slim"
+with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+    for item in src.infolist():
+        if item.filename.startswith("sglang/multimodal_gen/"):
+            continue
+        data = src.read(item)
+        if item.filename.endswith(".dist-info/RECORD"):
+            lines = data.decode().splitlines(keepends=True)
+            data = "".join(x for x in lines if not x.startswith("sglang/multimodal_gen/")).encode()
+        dst.writestr(item, data)
+os.replace(tmp, path)
+PY
+du -sh .whl
