@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from ddtree.serve.protocol import (
     resolve_max_tokens,
 )
 from ddtree.serve.stats import DecodeWindow, ServerStats, decode_batch_line
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -228,3 +231,23 @@ def test_final_assistant_message_as_sglang_handles_it() -> None:
     assert final_assistant([user, asst], continue_final=True) == ([user], "The answer is")
     assert final_assistant([user, asst], continue_final=False) == ([user, ChatMessage("user", "The answer is")], None)
     assert final_assistant([user], continue_final=True) == ([user], None)
+
+
+_lone = st.sampled_from(["\ud800", "\udbff", "\udc00", "\udfff"])  # st.characters() never yields surrogates
+_any_text = st.text(st.characters() | _lone, max_size=6)
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | _any_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_any_text, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_json_values)
+def test_lone_surrogate_iff_the_body_is_not_valid_unicode(body: Any) -> None:
+    """Whatever the shape: refused exactly when the body cannot be written as UTF-8 (what orjson refuses)."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+        valid = True
+    except UnicodeEncodeError:
+        valid = False
+    assert (lone_surrogate(body) is None) == valid
