@@ -216,6 +216,7 @@ class ReferenceEngine:
         ddtree: DDTreeConfig | None = None,
         device: str = "cpu",
         dtype: str = "float32",
+        tokenizer_path: str | None = None,
     ) -> ReferenceEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -223,7 +224,7 @@ class ReferenceEngine:
         auto_model: Any = AutoModelForCausalLM
         model = auto_model.from_pretrained(target_path, dtype=torch_dtype, local_files_only=True)
         model = model.to(device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(target_path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or target_path, local_files_only=True)
         drafter: Drafter | None = None
         if Mode(mode) is not Mode.BASELINE:
             if draft_path is None:

@@ -136,3 +136,32 @@ def test_device_and_dtype() -> None:
         resolve_device("tpu", cuda_available=False)
     assert resolve_dtype("auto", "cpu") == "float32" and resolve_dtype("auto", "cuda") == "bfloat16"
     assert parse_args(["--model-path", "/m", "--dtype", "half"], environ={}).dtype == "float16"
+
+
+def test_tokenizer_path_is_a_real_flag(tmp_path: Path) -> None:
+    from ddtree.serve.__main__ import _resolve
+
+    args = parse_args(["--model-path", str(tmp_path), "--tokenizer-path", str(tmp_path / "tok")])
+    assert args.tokenizer_path == str(tmp_path / "tok") and args.public_dict()["tokenizer_path"] == args.tokenizer_path
+    assert parse_args(["--model-path", "m"]).tokenizer_path is None
+    with pytest.raises(ValueError, match=r"^--tokenizer-path .*/tok: not a directory$"):  # as SGLang, refused at start
+        _resolve(args)
+
+
+def test_tokenizer_is_loaded_from_tokenizer_path(tiny_dense: Path, tmp_path: Path) -> None:
+    """The engine's tokenizer comes from --tokenizer-path: a copy whose chat template differs shows which one."""
+    import shutil
+
+    from ddtree.serve.chat import render_chat
+    from ddtree.serve.loader import load_engine
+    from ddtree.serve.protocol import ChatMessage
+
+    target = Path(tiny_dense) / "target"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(target / name, tmp_path / name)
+    (tmp_path / "chat_template.jinja").write_text("MARK {{ messages[0]['content'] }}")
+    engine = load_engine(str(target), None, Mode.BASELINE, None, "cpu", "float32", tokenizer_path=str(tmp_path))
+    ids = render_chat(engine.tokenizer, [ChatMessage("user", "hi")], {})
+    assert engine.tokenizer.decode(ids) == "MARK hi"
+    default = load_engine(str(target), None, Mode.BASELINE, None, "cpu", "float32")
+    assert default.tokenizer.decode(render_chat(default.tokenizer, [ChatMessage("user", "hi")], {})) != "MARK hi"

@@ -437,6 +437,7 @@ def test_bad_flags_fail_at_start(tiny_dense: Any, tmp_path: Path) -> None:
     cases = [  # (argv, exit status, message): 2 = refused before serving, 1 = the engine failed to load
         ([*("--model-path", target), "--no-such-flag"], 2, "unrecognized arguments: --no-such-flag"),
         (["--model-path", str(tmp_path / "missing")], 2, "not a directory"),
+        ([*("--model-path", target, "--tokenizer-path", str(tmp_path / "no-tok"))], 2, "--tokenizer-path"),
         (
             [
                 *("--model-path", target, "--speculative-algorithm", "DFLASH"),

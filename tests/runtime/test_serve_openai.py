@@ -4,8 +4,13 @@ for the hostile requests a client library would not send. One baseline server on
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextlib
+import json
 import re
-from collections.abc import Iterator
+import statistics
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +47,20 @@ def _assert_sglang_400(r: httpx.Response, param: str | None, fragment: str) -> N
     assert body["param"] == param and fragment in body["message"], body
 
 
-def test_any_model_name_is_accepted_and_the_served_name_reported(client: openai.OpenAI) -> None:
+def test_any_model_name_is_accepted_and_echoed(client: openai.OpenAI, server: ServeProcess) -> None:
+    """SGLang 0.5.23 answers with the request's model (``model=request.model``), "default" when it has none."""
     ref = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6, temperature=0)
     other = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=6, temperature=0)
-    assert other.model == "tiny" and ref.model == "tiny"
+    assert other.model == "gpt-4o-mini" and ref.model == "tiny"
     assert other.choices[0].message == ref.choices[0].message  # greedy: the name changes nothing
     done = client.completions.create(
         model="no/such-model", prompt="Once", max_tokens=3, temperature=0, extra_body={"ignore_eos": True}
     )
-    assert done.model == "tiny" and done.usage is not None and done.usage.completion_tokens == 3
+    assert done.model == "no/such-model" and done.usage is not None and done.usage.completion_tokens == 3
+    unnamed = server.post("/v1/completions", {"prompt": "Once", "max_tokens": 1})
+    assert unnamed.json()["model"] == "default"
+    with client.chat.completions.create(model="m-7", messages=MESSAGES, max_tokens=2, stream=True) as stream:
+        assert {chunk.model for chunk in stream} == {"m-7"}
 
 
 def test_models_list_and_retrieve(client: openai.OpenAI, server: ServeProcess) -> None:
@@ -192,3 +202,162 @@ def test_request_id_echoed_or_generated(client: openai.OpenAI, server: ServeProc
     ) as stream:
         assert stream.headers["x-request-id"] == "s1"
         assert sum(1 for _ in stream.iter_lines()) > 2
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "words"),
+    [
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\udfff"}]}', "invalid high surrogate"),
+        ("/v1/completions", b'{"prompt": "\\ud800 x", "max_tokens": 1}', "no low surrogate"),
+        ("/generate", b'{"text": "\\udfff"}', "invalid high surrogate"),
+        ("/tokenize", b'{"prompt": "\\udfff"}', "invalid high surrogate"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["\\udfff"]}',
+         "invalid high surrogate"),
+    ],
+)  # fmt: skip
+def test_lone_surrogate_is_400_in_sglang_shape(server: ServeProcess, path: str, body: bytes, words: str) -> None:
+    """SGLang parses bodies with orjson, which refuses a lone UTF-16 surrogate: a 400, never the tokenizer's 500."""
+    _assert_sglang_400(server.post(path, body), None, f"JSON decode error: {words} in string")
+
+
+def test_bearer_with_two_spaces_is_refused(server: ServeProcess) -> None:
+    """SGLang: ``header.split(" ", 1)`` and an exact comparison of the rest with the key."""
+    for header in (f"Bearer  {API_KEY}", f"Bearer\t{API_KEY}", f"Basic {API_KEY}"):
+        r = httpx.get(f"{server.url}/v1/models", headers={"Authorization": header})
+        assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}, header
+    assert httpx.get(f"{server.url}/v1/models", headers={"Authorization": f"bearer {API_KEY}"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "param"),
+    [
+        ("/v1/chat/completions", {"return_hidden_states": True}, "return_hidden_states"),
+        ("/v1/completions", {"return_hidden_states": True}, "return_hidden_states"),
+        ("/generate", {"return_hidden_states": True}, "return_hidden_states"),
+        ("/v1/chat/completions", {"lora_path": "my-adapter"}, "lora_path"),
+        ("/v1/completions", {"lora_path": ["my-adapter"]}, "lora_path"),
+        ("/generate", {"lora_path": "my-adapter"}, "lora_path"),
+        ("/v1/chat/completions", {"model": "tiny:my-adapter"}, "model"),
+    ],
+)
+def test_hidden_states_and_lora_are_400_naming_the_field(
+    server: ServeProcess, path: str, extra: dict[str, Any], param: str
+) -> None:
+    base: dict[str, Any] = {
+        "/v1/chat/completions": {"messages": MESSAGES, "max_tokens": 1},
+        "/v1/completions": {"prompt": "Once", "max_tokens": 1},
+        "/generate": {"text": "Once", "sampling_params": {"max_new_tokens": 1}},
+    }[path]
+    r = server.post(path, {**base, **extra})
+    _assert_sglang_400(r, param, "is not supported" if param == "return_hidden_states" else "LoRA is not enabled")
+    off = {"return_hidden_states": False, "lora_path": None}  # what sglang-router sends: accepted
+    assert server.post(path, {**base, **off}).status_code == 200
+
+
+def test_no_stop_trim_keeps_the_stop_string(server: ServeProcess) -> None:
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    text = server.post("/v1/completions", body).json()["choices"][0]["text"]
+    stop = text[3:5]
+    cut = text[: text.find(stop)]
+    for no_stop_trim, expected in ((False, cut), (True, cut + stop)):
+        done = server.post("/v1/completions", {**body, "stop": [stop], "no_stop_trim": no_stop_trim}).json()
+        assert done["choices"][0]["text"] == expected and done["choices"][0]["matched_stop"] == stop, done
+        sp = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "stop": [stop], "no_stop_trim": no_stop_trim}
+        assert server.post("/generate", {"text": "Once upon a time", "sampling_params": sp}).json()["text"] == expected
+
+
+def test_continue_final_message(server: ServeProcess) -> None:
+    """SGLang: with continue_final_message the last assistant message is the start of the reply (its tokens end the
+    prompt, after a new assistant turn); without it, that message goes to the template as a user message."""
+    tok = server.tokenizer
+    prefix = "The answer is"
+    msgs = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": prefix}]
+
+    def templated(messages: list[dict[str, str]]) -> list[int]:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(tok.encode(text, add_special_tokens=False))
+
+    body = {"messages": msgs, "max_tokens": 1, "temperature": 0}
+    go_on = server.post("/v1/chat/completions", {**body, "continue_final_message": True}).json()
+    assert go_on["usage"]["prompt_tokens"] == len(templated(msgs[:1])) + len(tok.encode(prefix)), go_on
+    as_user = server.post("/v1/chat/completions", body).json()
+    assert as_user["usage"]["prompt_tokens"] == len(templated([msgs[0], {"role": "user", "content": prefix}]))
+
+
+def _health_latencies(server: ServeProcess, busy: Callable[[], httpx.Response]) -> tuple[httpx.Response, list[float]]:
+    """/health round trips (one kept-alive connection) while ``busy`` runs in another thread."""
+    latencies: list[float] = []
+    with cf.ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.url, timeout=30) as health:
+        future = pool.submit(busy)
+        while not future.done() or not latencies:
+            t0 = time.perf_counter()
+            assert health.get("/health").status_code == 200
+            latencies.append(time.perf_counter() - t0)
+            time.sleep(0.005)
+        return future.result(), latencies
+
+
+def test_oversized_body_is_413_before_parsing_and_health_stays_fast(server: ServeProcess) -> None:
+    """A 10 MB body is refused on its size (the old server tokenized it on the event loop: /health waited 15.8 s);
+    a large prompt under the limit is tokenized off the loop, so /health keeps answering meanwhile."""
+    t0 = time.perf_counter()
+    big, latencies = _health_latencies(
+        server, lambda: server.post("/v1/completions", json.dumps({"prompt": "a" * 10_000_000}).encode())
+    )
+    refused_s = time.perf_counter() - t0
+    assert big.status_code == 413, big.text[:500]
+    body = big.json()
+    assert set(body) == SGLANG_ERROR_KEYS and body["code"] == 413 and "Request body too large" in body["message"]
+    t0 = time.perf_counter()
+    long, during = _health_latencies(  # ~100k tokens: over the 4096-token context, found only by tokenizing
+        server, lambda: server.post("/v1/completions", json.dumps({"prompt": "hello world " * 8_000}).encode())
+    )
+    tokenized_s = time.perf_counter() - t0
+    _assert_sglang_400(long, "messages", "longer than the model's context length")
+    print(
+        f"10 MB refused in {refused_s:.2f} s; 96 kB prompt tokenized and refused in {tokenized_s:.2f} s; /health "
+        f"median {statistics.median(latencies + during) * 1000:.1f} ms, max {max(latencies + during) * 1000:.1f} ms "
+        f"over {len(latencies + during)} calls"
+    )
+    assert statistics.median(latencies + during) < 0.1 and max(latencies + during) < 1.0
+
+
+def _wait_idle(server: ServeProcess, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while server.metric("sglang:num_running_reqs") or server.metric("sglang:num_queue_reqs"):
+        assert time.monotonic() < deadline, "the engine kept generating after its clients left"
+        time.sleep(0.1)
+
+
+LONG = {"prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0, "ignore_eos": True}
+
+
+def test_non_stream_request_aborted_when_its_client_disconnects(server: ServeProcess) -> None:
+    _wait_idle(server)
+    aborted, generated = server.metric("sglang:num_aborted_requests"), server.metric("sglang:generation_tokens")
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up (and closes the connection) after 2 s
+        server.post("/v1/completions", LONG, timeout=2)
+    t0 = time.monotonic()
+    _wait_idle(server, timeout=30)  # at ~100 tokens/s here, 3000 tokens would take half a minute
+    print(f"generation stopped {time.monotonic() - t0:.2f} s after the disconnect")
+    assert server.metric("sglang:num_aborted_requests") - aborted == 1
+    assert server.metric("sglang:generation_tokens") - generated < LONG["max_tokens"]
+
+
+def test_cancelling_eight_streams_counts_eight_aborts(server: ServeProcess) -> None:
+    """One stream runs, seven wait in the queue; all eight clients leave at once: eight aborts, as SGLang counts."""
+    _wait_idle(server)
+    aborted, requests = server.metric("sglang:num_aborted_requests"), server.metric("sglang:num_requests")
+    body = {"messages": MESSAGES, "max_tokens": 3000, "temperature": 0, "ignore_eos": True, "stream": True}
+    with contextlib.ExitStack() as streams:
+        for _ in range(8):  # a chat stream answers its role chunk at once, queued or not
+            client = streams.enter_context(httpx.Client(base_url=server.url, headers=server.headers, timeout=60))
+            r = streams.enter_context(client.stream("POST", "/v1/chat/completions", json=body))
+            assert r.status_code == 200
+        deadline = time.monotonic() + 30
+        while not server.metric("sglang:num_running_reqs") or server.metric("sglang:num_queue_reqs") < 7:
+            assert time.monotonic() < deadline, "the eight streams should be running or queued"
+            time.sleep(0.05)
+    _wait_idle(server, timeout=30)
+    assert server.metric("sglang:num_aborted_requests") - aborted == 8
+    assert server.metric("sglang:num_requests") - requests == 8

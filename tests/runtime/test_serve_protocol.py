@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from ddtree.serve.chat import final_assistant
 from ddtree.serve.protocol import (
+    ChatMessage,
     RequestError,
+    lone_surrogate,
     parse_chat,
     parse_completion,
     parse_generate,
     parse_tokenize,
+    refuse_lora,
     resolve_max_tokens,
 )
 from ddtree.serve.stats import DecodeWindow, ServerStats, decode_batch_line
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -166,3 +173,81 @@ def test_stats_windows_and_prometheus_text() -> None:
     assert value["sglang:spec_accept_length"] == 3.0 and value["sglang:num_queue_reqs"] == 1
     assert value["sglang:num_running_reqs"] == 0 and value["sglang:num_requests"] == 1
     assert families["sglang:prompt_tokens"].samples[0].labels == {"model_name": "m"}
+
+
+def test_lone_surrogates_are_found_anywhere_as_orjson_words_it() -> None:
+    assert lone_surrogate({"messages": [{"role": "user", "content": "ok \U0001f600"}], "n": 1}) is None
+    assert lone_surrogate({"a": [{"b": ["x", "y\udfff"]}]}) == "invalid high surrogate in string"
+    assert lone_surrogate({"k\ud800": 1}) == "no low surrogate in string"  # keys too
+    deep: Any = "\udc00"
+    for _ in range(5000):  # deeper than Python's recursion limit: the walk is iterative
+        deep = [deep]
+    assert lone_surrogate(deep) == "invalid high surrogate in string"
+
+
+@pytest.mark.parametrize(
+    ("model", "lora_path", "param", "adapter"),
+    [
+        ("tiny:ad", None, "model", "ad"),  # SGLang's base:adapter syntax, the served name as base
+        ("other:x", None, "model", "x"),
+        (None, "my-lora", "lora_path", "my-lora"),
+        ("tiny", [None, "b"], "lora_path", "b"),
+        (None, 5, "lora_path", None),
+    ],
+)
+def test_lora_is_refused_as_sglang_refuses_it_without_enable_lora(
+    model: str | None, lora_path: Any, param: str, adapter: str | None
+) -> None:
+    with pytest.raises(RequestError) as exc:
+        refuse_lora(model, lora_path, "tiny")
+    assert exc.value.param == param and exc.value.status == 400
+    if adapter is not None:
+        assert exc.value.message.startswith(f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled")
+
+
+def test_no_lora_passes() -> None:
+    for model, lora_path in ((None, None), ("tiny", None), ("tiny", ""), ("a:", []), ("gpt-4o", None)):
+        refuse_lora(model, lora_path, "tiny")
+
+
+def test_sglang_request_fields() -> None:
+    chat = parse_chat({**CHAT, "no_stop_trim": True, "continue_final_message": True, "return_hidden_states": False})
+    assert chat.sampling.no_stop_trim and chat.continue_final_message
+    assert parse_generate({"text": "x", "sampling_params": {"no_stop_trim": True}}).sampling.no_stop_trim
+    assert not parse_completion({"prompt": "x"}).sampling.no_stop_trim
+    for parse, body, param in (
+        (parse_chat, {**CHAT, "return_hidden_states": True}, "return_hidden_states"),
+        (parse_completion, {"prompt": "x", "return_hidden_states": "last"}, "return_hidden_states"),
+        (parse_generate, {"text": "x", "return_hidden_states": True}, "return_hidden_states"),
+        (parse_chat, {**CHAT, "continue_final_message": "yes"}, "continue_final_message"),
+    ):
+        with pytest.raises(RequestError) as exc:
+            parse(body)
+        assert exc.value.param == param, body
+
+
+def test_final_assistant_message_as_sglang_handles_it() -> None:
+    user, asst = ChatMessage("user", "q"), ChatMessage("assistant", "The answer is")
+    assert final_assistant([user, asst], continue_final=True) == ([user], "The answer is")
+    assert final_assistant([user, asst], continue_final=False) == ([user, ChatMessage("user", "The answer is")], None)
+    assert final_assistant([user], continue_final=True) == ([user], None)
+
+
+_lone = st.sampled_from(["\ud800", "\udbff", "\udc00", "\udfff"])  # st.characters() never yields surrogates
+_any_text = st.text(st.characters() | _lone, max_size=6)
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | _any_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_any_text, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_json_values)
+def test_lone_surrogate_iff_the_body_is_not_valid_unicode(body: Any) -> None:
+    """Whatever the shape: refused exactly when the body cannot be written as UTF-8 (what orjson refuses)."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+        valid = True
+    except UnicodeEncodeError:
+        valid = False
+    assert (lone_surrogate(body) is None) == valid

@@ -109,5 +109,17 @@ def test_sse_round_trip() -> None:
 def test_auth() -> None:
     assert authorized("Bearer k", "k") and authorized("bearer k", "k")
     assert not authorized(None, "k") and not authorized("Bearer x", "k") and not authorized("k", "k")
+    # SGLang splits once on a space and compares the rest exactly: extra or other whitespace is a wrong key
+    for header in ("Bearer  k", "Bearer k ", "Bearer\tk", "Bearer", "Bearer ", "", " Bearer k"):
+        assert not authorized(header, "k"), repr(header)
     assert is_exempt("/health", "GET") and is_exempt("/health_generate", "GET") and is_exempt("/metrics", "GET")
     assert is_exempt("/ready", "GET") and not is_exempt("/v1/models", "GET") and not is_exempt("/generate", "POST")
+
+
+def test_no_stop_trim_keeps_the_matched_stop_string() -> None:
+    decode = "".join  # a toy tokenizer: one token per character
+    trimmed, kept = TextAssembler(decode, ["cd"]), TextAssembler(decode, ["cd"], keep_stop=True)
+    assert [trimmed.add(list(c)) for c in ("ab", "cde")] == ["ab", ""]
+    assert [kept.add(list(c)) for c in ("ab", "cde")] == ["ab", "cd"]
+    assert (trimmed.text, kept.text) == ("ab", "abcd")
+    assert trimmed.tokens == kept.tokens == list("abcd")  # the tokens stop where the stop string completed

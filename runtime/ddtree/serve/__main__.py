@@ -67,7 +67,12 @@ def _resolve(args: ServerArgs) -> tuple[Mode, object | None, str, str]:
         ddtree = DDTreeConfig.from_env(os.environ)
         verify = ddtree.verify
     mode = resolve_mode(args.speculative_algorithm, verify)
-    for label, path in (("--model-path", args.model_path), ("--speculative-draft-model-path", args.draft_model_path)):
+    paths = (
+        ("--model-path", args.model_path),
+        ("--speculative-draft-model-path", args.draft_model_path),
+        ("--tokenizer-path", args.tokenizer_path),
+    )
+    for label, path in paths:
         if path is not None and not os.path.isdir(path):
             raise ValueError(f"{label} {path}: not a directory")
     device = resolve_device(args.device, args.device != "cpu" and _cuda_available())

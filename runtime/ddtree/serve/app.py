@@ -2,28 +2,39 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ddtree.serve import sse
-from ddtree.serve.auth import authorized, is_exempt
+from ddtree.serve.auth import ApiKeyMiddleware
 from ddtree.serve.chat import render_chat
+from ddtree.serve.disconnect import ClientGone, unless_disconnected
 from ddtree.serve.inflight import Inflight, InflightMiddleware
+from ddtree.serve.limits import read_body
 from ddtree.serve.protocol import (
+    DEFAULT_MODEL_NAME,
+    ChatRequest,
+    CompletionRequest,
+    GenerateRequest,
     RequestError,
     Sampling,
+    lone_surrogate,
     parse_chat,
     parse_completion,
     parse_generate,
     parse_tokenize,
+    refuse_lora,
     resolve_max_tokens,
     token_ids,
 )
@@ -34,11 +45,18 @@ from ddtree.serve.state import AppState, Loaded, Phase
 from ddtree.serve.worker import GenParams
 
 log = logging.getLogger("ddtree.serve")
+T = TypeVar("T")
 
 
 def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
     """SGLang's ErrorResponse shape."""
-    kind = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailable"}
+    kind = {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        413: "PayloadTooLargeError",
+        500: "InternalServerError",
+        503: "ServiceUnavailable",
+    }
     return JSONResponse(
         {"object": "error", "message": message, "type": kind.get(status, "Error"), "param": param, "code": status},
         status_code=status,
@@ -55,14 +73,7 @@ def create_app(state: AppState) -> FastAPI:
     args = state.args
 
     if args.api_key is not None:
-        key = args.api_key
-
-        @app.middleware("http")
-        async def check_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-            if is_exempt(request.url.path, request.method) or authorized(request.headers.get("authorization"), key):
-                return await call_next(request)
-            return JSONResponse({"error": "Unauthorized"}, status_code=401)
-
+        app.add_middleware(ApiKeyMiddleware, key=args.api_key)
     inflight = Inflight()
     app.add_middleware(InflightMiddleware, inflight=inflight)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 401 carries the id too
@@ -83,6 +94,11 @@ def create_app(state: AppState) -> FastAPI:
     async def _not_ready(_: Request, exc: _NotReady) -> JSONResponse:
         return error_response(503, str(exc))
 
+    @app.exception_handler(ClientGone)
+    async def _client_gone(_: Request, exc: ClientGone) -> Response:
+        """Nobody reads this (the client left); 499 is nginx's "client closed request", for the access log."""
+        return Response(status_code=499)
+
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
         return error_response(500, f"generation failed: {exc}")
@@ -101,6 +117,16 @@ def create_app(state: AppState) -> FastAPI:
         if state.phase is not Phase.READY or state.loaded is None:
             raise _NotReady(f"the server is not ready (phase: {state.phase.value})")
         return state.loaded
+
+    # JSON parsing, chat templates and tokenization run here, one at a time: off the event loop (so /health
+    # answers while a large prompt is tokenized), and never two encodes at once on the one HF tokenizer.
+    tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+
+    async def off_loop(fn: Callable[..., T], *fn_args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(tokenize_pool, functools.partial(fn, *fn_args))
+
+    async def body_of(request: Request) -> bytes:
+        return await read_body(request, state.info.context_len)
 
     # -- health ----------------------------------------------------------------------------------------------
     @app.get("/health")
@@ -153,7 +179,7 @@ def create_app(state: AppState) -> FastAPI:
         """SGLang's shape; sglang-router reads it when a worker is added."""
         return {
             "model_path": args.model_path,
-            "tokenizer_path": args.model_path,
+            "tokenizer_path": args.tokenizer_path or args.model_path,
             "is_generation": True,
             "served_model_name": args.served_model_name,
             "preferred_sampling_params": None,
@@ -179,19 +205,24 @@ def create_app(state: AppState) -> FastAPI:
         return Response(generate_latest(state.stats.registry), media_type=CONTENT_TYPE_LATEST)
 
     # -- generation ------------------------------------------------------------------------------------------
+    def prepare_chat(raw: bytes) -> tuple[ChatRequest, Loaded, GenParams]:
+        req = parse_chat(_json(raw))
+        refuse_lora(req.model, req.lora_path, args.served_model_name)
+        loaded = ready()
+        prompt = render_chat(loaded.tokenizer, req.messages, req.chat_template_kwargs, req.continue_final_message)
+        return req, loaded, _params(state, loaded, prompt, req.sampling)
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        req = parse_chat(await _json(request))
-        loaded = ready()
-        prompt = render_chat(loaded.tokenizer, req.messages, req.chat_template_kwargs)
-        params = _params(state, loaded, prompt, req.sampling)
+        req, loaded, params = await off_loop(prepare_chat, await body_of(request))
         split = args.reasoning_parser is not None and req.separate_reasoning
         force = split and forced_reasoning(args.reasoning_parser, dict(req.chat_template_kwargs))
         rid, created = uuid.uuid4().hex, int(time.time())
-        head = {"id": rid, "created": created, "model": args.served_model_name}
+        head = {"id": rid, "created": created, "model": _echo(req.model)}
+        stop, keep = req.sampling.stop, req.sampling.no_stop_trim
         if req.stream:
-            return _sse(_chat_stream(loaded, params, req.sampling.stop, head, split, force, req.include_usage))
-        out = await run_all(loaded.worker, _decoder(loaded), params, req.sampling.stop)
+            return _sse(_chat_stream(loaded, params, stop, keep, head, split, force, req.include_usage))
+        out = await _complete(request, loaded, params, stop, keep)
         reasoning, content = (split_reasoning(out.text, force) if split else None), out.text
         if reasoning is not None:
             content = reasoning.content
@@ -210,9 +241,9 @@ def create_app(state: AppState) -> FastAPI:
         }
         return JSONResponse({**head, "object": "chat.completion", "choices": [choice], "usage": out.usage})
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        req = parse_completion(await _json(request))
+    def prepare_completion(raw: bytes) -> tuple[CompletionRequest, Loaded, GenParams]:
+        req = parse_completion(_json(raw))
+        refuse_lora(req.model, req.lora_path, args.served_model_name)
         loaded = ready()
         if isinstance(req.prompt, str):
             prompt = list(loaded.tokenizer.encode(req.prompt, add_special_tokens=False))
@@ -220,12 +251,17 @@ def create_app(state: AppState) -> FastAPI:
             prompt = _check_vocab(list(req.prompt), loaded, "prompt")
         if not prompt:
             raise RequestError("prompt must not be empty", "prompt")
-        params = _params(state, loaded, prompt, req.sampling)
+        return req, loaded, _params(state, loaded, prompt, req.sampling)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req, loaded, params = await off_loop(prepare_completion, await body_of(request))
         rid, created = uuid.uuid4().hex, int(time.time())
-        head = {"id": rid, "created": created, "model": args.served_model_name}
+        head = {"id": rid, "created": created, "model": _echo(req.model)}
+        stop, keep = req.sampling.stop, req.sampling.no_stop_trim
         if req.stream:
-            return _sse(_completion_stream(loaded, params, req.sampling.stop, head, req.include_usage))
-        out = await run_all(loaded.worker, _decoder(loaded), params, req.sampling.stop)
+            return _sse(_completion_stream(loaded, params, stop, keep, head, req.include_usage))
+        out = await _complete(request, loaded, params, stop, keep)
         choice = {
             "index": 0,
             "text": out.text,
@@ -235,9 +271,9 @@ def create_app(state: AppState) -> FastAPI:
         }
         return JSONResponse({**head, "object": "text_completion", "choices": [choice], "usage": out.usage})
 
-    @app.post("/generate")
-    async def generate(request: Request) -> Response:
-        req = parse_generate(await _json(request))
+    def prepare_generate(raw: bytes) -> tuple[GenerateRequest, Loaded, GenParams]:
+        req = parse_generate(_json(raw))
+        refuse_lora(None, req.lora_path, args.served_model_name)
         loaded = ready()
         if req.input_ids is not None:
             prompt = _check_vocab(list(req.input_ids), loaded, "input_ids")
@@ -245,46 +281,72 @@ def create_app(state: AppState) -> FastAPI:
             prompt = list(loaded.tokenizer.encode(req.text or "", add_special_tokens=False))
             if not prompt:
                 raise RequestError("text must not be empty", "text")
-        params = _params(state, loaded, prompt, req.sampling)
+        return req, loaded, _params(state, loaded, prompt, req.sampling)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        req, loaded, params = await off_loop(prepare_generate, await body_of(request))
         rid, t0 = uuid.uuid4().hex, time.perf_counter()
+        stop, keep = req.sampling.stop, req.sampling.no_stop_trim
         if req.stream:
-            return _sse(_generate_stream(loaded, params, req.sampling.stop, rid, t0))
-        out = await run_all(loaded.worker, _decoder(loaded), params, req.sampling.stop)
+            return _sse(_generate_stream(loaded, params, stop, keep, rid, t0))
+        out = await _complete(request, loaded, params, stop, keep)
         return JSONResponse(_generate_body(out, rid, t0))
+
+    def tokenize_ids(raw: bytes) -> list[int]:
+        req = parse_tokenize(_json(raw))
+        loaded = ready()
+        if req.messages is not None:
+            return render_chat(loaded.tokenizer, req.messages, req.chat_template_kwargs)
+        return list(loaded.tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens))
 
     @app.post("/tokenize")
     @app.post("/v1/tokenize")
     async def tokenize(request: Request) -> Response:
-        req = parse_tokenize(await _json(request))
-        loaded = ready()
-        if req.messages is not None:
-            ids = render_chat(loaded.tokenizer, req.messages, req.chat_template_kwargs)
-        else:
-            ids = list(loaded.tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens))
+        ids = await off_loop(tokenize_ids, await body_of(request))
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.info.context_len})
 
-    @app.post("/detokenize")
-    @app.post("/v1/detokenize")
-    async def detokenize(request: Request) -> Response:
-        body = await _json(request)
+    def detokenize_text(raw: bytes) -> str:
+        body = _json(raw)
         if not isinstance(body, dict) or "tokens" not in body:
             raise RequestError("tokens (a list of token ids) is required", "tokens")
         loaded = ready()
         ids = _check_vocab(list(token_ids(body["tokens"], "tokens")), loaded, "tokens")
-        return JSONResponse({"text": _decoder(loaded)(ids)})
+        return _decoder(loaded)(ids)
+
+    @app.post("/detokenize")
+    @app.post("/v1/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return JSONResponse({"text": await off_loop(detokenize_text, await body_of(request))})
 
     return app
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
-async def _json(request: Request) -> Any:
-    raw = await request.body()
+def _json(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"Malformed JSON in request body: {exc}") from None
     except RecursionError:
         raise RequestError("Malformed JSON in request body: nested too deeply") from None
+    surrogate = lone_surrogate(body)
+    if surrogate is not None:  # SGLang's orjson refuses the body; Python's json would hand it to the tokenizer
+        raise RequestError(
+            f"Malformed JSON in request body: JSON decode error: {surrogate} "
+            "(a lone UTF-16 surrogate such as \\udfff is not text: send valid Unicode)"
+        )
+    return body
+
+
+def _echo(model: str | None) -> str:
+    """SGLang answers with the request's own model name (its protocol default when the request has none)."""
+    return DEFAULT_MODEL_NAME if model is None else model
+
+
+async def _complete(request: Request, loaded: Loaded, params: GenParams, stop: tuple[str, ...], keep: bool) -> Outcome:
+    """A non-stream generation, cancelled (``ClientGone``) if its client disconnects first."""
+    return await unless_disconnected(request.receive, run_all(loaded.worker, _decoder(loaded), params, stop, keep))
 
 
 def _decoder(loaded: Loaded) -> Callable[[Any], str]:
@@ -323,6 +385,7 @@ async def _chat_stream(
     loaded: Loaded,
     params: GenParams,
     stop: tuple[str, ...],
+    keep: bool,
     head: dict[str, Any],
     split: bool,
     force: bool,
@@ -351,7 +414,7 @@ async def _chat_stream(
 
     yield chunk({"role": "assistant", "content": ""})
     try:
-        async for item in run(loaded.worker, _decoder(loaded), params, stop):
+        async for item in run(loaded.worker, _decoder(loaded), params, stop, keep):
             if isinstance(item, str):
                 for c in deltas(item):
                     yield c
@@ -367,11 +430,11 @@ async def _chat_stream(
 
 
 async def _completion_stream(
-    loaded: Loaded, params: GenParams, stop: tuple[str, ...], head: dict[str, Any], include_usage: bool
+    loaded: Loaded, params: GenParams, stop: tuple[str, ...], keep: bool, head: dict[str, Any], include_usage: bool
 ) -> AsyncIterator[str]:
     base = {**head, "object": "text_completion"}
     try:
-        async for item in run(loaded.worker, _decoder(loaded), params, stop):
+        async for item in run(loaded.worker, _decoder(loaded), params, stop, keep):
             if isinstance(item, str):
                 choice = {"index": 0, "text": item, "logprobs": None, "finish_reason": None}
                 yield sse.event({**base, "choices": [choice]})
@@ -412,12 +475,12 @@ def _generate_body(out: Outcome, rid: str, t0: float, partial_text: str | None =
 
 
 async def _generate_stream(
-    loaded: Loaded, params: GenParams, stop: tuple[str, ...], rid: str, t0: float
+    loaded: Loaded, params: GenParams, stop: tuple[str, ...], keep: bool, rid: str, t0: float
 ) -> AsyncIterator[str]:
     """SGLang streams /generate as cumulative ``text`` with ``finish_reason: null`` until the last chunk."""
     text = ""
     try:
-        async for item in run(loaded.worker, _decoder(loaded), params, stop):
+        async for item in run(loaded.worker, _decoder(loaded), params, stop, keep):
             if isinstance(item, str):
                 text += item
                 meta = {"id": rid, "finish_reason": None, "prompt_tokens": len(params.prompt_ids)}

@@ -37,7 +37,6 @@ DTYPES = {
 
 # SGLang flags accepted for compatibility; they have no effect in the reference engine. (flag, kwargs)
 _COMPAT_FLAGS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("--tokenizer-path",), {"type": str}),
     (("--trust-remote-code",), {"action": "store_true"}),
     (("--mem-fraction-static",), {"type": float}),
     (("--max-running-requests",), {"type": int}),
@@ -77,6 +76,7 @@ COMPAT_DESTS: tuple[str, ...] = tuple(
 class ServerArgs:
     model_path: str
     draft_model_path: str | None
+    tokenizer_path: str | None  # None: the tokenizer in --model-path (SGLang's default)
     speculative_algorithm: SpecAlgorithm | None
     host: str
     port: int
@@ -98,6 +98,7 @@ class ServerArgs:
         return {
             "model_path": self.model_path,
             "speculative_draft_model_path": self.draft_model_path,
+            "tokenizer_path": self.tokenizer_path,
             "speculative_algorithm": self.speculative_algorithm.value if self.speculative_algorithm else None,
             "host": self.host,
             "port": self.port,
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-path", required=True, help="target model directory (weights + tokenizer)")
     p.add_argument("--speculative-algorithm", choices=[a.value for a in SpecAlgorithm], default=None)
     p.add_argument("--speculative-draft-model-path", default=None, dest="draft_model_path")
+    p.add_argument("--tokenizer-path", default=None, help="tokenizer folder (default: --model-path), as in SGLang")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--api-key", default=None, help=f"prefer --api-key-file or ${API_KEY_ENV}: argv is public")
@@ -188,6 +190,7 @@ def resolve(ns: argparse.Namespace, environ: Mapping[str, str]) -> ServerArgs:
     return ServerArgs(
         model_path=ns.model_path,
         draft_model_path=ns.draft_model_path,
+        tokenizer_path=ns.tokenizer_path,
         speculative_algorithm=algo,
         host=ns.host,
         port=ns.port,

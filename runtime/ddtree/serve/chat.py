@@ -27,8 +27,25 @@ FALLBACK_TEMPLATE = (
 )
 
 
-def render_chat(tokenizer: Any, messages: Sequence[ChatMessage], kwargs: Mapping[str, Any]) -> list[int]:
-    """Prompt token ids for ``messages`` (template text tokenized without extra special tokens)."""
+def final_assistant(messages: Sequence[ChatMessage], continue_final: bool) -> tuple[list[ChatMessage], str | None]:
+    """SGLang 0.5.23's ``_handle_last_assistant_message``: a trailing assistant message is, with
+    ``continue_final_message``, taken out and returned as the prefix the reply continues; without it, sent to
+    the template as a user message (so the prompt always ends with a new assistant turn)."""
+    msgs = list(messages)
+    if not msgs or msgs[-1].role != "assistant":
+        return msgs, None
+    if continue_final:
+        return msgs[:-1], msgs[-1].content
+    msgs[-1] = ChatMessage(role="user", content=msgs[-1].content)
+    return msgs, None
+
+
+def render_chat(
+    tokenizer: Any, messages: Sequence[ChatMessage], kwargs: Mapping[str, Any], continue_final: bool = False
+) -> list[int]:
+    """Prompt token ids for ``messages`` (template text tokenized without extra special tokens); a final
+    assistant message handled as ``final_assistant`` says, its prefix appended as SGLang appends it."""
+    messages, prefix = final_assistant(messages, continue_final)
     template = None if getattr(tokenizer, "chat_template", None) else FALLBACK_TEMPLATE
     reserved = {"messages", "tokenize", "add_generation_prompt", "chat_template", "conversation"}
     bad = reserved.intersection(kwargs)
@@ -44,4 +61,10 @@ def render_chat(tokenizer: Any, messages: Sequence[ChatMessage], kwargs: Mapping
         )
     except Exception as exc:  # jinja raise_exception() in templates: a client error, not a crash
         raise RequestError(f"chat template failed: {exc}", "messages") from None
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if prefix:  # SGLang: tokenizer.encode(prefix) without a leading BOS
+        extra = list(tokenizer.encode(prefix))
+        if extra and extra[0] == getattr(tokenizer, "bos_token_id", None):
+            extra = extra[1:]
+        ids += extra
+    return ids

@@ -68,7 +68,15 @@ def stop_ids(tokenizer: Any, info: ModelInfo) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
-def load_engine(model_path: str, draft_path: str | None, mode: Mode, ddtree: Any, device: str, dtype: str) -> Any:
+def load_engine(
+    model_path: str,
+    draft_path: str | None,
+    mode: Mode,
+    ddtree: Any,
+    device: str,
+    dtype: str,
+    tokenizer_path: str | None = None,
+) -> Any:
     """``ReferenceEngine.load``; imported here so argument errors never pay for importing torch."""
     from ddtree.engine import ReferenceEngine
 
@@ -79,4 +87,5 @@ def load_engine(model_path: str, draft_path: str | None, mode: Mode, ddtree: Any
         ddtree=ddtree,
         device=device,
         dtype=dtype,
+        tokenizer_path=tokenizer_path,
     )

@@ -5,6 +5,7 @@ Pure functions over already-parsed JSON; the app turns ``RequestError`` into a 4
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ class Sampling:
     stop: tuple[str, ...]
     stop_token_ids: tuple[int, ...]
     ignore_eos: bool
+    no_stop_trim: bool = False  # keep the matched stop string in the text (SGLang's sampling param)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class ChatRequest:
     include_usage: bool
     chat_template_kwargs: Mapping[str, Any]
     separate_reasoning: bool
+    continue_final_message: bool = False
+    lora_path: Any = None  # as sent; lora_refused() judges it
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class CompletionRequest:
     sampling: Sampling
     stream: bool
     include_usage: bool
+    lora_path: Any = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class GenerateRequest:
     input_ids: tuple[int, ...] | None
     sampling: Sampling
     stream: bool
+    lora_path: Any = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ CHAT_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     **_SAMPLING_UNSUPPORTED,
     "logprobs": (False,),
     "top_logprobs": (0,),
+    "return_hidden_states": (False,),
     "tools": ([],),
     "tool_choice": ("none", "auto"),
     "functions": ([],),
@@ -108,12 +115,18 @@ COMPLETION_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logprobs": (),
     "suffix": ("",),
     "best_of": (1,),
+    "return_hidden_states": (False,),
 }
 GENERATE_UNSUPPORTED: dict[str, tuple[Any, ...]] = {  # inside sampling_params
     **{k: v for k, v in _SAMPLING_UNSUPPORTED.items() if k != "min_tokens"},
     "min_new_tokens": (0,),
     "n": (1,),
 }
+GENERATE_TOP_UNSUPPORTED: dict[str, tuple[Any, ...]] = {  # beside sampling_params
+    "return_logprob": (False,),
+    "return_hidden_states": (False,),
+}
+DEFAULT_MODEL_NAME = "default"  # SGLang's protocol default: the response's model when the request names none
 
 
 def _require_object(body: Any, what: str = "request body") -> Mapping[str, Any]:
@@ -239,6 +252,7 @@ def _openai_sampling(body: Mapping[str, Any], max_key_names: tuple[str, ...]) ->
         stop=_stop(body.get("stop")),
         stop_token_ids=token_ids(body["stop_token_ids"], "stop_token_ids") if body.get("stop_token_ids") else (),
         ignore_eos=_opt_bool(body, "ignore_eos"),
+        no_stop_trim=_opt_bool(body, "no_stop_trim"),
     )
 
 
@@ -281,6 +295,8 @@ def parse_chat(body: Any) -> ChatRequest:
         include_usage=include_usage,
         chat_template_kwargs=kwargs,
         separate_reasoning=_opt_bool(body, "separate_reasoning", default=True),
+        continue_final_message=_opt_bool(body, "continue_final_message"),
+        lora_path=body.get("lora_path"),
     )
 
 
@@ -308,7 +324,12 @@ def parse_completion(body: Any) -> CompletionRequest:
     if sampling.max_tokens is None:
         sampling = _replace_max(sampling, COMPLETIONS_DEFAULT_MAX_TOKENS)
     return CompletionRequest(
-        model=_model(body), prompt=parsed, sampling=sampling, stream=stream, include_usage=include_usage
+        model=_model(body),
+        prompt=parsed,
+        sampling=sampling,
+        stream=stream,
+        include_usage=include_usage,
+        lora_path=body.get("lora_path"),
     )
 
 
@@ -325,7 +346,7 @@ def parse_generate(body: Any) -> GenerateRequest:
         raise RequestError("input_ids must not be empty", "input_ids")
     sp = _require_object(body.get("sampling_params") or {}, "sampling_params")
     _refuse_unsupported(sp, GENERATE_UNSUPPORTED, "sampling_params.")
-    _refuse_unsupported(body, {"return_logprob": (False,)})
+    _refuse_unsupported(body, GENERATE_TOP_UNSUPPORTED)
     max_new = _opt_int(sp, "max_new_tokens", lo=1)
     temperature = _opt_float(sp, "temperature", 0.0, 2.0)
     _top_p(sp, temperature)
@@ -336,8 +357,15 @@ def parse_generate(body: Any) -> GenerateRequest:
         stop=_stop(sp.get("stop")),
         stop_token_ids=token_ids(sp["stop_token_ids"], "stop_token_ids") if sp.get("stop_token_ids") else (),
         ignore_eos=_opt_bool(sp, "ignore_eos"),
+        no_stop_trim=_opt_bool(sp, "no_stop_trim"),
     )
-    return GenerateRequest(text=text, input_ids=input_ids, sampling=sampling, stream=_opt_bool(body, "stream"))
+    return GenerateRequest(
+        text=text,
+        input_ids=input_ids,
+        sampling=sampling,
+        stream=_opt_bool(body, "stream"),
+        lora_path=body.get("lora_path"),
+    )
 
 
 def parse_tokenize(body: Any) -> TokenizeRequest:
@@ -364,7 +392,7 @@ def parse_tokenize(body: Any) -> TokenizeRequest:
 
 
 def _replace_max(s: Sampling, max_tokens: int) -> Sampling:
-    return Sampling(max_tokens, s.temperature, s.seed, s.stop, s.stop_token_ids, s.ignore_eos)
+    return dataclasses.replace(s, max_tokens=max_tokens)
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, context_len: int) -> int:
@@ -385,3 +413,46 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, context_len: int)
             "max_tokens",
         )
     return requested
+
+
+def refuse_lora(model: str | None, lora_path: Any, served_name: str) -> None:
+    """SGLang resolves a LoRA adapter from ``model: "base:adapter"`` first, then ``lora_path``; without
+    ``--enable-lora`` any adapter is a 400. This engine has no LoRA at all, so that 400 is the only answer."""
+    if lora_path is not None and not isinstance(lora_path, str | list):
+        raise RequestError("lora_path must be a string or a list of strings", "lora_path")
+    adapter: Any = None
+    param = "lora_path"
+    if model is not None and ":" in model and model != served_name:  # SGLang's _parse_model_parameter
+        rest = model[len(served_name) + 1 :] if model.startswith(f"{served_name}:") else model.split(":", 1)[1]
+        adapter = rest.strip() or None
+        param = "model" if adapter is not None else param
+    if adapter is None:
+        if not lora_path:
+            return
+        adapter = lora_path if isinstance(lora_path, str) else next((a for a in lora_path if a), None)
+    raise RequestError(
+        f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled (the ddtree reference server has no "
+        "LoRA support: leave lora_path out and put no ':adapter' in model)",
+        param,
+    )
+
+
+def lone_surrogate(body: Any) -> str | None:
+    """What orjson (SGLang's JSON parser) says about a lone UTF-16 surrogate anywhere in the body, else None.
+    Python's json accepts ``"\\udfff"``; a tokenizer then fails on it, so the body is refused whole, as SGLang
+    refuses it. Iterative: the body may be nested as deep as json.loads allowed."""
+    stack = [body]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                ch = ord(v[exc.start])
+                return "invalid high surrogate in string" if ch >= 0xDC00 else "no low surrogate in string"
+    return None

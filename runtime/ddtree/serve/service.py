@@ -30,10 +30,11 @@ class Outcome:
 
 
 async def run(
-    worker: EngineWorker, decode: Decode, params: GenParams, stop: Sequence[str]
+    worker: EngineWorker, decode: Decode, params: GenParams, stop: Sequence[str], keep_stop: bool = False
 ) -> AsyncIterator[str | Outcome]:
-    """Yields text deltas as they become safe to show, then exactly one ``Outcome``."""
-    text = TextAssembler(decode, stop)
+    """Yields text deltas as they become safe to show, then exactly one ``Outcome``. ``keep_stop``: the text
+    keeps the stop string it matched (SGLang's ``no_stop_trim``)."""
+    text = TextAssembler(decode, stop, keep_stop)
     job = worker.submit(params)
     done: Done | None = None
     seen: list[int] = []  # tokens per round, in case we stop before the worker reports Done
@@ -74,8 +75,10 @@ async def run(
     )
 
 
-async def run_all(worker: EngineWorker, decode: Decode, params: GenParams, stop: Sequence[str]) -> Outcome:
-    async for item in run(worker, decode, params, stop):
+async def run_all(
+    worker: EngineWorker, decode: Decode, params: GenParams, stop: Sequence[str], keep_stop: bool = False
+) -> Outcome:
+    async for item in run(worker, decode, params, stop, keep_stop):
         if isinstance(item, Outcome):
             return item
     raise EngineError("generation ended without a result")

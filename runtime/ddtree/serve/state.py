@@ -78,8 +78,9 @@ class AppState:
             log.info("Load weight begin. mode=%s device=%s dtype=%s", self.mode.value, self.device, self.dtype)
             t0 = time.monotonic()
             _quiet_transformers()
+            a = self.args
             engine = load_engine(
-                self.args.model_path, self.args.draft_model_path, self.mode, self.ddtree, self.device, self.dtype
+                a.model_path, a.draft_model_path, self.mode, self.ddtree, self.device, self.dtype, a.tokenizer_path
             )
             tok = engine.tokenizer
             log.info("Load weight end. took %.2f s", time.monotonic() - t0)

@@ -164,3 +164,10 @@ class ServerStats:
             if aborted:
                 self._aborted.inc()
             self._e2e.observe(seconds)
+
+    def on_abort_queued(self, seconds: float) -> None:
+        """A request cancelled before it ran: counted and aborted, while the running request's gauges stay."""
+        with self._lock:
+            self._reqs.inc()
+            self._aborted.inc()
+            self._e2e.observe(seconds)

@@ -23,12 +23,14 @@ class TextAssembler:
     """Accumulates committed tokens; ``add`` returns the text delta that is safe to emit now.
 
     Held back: a trailing partial UTF-8 character and any suffix that could be the start of a stop string.
-    Once a stop string appears, ``stop`` is set, the text ends before it and later tokens are ignored.
+    Once a stop string appears, ``stop`` is set, the text ends before it (after it with ``keep_stop``, SGLang's
+    ``no_stop_trim``) and later tokens are ignored.
     """
 
-    def __init__(self, decode: Decode, stop: Sequence[str] = ()) -> None:
+    def __init__(self, decode: Decode, stop: Sequence[str] = (), keep_stop: bool = False) -> None:
         self._decode = decode
         self._stop = tuple(stop)
+        self._keep_stop = keep_stop
         self.tokens: list[int] = []
         self.text = ""  # full text so far (trimmed at the stop string once it matched)
         self._emitted = 0
@@ -44,7 +46,7 @@ class TextAssembler:
         if hit is not None:
             self.stop = StopHit(hit[1], hit[0], self._tokens_for(hit[1], hit[0], before))
             self.tokens = self.tokens[: self.stop.tokens]
-            self.text = self.text[: hit[0]]
+            self.text = self.text[: hit[0] + (len(hit[1]) if self._keep_stop else 0)]
             return self._emit(len(self.text))
         return self._emit(self._safe_end())
 

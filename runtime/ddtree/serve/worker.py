@@ -117,8 +117,9 @@ class EngineWorker:
             self._stats.set_queue(self._q.qsize())
             if job is None:
                 return
-            if job.cancel.is_set():
-                continue  # the client left while queued
+            if job.cancel.is_set():  # the client left while queued: an abort all the same, as SGLang counts it
+                self._stats.on_abort_queued(time.perf_counter() - job.submitted)
+                continue
             self._busy.set()
             try:
                 job.post(self._generate(job))
