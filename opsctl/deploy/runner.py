@@ -175,8 +175,7 @@ def deploy(
     routers: RouterGuard | None = None,
 ) -> RunReport:
     """Deploy each selected service; one that a router fronts is taken out of it first (`routers`)."""
-    if not settings.plan:
-        require_secrets(selection)
+    require_secrets(selection)  # --plan too: a plan that says "unchanged" where the deploy fails would lie
 
     def work(ctx: ServiceContext) -> ServiceResult:
         if routers is None or not routers.fronted(ctx.host.name, ctx.service.name):
