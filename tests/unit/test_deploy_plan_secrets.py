@@ -23,7 +23,7 @@ def _refusal(plan: bool, tmp_path: Path) -> str:
     host = inv.hosts[0]
     touched: list[str] = []
 
-    def connect(h):  # noqa: ANN001, ANN202 (a fake that records being asked)
+    def connect(h):  # a fake that records being asked
         touched.append(h.name)
         return FakeHost(h.name)
 
