@@ -77,12 +77,17 @@ def register(app: typer.Typer) -> None:
             _router_table(router_rows)
             for h, held in sorted({r.host: r.lock for r in rows if r.lock}.items()):
                 console.print(f"[yellow]{h}: deploy lock held by {held}[/]", markup=True)
+            for h in sorted({r.host for r in rows if r.lock_stale}):
+                console.print(
+                    f"[bold red]{h}: the stale lock refuses every deploy: clear it with "
+                    f"`opsctl deploy --break-lock --host {h} -i INVENTORY`[/]",
+                    markup=True,
+                )
             for h, e in errors:
                 console.print(f"[bold red]{h}: {e}[/]", markup=True)
-        # a missing or changed model: the next restart fails, or the process runs on files that are gone
-        unhealthy = (
-            errors or any(not r.healthy or not r.models_ok for r in rows) or any(not r.healthy for r in router_rows)
-        )
+        # a missing or changed model: the next restart fails, or the process runs on files that are gone;
+        # a stale lock: every deploy is refused until it is cleared
+        unhealthy = errors or any(r.failing for r in rows) or any(not r.healthy for r in router_rows)
         raise typer.Exit(int(ExitCode.ERROR if unhealthy else ExitCode.OK))
 
 
