@@ -23,7 +23,7 @@ def _row(holder: str) -> status.ServiceStatus:
     inv = load_inventory(GOLDEN)
     host = inv.hosts[0]
 
-    def handler(cmd: Cmd):  # noqa: ANN202
+    def handler(cmd: Cmd):
         if cmd.display() == lock.read_cmd().display():
             return (0, holder, "")
         if cmd.display().startswith("systemctl show"):
