@@ -91,9 +91,15 @@ class ServiceContext:
     def unit_state(self) -> systemd.UnitState:
         return systemd.parse_show(self.run(systemd.show_cmd(self.paths.unit_name), timeout=LIVE_TIMEOUT_S))
 
+    def audit_local(self, action: str, release_id: str | None, result: str, detail: str = "") -> str:
+        """The control machine's line (in its inventory's log); returned for the host's copy."""
+        inv = self.host.inventory
+        line = audit.audit_line(self.host.name, self.service.name, action, release_id, result, detail, inventory=inv)
+        audit.append_local(line, inv)
+        return line
+
     def audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
-        line = audit.audit_line(self.host.name, self.service.name, action, release_id, result, detail)
-        audit.append_local(line)
+        line = self.audit_local(action, release_id, result, detail)
         try:
             self.conn.run(audit.append_host_cmd(line), check=False, timeout=30)
         except OpsctlError:
@@ -421,9 +427,7 @@ def _stage(
     except UnreachableError as exc:
         # The release stays incomplete on the host; the next deploy there marks it BAD (guards.mark_incomplete).
         result.outcome, result.message = Outcome.UNREACHABLE, f"{exc.one_line()} (while staging {new_id})"
-        audit.append_local(
-            audit.audit_line(ctx.host.name, ctx.service.name, "deploy", new_id, "unreachable", exc.one_line())
-        )
+        ctx.audit_local("deploy", new_id, "unreachable", exc.one_line())
     except OpsctlError as exc:
         why = guards.bounded(exc.message)
         hint = guards.space_hint(exc) or exc.hint
@@ -491,9 +495,7 @@ def _go_live(
         reason = _switch_and_gate(ctx, settings, new_id, result)
     except (UnreachableError, CommandTimeout) as exc:
         result.outcome, result.message = Outcome.UNREACHABLE, f"host became unreachable mid-deploy: {exc.one_line()}"
-        audit.append_local(
-            audit.audit_line(ctx.host.name, ctx.service.name, "deploy", new_id, "unreachable", exc.one_line())
-        )
+        ctx.audit_local("deploy", new_id, "unreachable", exc.one_line())
         return
     if reason == NOT_SWITCHED:
         _mark_bad(ctx, new_id, NOT_SWITCHED)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -115,7 +115,9 @@ def load_inventory(path: str | Path, overrides: Sequence[Override] = ()) -> Inve
     shown = clean(str(file), 120)
     if data is None:
         raise InventoryError("", f"{shown}: the inventory is empty", "it needs at least a `hosts:` mapping")
-    return parse_inventory(data, str(file), base_dir=file.parent, overrides=overrides)
+    inventory = parse_inventory(data, str(file), base_dir=file.parent, overrides=overrides)
+    where = str(file.resolve())
+    return replace(inventory, hosts=tuple(replace(h, inventory=where) for h in inventory.hosts))
 
 
 def parse_inventory(
