@@ -143,7 +143,8 @@ def _preflight(ctx: ServiceContext, staged: StagedRelease, site: str | None = No
             "fix the service's extra_args / settings in the inventory; nothing was switched",
         )
     flags = (*staged.flags, *ctx.service.extra_args)  # what the server gets: server.yaml's flags + extra_args
-    values = argcheck.values_cmd(ctx.host.venv, ctx.service.engine, site, flags)
+    models = [m.path for m in (ctx.service.model, ctx.service.draft_model) if m is not None]
+    values = argcheck.values_cmd(ctx.host.venv, ctx.service.engine, site, flags, managed=models)
     checked = ctx.conn.run(values, check=False, timeout=argcheck.TIMEOUT_S)
     refused = argcheck.refusal(checked.exit_code, checked.stdout, checked.stderr)
     if refused:
