@@ -22,7 +22,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from opsctl import layout
+from opsctl import layout, yamlload
 from opsctl.inventory.model import Engine, Host, Mode, Service
 from opsctl.inventory.rules import excerpt
 from opsctl.secrets import MASK
@@ -250,9 +250,10 @@ def render_service(host: Host, service: Service, release_id: str, secrets: Secre
 
 
 def check_server_config(text: str, options: list[tuple[str, object]], what: str) -> None:
-    """The server reads exactly `options` from `text` (YAML, as SGLang's and ddtree's --config do)."""
+    """The server reads exactly `options` from `text` (YAML, as SGLang's and ddtree's --config do: PyYAML's
+    safe_load; libyaml's where it reads the same, 3x faster: rendering 2,200 services spent 2/3 of it here)."""
     try:
-        loaded = yaml.safe_load(text)
+        loaded = yamlload.safe_load(text)
     except yaml.YAMLError:
         loaded = None
     if loaded != dict(options) or len(options) != len(dict(options)):
