@@ -30,6 +30,7 @@ from opsctl.inventory.model import Engine, Host, Service
 from opsctl.progress import Ticker
 from opsctl.remote.base import Connection
 from opsctl.render import SERVER_MODULE
+from opsctl.secrets import SecretError
 from opsctl.smoke import smoke_service
 
 # Commands after the switch are short (systemctl, ln, install): one that takes longer means the host is gone
@@ -240,10 +241,14 @@ def _plan(ctx: ServiceContext, facts: ReleaseFacts, staged: StagedRelease) -> li
     return lines
 
 
-def _secrets_rotated(ctx: ServiceContext, staged: StagedRelease, current: str) -> bool:
-    """Whether the service's secrets differ from those the current release was deployed with. A secret that
-    cannot be read raises (--plan too: it reads secrets as the deploy does)."""
-    secrets = staged.checked_secrets()
+def _secrets_rotated(ctx: ServiceContext, staged: StagedRelease, current: str, plan: bool) -> bool:
+    """Whether the service's secrets differ from those the current release was deployed with."""
+    try:
+        secrets = staged.checked_secrets()
+    except SecretError:
+        if plan:
+            return False  # runner.require_secrets refuses a plan (as a deploy) before any host is touched
+        raise
     if not secrets:
         return False  # no secrets now; had there been some, the masked server.yaml (and the hash) changed
     try:
@@ -274,7 +279,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     result.previous = facts.current
     staged, chash = render_release(ctx, wheel, facts)
     same_config = facts.current is not None and facts.current_hash == chash and not settings.force
-    rotated = same_config and _secrets_rotated(ctx, staged, str(facts.current))
+    rotated = same_config and _secrets_rotated(ctx, staged, str(facts.current), settings.plan)
     # A model written after the service started: the process runs on the old files, so restart it.
     stale = guards.models_changed(ctx) if same_config and not rotated else []
     if same_config and not rotated and not stale:
