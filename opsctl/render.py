@@ -27,6 +27,7 @@ from opsctl.inventory.model import Engine, Host, Mode, Service
 from opsctl.inventory.rules import excerpt
 from opsctl.secrets import MASK
 from opsctl.systemd import SystemdSyntaxError, check_env_file, check_unit, escape_specifiers, quote_env, quote_exec
+from opsctl.yamlload import safe_load as yaml_load
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 SERVER_MODULE = {Engine.SGLANG: "sglang.launch_server", Engine.REFERENCE: "ddtree.serve"}
@@ -250,9 +251,10 @@ def render_service(host: Host, service: Service, release_id: str, secrets: Secre
 
 
 def check_server_config(text: str, options: list[tuple[str, object]], what: str) -> None:
-    """The server reads exactly `options` from `text` (YAML, as SGLang's and ddtree's --config do)."""
+    """The server reads exactly `options` from `text` (YAML, as SGLang's and ddtree's --config do: PyYAML's
+    safe_load; libyaml's where it reads the same, 3x faster: rendering 2,200 services spent 2/3 of it here)."""
     try:
-        loaded = yaml.safe_load(text)
+        loaded = yaml_load(text)
     except yaml.YAMLError:
         loaded = None
     if loaded != dict(options) or len(options) != len(dict(options)):

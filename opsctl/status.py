@@ -39,7 +39,13 @@ class ServiceStatus:
     models_ok: bool = True  # every model whole and the same the running process started with
     incomplete_releases: list[str] = field(default_factory=list)  # staged, never finished, not marked BAD
     lock: str | None = None  # the host's deploy lock: holder, age, STALE when its process is gone
+    lock_stale: bool = False  # held by a process that is gone: every deploy to the host is refused
     error: str | None = None
+
+    @property
+    def failing(self) -> bool:
+        """Whether this row makes `status` exit non-zero: not serving, a model problem, or a stale lock."""
+        return not self.healthy or not self.models_ok or self.lock_stale
 
 
 def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, deep: bool = False) -> ServiceStatus:
@@ -79,6 +85,7 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
             r.release_id for r in facts.releases if not r.complete and not r.bad and r.release_id != facts.current
         ],
         lock=held.describe(datetime.now(UTC)) if held is not None else None,
+        lock_stale=held is not None and held.holder_gone() is True,
     )
 
 

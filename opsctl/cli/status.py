@@ -24,6 +24,7 @@ from opsctl.cli.common import (
 from opsctl.errors import ExitCode
 from opsctl.inventory.model import Inventory, Router
 from opsctl.inventory.select import select, select_routers
+from opsctl.router.remove import collect_orphans
 from opsctl.router.status import RouterStatus, collect_router
 from opsctl.status import ServiceStatus, collect_all
 
@@ -62,12 +63,15 @@ def register(app: typer.Typer) -> None:
             else:
                 rows += outcome.value or []
         router_rows = _routers(inv, picked)
+        # routers the inventory no longer names keep serving: on the hosts looked at (a second connection each)
+        orphans = [] if routers_only else collect_orphans(inv, [h for h, _ in selection], connect, forks)
         if as_json:
             locks = {r.host: r.lock for r in rows if r.lock}
             emit_json(
                 {
                     "services": rows,
                     "routers": router_rows,
+                    "orphan_routers": orphans,
                     "locks": locks,
                     "errors": [{"host": h, "error": e} for h, e in errors],
                 }
@@ -77,12 +81,23 @@ def register(app: typer.Typer) -> None:
             _router_table(router_rows)
             for h, held in sorted({r.host: r.lock for r in rows if r.lock}.items()):
                 console.print(f"[yellow]{h}: deploy lock held by {held}[/]", markup=True)
+            for h in sorted({r.host for r in rows if r.lock_stale}):
+                console.print(
+                    f"[bold red]{h}: the stale lock refuses every deploy: clear it with "
+                    f"`opsctl deploy --break-lock --host {h} -i INVENTORY`[/]",
+                    markup=True,
+                )
+            for o in orphans:
+                console.print(
+                    f"[bold red]{o.host}/router {o.router}: not in the inventory but installed ({o.unit}); "
+                    f"{o.hint()}[/]",
+                    markup=True,
+                )
             for h, e in errors:
                 console.print(f"[bold red]{h}: {e}[/]", markup=True)
-        # a missing or changed model: the next restart fails, or the process runs on files that are gone
-        unhealthy = (
-            errors or any(not r.healthy or not r.models_ok for r in rows) or any(not r.healthy for r in router_rows)
-        )
+        # a missing or changed model: the next restart fails, or the process runs on files that are gone;
+        # a stale lock: every deploy is refused until it is cleared
+        unhealthy = errors or orphans or any(r.failing for r in rows) or any(not r.healthy for r in router_rows)
         raise typer.Exit(int(ExitCode.ERROR if unhealthy else ExitCode.OK))
 
 

@@ -1,12 +1,15 @@
 """The audit log: one line per action, on the host (/var/lib/opsctl/audit.log) and on the control machine.
 
 Line format (key=value, values with spaces JSON-quoted): `time=... who=... host=... service=... action=...
-release=... result=... detail="..."`. Never contains a secret: callers pass ids, modes and messages only.
+release=... result=... detail="..." inventory=...`. Never contains a secret: callers pass ids, modes and
+messages only. On the control machine each inventory file has its own log (`local_log_path`), so the lines of
+a lab inventory and a production one are never mixed; `inventory=` names the file in both logs.
 """
 
 from __future__ import annotations
 
 import getpass
+import hashlib
 import json
 import os
 import shlex
@@ -19,9 +22,14 @@ from opsctl.commands import Cmd, sh
 HOST_LOG = "/var/lib/opsctl/audit.log"
 
 
-def local_log_path() -> Path:
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "opsctl" / "audit.log"
+def local_log_path(inventory: str = "") -> Path:
+    """`$XDG_STATE_HOME/opsctl/audit/<file stem>-<hash of its absolute path>.log`: one log per inventory file
+    (two files both named lab.yaml stay apart); `audit.log` beside it for lines without an inventory."""
+    state = Path(os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")) / "opsctl"
+    if not inventory:
+        return state / "audit.log"
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(inventory).stem)[:60] or "inventory"
+    return state / "audit" / f"{stem}-{hashlib.sha256(inventory.encode()).hexdigest()[:12]}.log"
 
 
 def who() -> str:
@@ -34,13 +42,15 @@ def _value(text: str) -> str:
 
 def audit_line(
     host: str, service: str, action: str, release: str | None, result: str, detail: str = "",
-    now: datetime | None = None,
+    now: datetime | None = None, inventory: str = "",
 ) -> str:  # fmt: skip
     when = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     fields = {
         "time": when, "who": who(), "host": host, "service": service, "action": action,
         "release": release or "-", "result": result, "detail": " ".join(detail.split()),
     }  # fmt: skip
+    if inventory:
+        fields["inventory"] = inventory
     return " ".join(f"{k}={_value(v)}" for k, v in fields.items())
 
 
@@ -49,8 +59,8 @@ def append_host_cmd(line: str) -> Cmd:
     return sh(f"mkdir -p {parent} && printf '%s\\n' {shlex.quote(line)} >> {HOST_LOG}", sudo=True)
 
 
-def append_local(line: str, path: Path | None = None) -> None:
-    target = path or local_log_path()
+def append_local(line: str, inventory: str = "", path: Path | None = None) -> None:
+    target = path or local_log_path(inventory)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with target.open("a") as fh:

@@ -92,9 +92,15 @@ class ServiceContext:
     def unit_state(self) -> systemd.UnitState:
         return systemd.parse_show(self.run(systemd.show_cmd(self.paths.unit_name), timeout=LIVE_TIMEOUT_S))
 
+    def audit_local(self, action: str, release_id: str | None, result: str, detail: str = "") -> str:
+        """The control machine's line (in its inventory's log); returned for the host's copy."""
+        inv = self.host.inventory
+        line = audit.audit_line(self.host.name, self.service.name, action, release_id, result, detail, inventory=inv)
+        audit.append_local(line, inv)
+        return line
+
     def audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
-        line = audit.audit_line(self.host.name, self.service.name, action, release_id, result, detail)
-        audit.append_local(line)
+        line = self.audit_local(action, release_id, result, detail)
         try:
             self.conn.run(audit.append_host_cmd(line), check=False, timeout=30)
         except OpsctlError:
@@ -138,7 +144,8 @@ def _preflight(ctx: ServiceContext, staged: StagedRelease, site: str | None = No
             "fix the service's extra_args / settings in the inventory; nothing was switched",
         )
     flags = (*staged.flags, *ctx.service.extra_args)  # what the server gets: server.yaml's flags + extra_args
-    values = argcheck.values_cmd(ctx.host.venv, ctx.service.engine, site, flags)
+    models = [m.path for m in (ctx.service.model, ctx.service.draft_model) if m is not None]
+    values = argcheck.values_cmd(ctx.host.venv, ctx.service.engine, site, flags, managed=models)
     checked = ctx.conn.run(values, check=False, timeout=argcheck.TIMEOUT_S)
     refused = argcheck.refusal(checked.exit_code, checked.stdout, checked.stderr)
     if refused:
@@ -240,7 +247,7 @@ def _secrets_rotated(ctx: ServiceContext, staged: StagedRelease, current: str, p
         secrets = staged.checked_secrets()
     except SecretError:
         if plan:
-            return False  # a plan may be made without the secret at hand; the real deploy needs it
+            return False  # runner.require_secrets refuses a plan (as a deploy) before any host is touched
         raise
     if not secrets:
         return False  # no secrets now; had there been some, the masked server.yaml (and the hash) changed
@@ -426,9 +433,7 @@ def _stage(
     except UnreachableError as exc:
         # The release stays incomplete on the host; the next deploy there marks it BAD (guards.mark_incomplete).
         result.outcome, result.message = Outcome.UNREACHABLE, f"{exc.one_line()} (while staging {new_id})"
-        audit.append_local(
-            audit.audit_line(ctx.host.name, ctx.service.name, "deploy", new_id, "unreachable", exc.one_line())
-        )
+        ctx.audit_local("deploy", new_id, "unreachable", exc.one_line())
     except OpsctlError as exc:
         why = guards.bounded(exc.message)
         hint = guards.space_hint(exc) or exc.hint
@@ -496,9 +501,7 @@ def _go_live(
         reason = _switch_and_gate(ctx, settings, new_id, result)
     except (UnreachableError, CommandTimeout) as exc:
         result.outcome, result.message = Outcome.UNREACHABLE, f"host became unreachable mid-deploy: {exc.one_line()}"
-        audit.append_local(
-            audit.audit_line(ctx.host.name, ctx.service.name, "deploy", new_id, "unreachable", exc.one_line())
-        )
+        ctx.audit_local("deploy", new_id, "unreachable", exc.one_line())
         return
     if reason == NOT_SWITCHED:
         _mark_bad(ctx, new_id, NOT_SWITCHED)

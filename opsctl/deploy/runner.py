@@ -71,8 +71,11 @@ def run(
     say: Callable[[str], None],
     connect: Connect = remote.connect,
     take_lock: bool = True,
+    audit_refusals: bool = True,
 ) -> RunReport:
-    """Apply `work` to every selected (host, service), in batches, each host under its deploy lock."""
+    """Apply `work` to every selected (host, service), in batches, each host under its deploy lock. A refusal
+    (`work` raised: free space, an old API key, no rollback target, ...) is audited like the lock's, unless
+    `audit_refusals` is off (--plan changes nothing, the audit logs included)."""
     report = RunReport(action)
     hosts = {h.name: h for h, _ in selection}
     services = {(h.name, s.name): s for h, svcs in selection for s in svcs}
@@ -117,9 +120,12 @@ def run(
                     except OpsctlError as exc:
                         outcome = Outcome.INTERRUPTED if cancel.is_set() else Outcome.FAILED
                         out.append(ServiceResult(host_name, target.service, outcome, message=exc.one_line()))
+                        if audit_refusals:
+                            why = "refused" if isinstance(exc, DeployError) else "failed"
+                            _audit_refusal(conn, host, [target.service], action, exc.one_line(), why)
         except LockHeld as exc:
             out += rest(Outcome.LOCKED, exc.one_line())
-            _audit_refusal(conns.get(host_name), host_name, [r.service for r in out], action, exc.message)
+            _audit_refusal(conns.get(host_name), host, [r.service for r in out], action, exc.message)
         except UnreachableError as exc:
             out += rest(Outcome.UNREACHABLE, exc.one_line())
         except OpsctlError as exc:
@@ -175,8 +181,14 @@ def deploy(
     routers: RouterGuard | None = None,
 ) -> RunReport:
     """Deploy each selected service; one that a router fronts is taken out of it first (`routers`)."""
-    if not settings.plan:
-        require_secrets(selection)
+    try:
+        require_secrets(selection)  # --plan too: a plan that says "unchanged" where the deploy fails would lie
+    except DeployError as exc:
+        if not settings.plan:  # no host touched: the control machine's log records the refusal
+            for host, services in selection:
+                for svc in services:
+                    _audit_refusal(None, host, [svc.name], "deploy", exc.message, "refused")
+        raise
 
     def work(ctx: ServiceContext) -> ServiceResult:
         if routers is None or not routers.fronted(ctx.host.name, ctx.service.name):
@@ -188,7 +200,7 @@ def deploy(
             return result
         return behind_routers(ctx, routers, lambda: deploy_service(ctx, wheel, settings))
 
-    return run("deploy", selection, work, options, say, connect, take_lock=not settings.plan)
+    return run("deploy", selection, work, options, say, connect, not settings.plan, not settings.plan)
 
 
 def rollback(
@@ -207,7 +219,7 @@ def rollback(
             return rollback_service(ctx, settings, to)
         return behind_routers(ctx, routers, lambda: rollback_service(ctx, settings, to), (Outcome.UNREACHABLE,))
 
-    return run("rollback", selection, work, options, say, connect, take_lock=not settings.plan)
+    return run("rollback", selection, work, options, say, connect, not settings.plan, not settings.plan)
 
 
 def behind_routers(
@@ -261,11 +273,14 @@ def require_secrets(selection: Sequence[tuple[Host, Sequence[Service]]]) -> None
         )
 
 
-def _audit_refusal(conn: Connection | None, host: str, services: list[str], action: str, why: str) -> None:
-    """A refused deploy is an action too: who tried, and who held the lock (on the host and locally)."""
+def _audit_refusal(
+    conn: Connection | None, host: Host, services: list[str], action: str, why: str, result: str = "locked"
+) -> None:
+    """A refused deploy is an action too: who tried, and why (who held the lock, the guard that refused), in
+    the control machine's log of the host's inventory and (when connected) on the host."""
     for svc in services:
-        line = audit.audit_line(host, svc, action, None, "locked", why)
-        audit.append_local(line)
+        line = audit.audit_line(host.name, svc, action, None, result, why, inventory=host.inventory)
+        audit.append_local(line, host.inventory)
         if conn is not None:
             try:
                 conn.run(audit.append_host_cmd(line), check=False, timeout=30)

@@ -49,7 +49,7 @@ class StagedRelease:
     def render(host: Host, service: Service) -> StagedRelease:
         """The service's release, not yet bound to an id (its files name PLACEHOLDER_ID)."""
         masked = render_service(host, service, PLACEHOLDER_ID, Secrets.MASK)
-        try:  # a plan may be made without the secret at hand; staging needs it
+        try:  # `opsctl render` and the hash need no secret; --plan and staging check it (checked_secrets)
             secrets, secrets_error = _secrets(service), None
         except SecretError as exc:
             secrets, secrets_error = {}, exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from opsctl.inventory.model import (
     Service,
     SshConfig,
 )
+from opsctl.inventory.origin import inherited
 from opsctl.inventory.parallel import check_port_clashes, parallel
 from opsctl.inventory.reader import MAX_DEPTH, read_file
 from opsctl.inventory.routers import parse_routers
@@ -115,14 +116,23 @@ def load_inventory(path: str | Path, overrides: Sequence[Override] = ()) -> Inve
     shown = clean(str(file), 120)
     if data is None:
         raise InventoryError("", f"{shown}: the inventory is empty", "it needs at least a `hosts:` mapping")
-    return parse_inventory(data, str(file), base_dir=file.parent, overrides=overrides)
+    inventory = parse_inventory(data, str(file), base_dir=file.parent, overrides=overrides, read=True)
+    where = str(file.resolve())
+    return replace(inventory, hosts=tuple(replace(h, inventory=where) for h in inventory.hosts))
 
 
 def parse_inventory(
-    data: Any, source: str = "<inventory>", base_dir: Path | None = None, overrides: Sequence[Override] = ()
+    data: Any,
+    source: str = "<inventory>",
+    base_dir: Path | None = None,
+    overrides: Sequence[Override] = (),
+    read: bool = False,
 ) -> Inventory:
-    """Validate plain data (from `reader.read_file`, or built in code) into a typed Inventory."""
-    _refuse_tokens(data, "", 0)
+    """Validate plain data (from `reader.read_file`, or built in code) into a typed Inventory. `read`: the data
+    came from the reader, which already refused every token-shaped key and string (and too deep a nesting)
+    while building it, so the walk below would find nothing (a tenth of loading a 1 MiB inventory)."""
+    if not read:
+        _refuse_tokens(data, "", 0)
     if not overrides:
         return _inventory(data, source, base_dir)
     try:
@@ -181,7 +191,7 @@ def _inventory(data: Any, source: str, base_dir: Path | None) -> Inventory:
         raise InventoryError("hosts", "no hosts defined", "add at least one host")
     warnings: list[str] = []
     hosts = tuple(
-        _host(s.name(key, "hosts"), value, defaults, f"hosts.{key}", base_dir or Path("."), warnings)
+        _inherited_host(s.name(key, "hosts"), value, defaults, base_dir or Path("."), warnings)
         for key, value in hosts_data.items()
     )
     addresses: dict[tuple[str, int], str] = {}
@@ -198,6 +208,13 @@ def _merged(defaults: dict[str, Any], own: dict[str, Any], key: str) -> Any:
     if key in own and key in defaults and isinstance(own[key], dict) and isinstance(defaults[key], dict):
         return {**defaults[key], **own[key]}
     return own.get(key, defaults.get(key))
+
+
+def _inherited_host(name: str, value: Any, defaults: dict[str, Any], base_dir: Path, warnings: list[str]) -> Host:
+    """`_host`, with errors about values taken from `defaults:` reported under `defaults.` (origin.py)."""
+    path = f"hosts.{name}"
+    with inherited(path, value, {k: v for k, v in defaults.items() if k != "service"}, "defaults"):
+        return _host(name, value, defaults, path, base_dir, warnings)
 
 
 def _host(name: str, value: Any, defaults: dict[str, Any], path: str, base_dir: Path, warnings: list[str]) -> Host:
@@ -217,19 +234,15 @@ def _host(name: str, value: Any, defaults: dict[str, Any], path: str, base_dir: 
     services_data = data.get("services") or {}
     if not isinstance(services_data, dict):
         raise InventoryError(f"{path}.services", f"expected a mapping of services, got {s.describe(services_data)}")
-    services = tuple(
-        _service(
-            s.name(key, f"{path}.services"),
-            {**service_defaults, **s.mapping(v, f"{path}.services.{key}", SERVICE_KEYS, {"port", "model"})},
-            name,
-            gpu_count,
-            f"{path}.services.{key}",
-            base_dir,
-            warnings,
-        )
-        for key, v in services_data.items()
-    )
-    _check_clashes(services, gpu_count, path)
+    services = []
+    for key, v in services_data.items():
+        at, own = f"{path}.services.{key}", s.mapping(v, f"{path}.services.{key}", SERVICE_KEYS, {"port", "model"})
+        with inherited(at, own, service_defaults, "defaults.service"):
+            svc = _service(
+                s.name(key, f"{path}.services"), {**service_defaults, **own}, name, gpu_count, at, base_dir, warnings
+            )
+        services.append(svc)
+    _check_clashes(tuple(services), gpu_count, path)
     return Host(
         name=name,
         address=address,
@@ -240,7 +253,7 @@ def _host(name: str, value: Any, defaults: dict[str, Any], path: str, base_dir: 
         sglang_version=pin,
         cuda=cuda,
         wheelhouse=wheelhouse,
-        services=services,
+        services=tuple(services),
     )
 
 

@@ -171,6 +171,7 @@ class Host:
     cuda: CudaConfig | None  # None: no driver/toolkit management (CPU hosts)
     wheelhouse: str | None  # local wheel directory pushed for offline installs
     services: tuple[Service, ...] = field(default=())
+    inventory: str = ""  # the file it was declared in (absolute; "" when built in code): one audit log each
 
     def service(self, name: str) -> Service:
         for svc in self.services:

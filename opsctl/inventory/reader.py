@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.composer import Composer
 
+from opsctl import yamlload
 from opsctl.errors import InventoryError
 from opsctl.inventory.rules import SECRET_HINT, clean, excerpt, token_kind
 from opsctl.inventory.schema import join
@@ -32,6 +34,7 @@ MAX_VALUES = 100_000  # values after alias and merge expansion
 MAX_NUMBER_TEXT = 32  # characters of a number as written
 
 _TAG = "tag:yaml.org,2002:"
+LIBYAML = yamlload.LIBYAML
 _QUOTE_HINT = "quote it if you meant the text"
 
 
@@ -80,11 +83,28 @@ def decode(raw: bytes, shown: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def parse_text(text: str, shown: str = "<inventory>") -> Any:
-    """YAML text to plain data, with the limits and refusals above."""
-    loader: _Loader | None = None
+def parse_text(text: str, shown: str = "<inventory>", libyaml: bool = LIBYAML) -> Any:
+    """YAML text to plain data, with the limits and refusals above.
+
+    `libyaml`: parse with libyaml's C parser where it agrees with PyYAML's (`yamlload.agrees`: no tab, BOM,
+    `?`, tag...); a text libyaml refuses is read again by PyYAML for the message (libyaml words and places
+    syntax errors differently): the data and every message are PyYAML's (tests/unit/test_inventory_reader.py)."""
+    if libyaml and yamlload.agrees(text):
+        try:
+            node = _compose(text, shown, libyaml=True)
+            return None if node is None else _Builder().value(node, "", 0)
+        except InventoryError:
+            pass  # PyYAML's reading below gives the message (libyaml found the same fault)
+    node = _compose(text, shown, libyaml=False)
+    if node is None:
+        return None
+    return _Builder().value(node, "", 0)
+
+
+def _compose(text: str, shown: str, libyaml: bool) -> yaml.Node | None:
+    loader: _Counting | None = None
     try:
-        loader = _Loader(text)  # the reader refuses unprintable characters here
+        loader = _loader(text, libyaml)  # the pure reader refuses unprintable characters here
         node = loader.get_single_node()
     except _TooDeep as exc:
         raise InventoryError(
@@ -106,10 +126,8 @@ def parse_text(text: str, shown: str = "<inventory>") -> Any:
         raise InventoryError("", f"{shown}: YAML syntax error{where}: {clean(problem, 100)}", "fix the YAML") from None
     finally:
         if loader is not None:
-            loader.dispose()
-    if node is None:
-        return None
-    return _Builder().value(node, "", 0)
+            loader.dispose()  # type: ignore[attr-defined]
+    return node
 
 
 class _TooDeep(Exception):
@@ -122,17 +140,32 @@ class _TooManyAliases(Exception):
         self.line = line
 
 
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe reader, scanner, parser, composer and resolver; composing counts depth and aliases.
-    Its constructor is never used: `_Builder` makes the values."""
+# libyaml's reader, scanner and parser (C) when PyYAML was built with it: 4x faster on a 1 MiB inventory
+# (docs/inventory.md). Its C composer is not used: it recurses without a limit (`[` x 100000 is a segfault) and
+# cannot count aliases; PyYAML's composer (Python) reads libyaml's events and counts both (compose_node).
+class _Counting(Composer):
+    """PyYAML's composer, counting depth and aliases; mixed into the safe parser of either implementation.
+    The loader's constructor is never used: `_Builder` makes the values."""
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
+    def __init__(self) -> None:
+        self.anchors: dict[str, yaml.Node] = {}
         self._depth = 0
         self._aliases = 0
+        self._tags: dict[tuple[str, tuple[bool, bool]], str] = {}  # scalar (text, implicit) -> resolved tag
+
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: Any) -> str:
+        """The resolver's tag, remembered per scalar text: an inventory repeats the same few hundred words (a
+        safe loader has no path resolvers, so a scalar's tag depends on its text and `implicit` alone)."""
+        if kind is not yaml.ScalarNode:
+            return super().resolve(kind, value, implicit)  # type: ignore[misc,no-any-return]
+        key = (value, implicit)
+        tag = self._tags.get(key)
+        if tag is None:
+            tag = self._tags[key] = super().resolve(kind, value, implicit)  # type: ignore[misc]
+        return tag
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        event = self.peek_event()  # type: ignore[no-untyped-call]
+        event = self.peek_event()  # type: ignore[attr-defined]
         line = event.start_mark.line + 1 if event.start_mark is not None else 0
         if isinstance(event, yaml.AliasEvent):
             self._aliases += 1
@@ -145,6 +178,28 @@ class _Loader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+class _PyLoader(_Counting, yaml.SafeLoader):
+    """PyYAML's pure-Python reader (refuses unprintable characters when built), scanner, parser, resolver."""
+
+    def __init__(self, stream: str) -> None:
+        yaml.SafeLoader.__init__(self, stream)
+        _Counting.__init__(self)
+
+
+if LIBYAML:
+
+    class _CLoader(_Counting, yaml.CSafeLoader):
+        """libyaml's reader, scanner and parser; Python's composer (the MRO puts _Counting's first)."""
+
+        def __init__(self, stream: str) -> None:
+            yaml.CSafeLoader.__init__(self, stream)
+            _Counting.__init__(self)
+
+
+def _loader(text: str, libyaml: bool) -> _Counting:
+    return _CLoader(text) if libyaml and LIBYAML else _PyLoader(text)
 
 
 _DECIMAL = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")

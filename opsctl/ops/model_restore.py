@@ -10,7 +10,9 @@ Same copy protocol as model_sync: a staging dir, checked, then renamed into plac
 when the final path already carries the same manifest (a unit restart rather than a boot).
 
 Models whose source is on the control machine cannot be restored by the host alone: `opsctl status` reports
-them after a reboot with the command that restores them (provision).
+them after a reboot with the command that restores them (provision). A restore unit on the host that no
+service needs any more (its model's source moved to the control machine, or its services went) is disabled and
+removed with its state dir (`plan_removal`): left enabled, it would copy an old source over the model at boot.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import re
 import shlex
 
 from opsctl import layout, systemd
-from opsctl.commands import Cmd
+from opsctl.commands import Cmd, sh
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
 from opsctl.ops.base import Action, Context, Plan, PutText, execute, read
 from opsctl.ops.facts.manifest import MANIFEST_NAME, Manifest, parse_manifest_json
@@ -149,6 +151,38 @@ def plan_restore(
     return actions, [f"{spec.path}: install {unit_name(spec)} (copies {spec.source} back after a reboot)"]
 
 
+_UNIT_FILE = re.compile(r"opsctl-model-([A-Za-z0-9_.-]+)\.service")
+
+
+def installed_cmd() -> Cmd:
+    """A fact read: the restore unit files on the host, one name a line."""
+    return sh(f"ls -1 {shlex.quote(layout.UNIT_DIR)} 2>/dev/null | grep -E '^opsctl-model-.*[.]service$' || true")
+
+
+def parse_installed(stdout: str) -> list[str]:
+    return sorted({line.strip() for line in stdout.splitlines() if _UNIT_FILE.fullmatch(line.strip())})
+
+
+def plan_removal(installed: list[str], wanted: set[str]) -> tuple[list[Action], list[str]]:
+    """The pure decision: disable and remove every installed restore unit not in `wanted`. Disabled before
+    anything stops it: a service `Requires=` its restore unit (RequiredBy), so stopping it first would stop
+    the service; once disabled and reloaded, the stop touches nothing else."""
+    stale = [u for u in installed if u not in wanted]
+    actions: list[Action] = []
+    for unit in stale:
+        name = unit.removeprefix("opsctl-model-").removesuffix(".service")  # as state_dir names it
+        actions += [
+            Cmd.of("systemctl", "disable", "--quiet", "--", unit, sudo=True),
+            Cmd.of("rm", "-f", "--", f"{layout.UNIT_DIR}/{unit}", sudo=True),
+            Cmd.of("rm", "-rf", "--", f"{STATE_ROOT}/{name}", sudo=True),
+        ]
+    if stale:
+        actions.append(systemd.daemon_reload_cmd())
+        actions += [sh(f"systemctl stop -- {shlex.quote(u)} 2>/dev/null || true", sudo=True) for u in stale]
+    notes = [f"{u}: no service here restores that model from a host-side source now: disable and remove" for u in stale]
+    return actions, notes
+
+
 class ModelRestore:
     name = NAME
 
@@ -168,6 +202,10 @@ class ModelRestore:
             acts, why = plan_restore(spec, manifest, services, have, enabled.exit_code == 0)
             actions += acts
             notes += why
+        wanted = {unit_name(spec) for spec in restorable(ctx.spec)}
+        removal, why = plan_removal(parse_installed(read(ctx.remote, installed_cmd()).stdout), wanted)
+        actions += removal
+        notes += why
         if not restorable(ctx.spec):
             notes.append("no host-side model sources (control-side ones come back with `opsctl provision`)")
         return Plan(NAME, actions=tuple(actions), notes=tuple(notes))

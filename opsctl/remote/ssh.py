@@ -37,6 +37,10 @@ from opsctl.remote.local import LocalHost
 from opsctl.remote.rsync import PROGRESS_FLAGS, parse_progress, rsync_error, ssh_command
 
 log = logging.getLogger("opsctl.remote")
+# paramiko's transport thread logs each failed handshake (a port that is not sshd, a reset) with its traceback at
+# ERROR; with no handler configured Python prints that on stderr. The failure reaches the caller as one
+# UnreachableError line (below), so paramiko's own report only goes to handlers a user configured.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 PGID_MARK = "__OPSCTL_PGID__="
 EOF_GRACE_S = 2.0  # after the exit status, how long to wait for the output streams to close

@@ -179,6 +179,7 @@ def test_dead_holder_lock_is_reported_stale(base_inventory: Path) -> None:
     assert refused.returncode == 1 and "lab1/ref: locked" in refused.stderr
     assert f"pid {dead_pid}" in refused.stderr and "STALE" in refused.stderr and "--break-lock" in refused.stderr
     assert "lab1: deploy lock held by" in status.stderr and "STALE" in status.stderr
+    assert status.returncode == 1 and "--break-lock --host lab1" in status.stderr  # every deploy is refused
     audit = remote_run(base_inventory, "lab1", sh("tail -n 3 /var/lib/opsctl/audit.log", sudo=True))
     assert "result=locked" in audit
     assert cleared.returncode == 0 and "lock cleared" in cleared.stderr

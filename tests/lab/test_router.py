@@ -197,6 +197,40 @@ def test_last_healthy_worker_is_never_taken_out(router_inventory: Path) -> None:
         remote_run(router_inventory, "lab2", Cmd.of("systemctl", "start", "opsctl-ref.service"))
 
 
+def test_a_router_left_out_of_the_inventory_is_shown_and_removed(router_inventory: Path, tmp_path: Path) -> None:
+    """Issue 30: a router deleted from `routers:` kept running and vanished from `status`. Now status names it
+    (exit 1) with the command, `router remove` refuses while the inventory still has it, and removes it. It
+    deploys the router again afterwards (a first deploy: its releases went too) for the tests after it."""
+
+    def without_router(doc: dict[str, Any]) -> None:
+        _with_router(doc)
+        doc.pop("routers")
+
+    gone = str(derived_inventory(tmp_path / "no-router.yaml", without_router))
+    try:
+        shown = opsctl("status", "-i", gone, "--host", "lab1")
+        assert shown.returncode == 1, shown.stderr[-3000:]
+        assert "lab1/router front: not in the inventory but installed (active/running)" in shown.stderr
+        assert "opsctl router remove front --host lab1" in shown.stderr
+        refused = opsctl("router", "remove", "front", "--host", "lab1", "-i", str(router_inventory))
+        assert refused.returncode == 1 and "still in the inventory" in refused.stderr, refused.stderr[-2000:]
+        plan = opsctl("router", "remove", "front", "--host", "lab1", "-i", gone, "--plan")
+        assert plan.returncode == 2 and "systemctl disable --now" in plan.stderr, plan.stderr[-2000:]
+        assert (
+            httpx.get(f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}/health", timeout=10).status_code
+            == 200
+        )
+        removed = opsctl("router", "remove", "front", "--host", "lab1", "-i", gone)
+        assert removed.returncode == 0 and "stopped and removed" in removed.stderr, removed.stderr[-2000:]
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}/health", timeout=10)
+        after = opsctl("status", "-i", gone, "--host", "lab1")
+        assert "router front" not in after.stderr and after.returncode == 0, after.stderr[-3000:]
+    finally:
+        back = opsctl("deploy", "-i", str(router_inventory), "--router", "front")
+    assert back.returncode == 0, back.stderr[-3000:]
+
+
 def test_router_release_that_cannot_start_is_rolled_back(router_inventory: Path, tmp_path: Path) -> None:
     """The router's own deploy is gated too: listening on an address lab1 does not have makes the new release
     crash-loop; the previous router release comes back and serves. Then `opsctl rollback --router` works."""

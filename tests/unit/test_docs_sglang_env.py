@@ -1,0 +1,30 @@
+"""docs/sglang.md says one thing about SGLANG_DFLASH_EAGER_DRAFT_SAMPLER, and it is what render.py renders
+(issue 30: the doc said "not needed" for tree services in one place while tree services render it)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from opsctl.inventory.load import load_inventory
+from opsctl.render import server_env
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden" / "inventory.yaml"
+VAR = "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER"
+
+
+def test_rendered_for_sglang_shadow_and_tree_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPSCTL_GOLDEN_KEY", "k")
+    host = load_inventory(GOLDEN).hosts[0]
+    rendered = {svc.name: dict(server_env(host, svc, "/r")).get(VAR) for svc in host.services}
+    assert {name for name, value in rendered.items() if value == "1"} == {"sgl-shadow", "sgl-tree"}
+
+
+def test_the_doc_agrees() -> None:
+    text = " ".join((ROOT / "docs" / "sglang.md").read_text().split())
+    sentences = [s for s in re.split(r"(?<=[.;:)])\s", text) if "eager-sampler" in s or VAR in s]
+    assert sentences and not [s for s in sentences if "not needed" in s], "the doc says the variable is not needed"
+    assert f"`{VAR}=1`, rendered for every `sglang` service in `shadow` or `tree` mode" in text

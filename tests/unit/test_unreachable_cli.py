@@ -1,0 +1,63 @@
+"""An unreachable host is one line on stderr for every command that connects, never paramiko's traceback
+(issue 30). Real paramiko against a real socket that is not sshd (it answers HTTP and closes): the handshake
+fails inside paramiko's transport thread, which logs the traceback itself unless opsctl quiets it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+COMMANDS = [["status"], ["logs"], ["rollback", "--plan"], ["provision", "--plan"]]
+
+
+@pytest.fixture(scope="module")
+def not_sshd() -> Iterator[int]:
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    server.close()
+
+
+def _inventory(tmp_path: Path, port: int) -> Path:
+    path = tmp_path / "inv.yaml"
+    path.write_text(
+        "hosts:\n  ghost:\n    address: 127.0.0.1\n"
+        f"    ssh: {{port: {port}, user: root, host_key_policy: accept-new, known_hosts_file: {tmp_path}/kh,"
+        " connect_retries: 1, connect_timeout: 5}\n"
+        "    services:\n      ref:\n        engine: reference\n        mode: baseline\n        port: 31004\n"
+        "        device: cpu\n        model: {source: /data/m, source_on: host, path: /dev/shm/m}\n"
+    )
+    return path
+
+
+def test_unreachable_host_is_one_line_for_every_command(tmp_path: Path, not_sshd: int) -> None:
+    inv = _inventory(tmp_path, not_sshd)
+    code = "import sys; sys.argv[0] = 'opsctl'; from opsctl.cli.app import main; main()"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)}
+    argvs = [[sys.executable, "-c", code, *cmd, "-i", str(inv)] for cmd in COMMANDS]
+    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for a in argvs]
+    for cmd, proc in zip(COMMANDS, procs, strict=True):
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1, (cmd, err)
+        assert "Traceback" not in err and "paramiko" not in err, (cmd, err)
+        said = [line for line in err.splitlines() if "unreachable" in line]
+        assert len(said) == 1 and "Error reading SSH protocol banner" in said[0], (cmd, err)
