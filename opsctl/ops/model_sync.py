@@ -14,6 +14,11 @@ Copy protocol (the final path never holds a partial model):
    mismatch fails the copy), and the source's (size, mtime, inode) still being those of its manifest proves
    the sender read the hashed bytes; so the host lists sizes only. Other copies are hashed after the copy;
 5. swap: final -> .opsctl-old-<name>, staging -> final (two renames), remove the old copy.
+
+Before step 2, the source's manifest is judged against the model accepted on the host (opsctl.ops.model_trust):
+a source that differs is refused, so a corrupted source never becomes the new truth. The services whose model
+was copied anew are restarted, and provision waits (bounded by their health_timeout) until they are healthy
+(opsctl.ops.service_wait), so a smoke right after provision is answered.
 """
 
 from __future__ import annotations
@@ -22,13 +27,15 @@ import posixpath
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from opsctl import layout, modelcheck, systemd
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
+from opsctl.ops import model_trust, service_wait
 from opsctl.ops.base import Action, Context, Plan, Push, PutText, Verify, execute, read
-from opsctl.ops.errors import ManifestMismatchError, ProvisionError, ShmTooSmallError
+from opsctl.ops.errors import ManifestMismatchError, ModelNotTrustedError, ProvisionError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
     DirState,
@@ -268,11 +275,16 @@ class ModelSync:
             manifest = manifest_for(ctx, spec)
             if not manifest.files:
                 raise ProvisionError(f"model source {spec.source} has no files", "fix models.source")
+            verdict = judge_trust(ctx, spec, manifest)  # before anything is read or copied
             acts, why = plan_model(spec, manifest, read_facts(ctx.remote, spec))
-            actions += acts
-            notes += why
             if any(isinstance(a, Verify) for a in acts):  # only a copy verifies
                 replaced.append(spec)
+            acts += trust_actions(spec, manifest, verdict)
+            actions += acts
+            notes += why
+            if verdict.record:
+                notes.append(f"{spec.path.rstrip('/')}: {model_trust.digest(manifest)} is the accepted model now "
+                             f"({verdict.trust.value})")  # fmt: skip
         if not models_of(ctx.spec):
             notes.append("no models (the host has no services)")
         users = model_users(ctx.spec, replaced)
@@ -285,7 +297,38 @@ class ModelSync:
     def apply(self, ctx: Context, plan: Plan) -> Plan:
         execute(ctx.remote, plan.actions, timeout=COPY_TIMEOUT_S, progress=ctx.progress)
         # Re-reading facts would hash everything again; the copy was verified before the rename.
-        return Plan(NAME, notes=plan.notes)
+        restarted = [s for s in ctx.spec.services if systemd.restart_cmd(layout.unit_name(s.name)) in plan.actions]
+        waited = service_wait.wait_healthy(ctx, restarted)
+        return Plan(NAME, notes=(*plan.notes, *waited))
+
+
+def judge_trust(ctx: Context, spec: ModelSpec, manifest: Manifest) -> model_trust.SourceVerdict:
+    """The source against the model accepted on the host; raises when it differs and was not accepted."""
+    trusted = model_trust.read_trusted(ctx.remote, spec.path)
+    accept = spec.path.rstrip("/") in ctx.options.accept_models
+    verdict = model_trust.judge_source(trusted, manifest, accept)
+    if verdict.trust is model_trust.Trust.REFUSED and trusted is not None:
+        where = "on the host" if spec.source_on is ModelSourceKind.HOST else "on the control machine"
+        raise ModelNotTrustedError(
+            f"{ctx.spec.name}: model source {spec.source} ({where}) is not the model accepted for "
+            f"{spec.path.rstrip('/')} ({verdict.detail}; source {model_trust.digest(manifest)}, accepted "
+            f"{model_trust.digest(trusted.manifest)} at {trusted.accepted_at}): corrupt or replaced; "
+            "nothing was copied",
+            model_trust.accept_hint(ctx.spec.name, spec),
+        )
+    return verdict
+
+
+def trust_actions(spec: ModelSpec, manifest: Manifest, verdict: model_trust.SourceVerdict) -> list[Action]:
+    """Record the manifest as the accepted model (first use, or --accept-model), after any copy of it."""
+    if not verdict.record:
+        return []
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    record = model_trust.Trusted(manifest, now, verdict.trust.value)
+    return [
+        Cmd.of("mkdir", "-p", model_trust.state_dir(spec), sudo=True),
+        PutText(model_trust.trust_path(spec.path), record.to_json(), 0o644),
+    ]
 
 
 def changed_under(ctx: Context) -> list[str]:

@@ -13,7 +13,7 @@ from opsctl import modelcheck
 from opsctl.deploy import guards, secret_fp
 from opsctl.deploy.lock import LockInfo
 from opsctl.inventory.model import ModelSourceKind, ModelSpec
-from opsctl.ops import model_restore
+from opsctl.ops import model_restore, model_trust
 from opsctl.ops.base import PutText
 from opsctl.ops.facts.manifest import FileEntry, Manifest
 from opsctl.systemd import exec_argv, parse_unit
@@ -189,6 +189,8 @@ def test_provision_restarts_a_service_whose_good_model_changed_after_it_started(
             return (0, listing, "")
         if text.startswith("cat ") and text.endswith(".opsctl-manifest.json"):
             return (0, manifest, "")
+        if text.startswith("cat ") and text.endswith("trusted.json"):  # accepted before: nothing to record
+            return (0, model_trust.Trusted(Manifest({"w.bin": FileEntry(10, SHA_A)}), "t", "first use").to_json(), "")
         if text.startswith("test -d") and ".opsctl-sync-" in text:
             return (1, "", "")
         if text.startswith("df "):

@@ -22,8 +22,9 @@ from opsctl.inventory.model import (
     Service,
     SshConfig,
 )
-from opsctl.ops.base import Artifacts, Context, Push, Verify
-from opsctl.ops.errors import ManifestMismatchError, ShmTooSmallError
+from opsctl.ops import model_trust
+from opsctl.ops.base import Artifacts, Context, Options, Push, Verify
+from opsctl.ops.errors import ManifestMismatchError, ModelNotTrustedError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -174,6 +175,14 @@ def test_models_deduplicated_by_destination() -> None:
 # --- the protocol for real, on the control machine -------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _trust_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The accepted-model records under the test's own dir, never the machine's /var/lib/opsctl."""
+    root = tmp_path / "trust"
+    monkeypatch.setattr(model_trust, "STATE_ROOT", str(root))
+    return root
+
+
 def _model(root: Path, files: dict[str, bytes]) -> Path:
     for name, data in files.items():
         path = root / name
@@ -232,7 +241,8 @@ def test_failed_verification_never_touches_the_final_path(tmp_path: Path) -> Non
     _converge(ctx)
     # a manifest that does not describe the source (no stamps: the copy is hashed) cannot be satisfied
     (source / "a.bin").write_bytes(b"B" * 1000)
-    stale = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): Manifest(
+    new = Options(accept_models=frozenset({str(dest)}))  # a new model, accepted: the copy protocol is tested
+    stale = Context(ctx.spec, ctx.remote, new, artifacts=Artifacts(manifests={str(source): Manifest(
         {"a.bin": FileEntry(1000, "0" * 64)})}))  # fmt: skip
     op = ModelSync()
     with pytest.raises(ManifestMismatchError, match="does not match the source manifest"):
@@ -247,7 +257,8 @@ def test_source_changed_during_the_copy_is_refused(tmp_path: Path) -> None:
     ctx, dest = _ctx(tmp_path, source)
     _converge(ctx)
     (source / "b.bin").write_bytes(b"C" * 1000)
-    ctx = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): build_local_manifest(source)}))
+    new = Options(accept_models=frozenset({str(dest)}))  # a new model, accepted: the copy protocol is tested
+    ctx = Context(ctx.spec, ctx.remote, new, Artifacts(manifests={str(source): build_local_manifest(source)}))
     op = ModelSync()
     plan = op.plan(ctx)
     time.sleep(0.01)  # a write within the same mtime tick would still change the inode below
@@ -306,3 +317,32 @@ def test_python_and_coreutils_listings_agree(tmp_path: Path) -> None:
     assert sorted(fast) == ["a.bin", "empty", "sub/b.bin"]
     assert fast["a.bin"] == FileEntry(3000, sha256_file(tmp_path / "m" / "a.bin"))
     assert host.run(hash_listing_cmd(str(tmp_path / "absent"))).stdout == ""
+
+
+def test_corrupt_source_is_refused_never_copied_and_only_accepting_it_changes_the_truth(
+    tmp_path: Path, _trust_root: Path
+) -> None:
+    source = _model(tmp_path / "src", {"config.json": b"{}", "w.bin": b"A" * 4096})
+    ctx, dest = _ctx(tmp_path, source)
+    _converge(ctx)  # first use: the source's manifest becomes the accepted model
+    record = model_trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
+    assert record is not None and record.how == "first use"
+    assert record.manifest == build_local_manifest(source)
+    before = {p.name: p.read_bytes() for p in dest.iterdir()}
+    with (source / "w.bin").open("r+b") as fh:  # one byte flipped in the source, size kept
+        fh.seek(100)
+        fh.write(b"B")
+    corrupt = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): build_local_manifest(source)}))
+    with pytest.raises(ModelNotTrustedError) as refused:
+        ModelSync().plan(corrupt)
+    line = refused.value.one_line()
+    assert "is not the model accepted" in line and "differ: w.bin" in line and "nothing was copied" in line
+    assert f"--accept-model {dest}" in line and "\n" not in line
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == before  # manifest and weights untouched
+    # the explicit act: accepted, copied, and recorded as the new truth
+    accepted = Context(ctx.spec, ctx.remote, Options(accept_models=frozenset({str(dest)})), corrupt.artifacts)
+    _converge(accepted)
+    assert (dest / "w.bin").read_bytes()[100:101] == b"B"
+    record = model_trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
+    assert record is not None and record.how == "accepted" and record.manifest == build_local_manifest(source)
+    assert ModelSync().plan(corrupt).actions == ()  # accepted once: later runs need no flag
