@@ -250,7 +250,7 @@ def run_step(op: Operation, ctx: Context, plan_only: bool) -> StepReport:
             if after.reboot_required
             else (StepStatus.CHANGED if plan.changes else StepStatus.UNCHANGED)
         )
-        notes = (*plan.notes, *after.notes) if after.reboot_required else plan.notes
+        notes = (*plan.notes, *(n for n in after.notes if n not in plan.notes))  # what apply learnt, once
         return StepReport(op.name, status, tuple(plan.commands()), notes)
     except OpsctlError as exc:
         commands = tuple(plan.commands()) if plan is not None else ()

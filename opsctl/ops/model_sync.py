@@ -283,8 +283,8 @@ class ModelSync:
             actions += acts
             notes += why
             if verdict.record:
-                notes.append(f"{spec.path.rstrip('/')}: {model_trust.digest(manifest)} is the accepted model now "
-                             f"({verdict.trust.value})")  # fmt: skip
+                digest = model_trust.digest(manifest)
+                notes.append(f"{spec.path.rstrip('/')}: record {digest} as the accepted model ({_how(verdict)})")
         if not models_of(ctx.spec):
             notes.append("no models (the host has no services)")
         users = model_users(ctx.spec, replaced)
@@ -312,11 +312,16 @@ def judge_trust(ctx: Context, spec: ModelSpec, manifest: Manifest) -> model_trus
         raise ModelNotTrustedError(
             f"{ctx.spec.name}: model source {spec.source} ({where}) is not the model accepted for "
             f"{spec.path.rstrip('/')} ({verdict.detail}; source {model_trust.digest(manifest)}, accepted "
-            f"{model_trust.digest(trusted.manifest)} at {trusted.accepted_at}): corrupt or replaced; "
-            "nothing was copied",
+            f"{trusted.describe()}): corrupt or replaced; nothing was copied",
             model_trust.accept_hint(ctx.spec.name, spec),
         )
     return verdict
+
+
+def _how(verdict: model_trust.SourceVerdict) -> str:
+    """Which act records it: the first copy, an earlier provision's manifest (a host from before records), or
+    --accept-model."""
+    return "earlier manifest" if verdict.trust is model_trust.Trust.MATCHES else verdict.trust.value
 
 
 def trust_actions(spec: ModelSpec, manifest: Manifest, verdict: model_trust.SourceVerdict) -> list[Action]:
@@ -324,7 +329,7 @@ def trust_actions(spec: ModelSpec, manifest: Manifest, verdict: model_trust.Sour
     if not verdict.record:
         return []
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    record = model_trust.Trusted(manifest, now, verdict.trust.value)
+    record = model_trust.Trusted(manifest, now, _how(verdict))
     return [
         Cmd.of("mkdir", "-p", model_trust.state_dir(spec), sudo=True),
         PutText(model_trust.trust_path(spec.path), record.to_json(), 0o644),

@@ -21,7 +21,7 @@ from enum import StrEnum
 from opsctl.commands import Cmd
 from opsctl.inventory.model import ModelSpec
 from opsctl.ops.base import read
-from opsctl.ops.facts.manifest import FileEntry, Manifest, compare
+from opsctl.ops.facts.manifest import MANIFEST_NAME, FileEntry, Manifest, compare, parse_manifest_json
 from opsctl.remote.base import Connection
 
 STATE_ROOT = "/var/lib/opsctl/models"
@@ -51,7 +51,11 @@ def digest(manifest: Manifest) -> str:
 class Trusted:
     manifest: Manifest
     accepted_at: str  # when it was recorded (UTC, ISO 8601)
-    how: str  # "first use" or "accepted": which act recorded it
+    how: str  # "first use", "accepted" or "earlier manifest": which act recorded it
+    recorded: bool = True  # False: taken from an earlier provision's manifest, recorded on this run
+
+    def describe(self) -> str:
+        return f"{digest(self.manifest)} ({self.how}" + (f" at {self.accepted_at})" if self.accepted_at else ")")
 
     def to_json(self) -> str:
         files = {p: {"size": e.size, "sha256": e.sha256} for p, e in sorted(self.manifest.files.items())}
@@ -72,8 +76,19 @@ def parse_trusted(text: str) -> Trusted | None:
 
 
 def read_trusted(remote: Connection, model_path: str) -> Trusted | None:
+    """The record; on a host provisioned before records existed, what an earlier provision verified: the restore
+    unit's manifest, else the manifest in /dev/shm (so a source corrupted before the upgrade is still caught)."""
     out = read(remote, Cmd.of("cat", "--", trust_path(model_path), sudo=True))
-    return parse_trusted(out.stdout) if out.exit_code == 0 else None
+    trusted = parse_trusted(out.stdout) if out.exit_code == 0 else None
+    if trusted is not None:
+        return trusted
+    state = f"{STATE_ROOT}/{model_name(model_path)}"
+    for earlier in (f"{state}/manifest.json", f"{model_path.rstrip('/')}/{MANIFEST_NAME}"):
+        out = read(remote, Cmd.of("cat", "--", earlier, sudo=True))
+        manifest = parse_manifest_json(out.stdout) if out.exit_code == 0 else None
+        if manifest is not None and manifest.files:
+            return Trusted(manifest, "", f"earlier manifest {earlier}", recorded=False)
+    return None
 
 
 class Trust(StrEnum):
@@ -87,26 +102,22 @@ class Trust(StrEnum):
 class SourceVerdict:
     trust: Trust
     detail: str = ""  # which files differ, for the one-line refusal
-
-    @property
-    def record(self) -> bool:
-        """Whether this run (re)writes the trust record."""
-        return self.trust in (Trust.FIRST_USE, Trust.ACCEPTED)
+    record: bool = False  # whether this run (re)writes the trust record
 
 
 def judge_source(trusted: Trusted | None, source: Manifest, accept: bool) -> SourceVerdict:
     """The pure decision: may this source's bytes become (or stay) the model on the host?"""
     if trusted is None:
-        return SourceVerdict(Trust.FIRST_USE)
+        return SourceVerdict(Trust.FIRST_USE, record=True)
     state = compare(trusted.manifest, source.files)
     if state.matches:
-        return SourceVerdict(Trust.MATCHES)
+        return SourceVerdict(Trust.MATCHES, record=not trusted.recorded)
     parts = [
         f"{label} {_few(sorted(names))}"
         for label, names in (("differ:", state.bad), ("missing:", state.missing), ("not accepted:", state.extra))
         if names
     ]
-    return SourceVerdict(Trust.ACCEPTED if accept else Trust.REFUSED, "; ".join(parts))
+    return SourceVerdict(Trust.ACCEPTED if accept else Trust.REFUSED, "; ".join(parts), record=accept)
 
 
 def accept_hint(host: str, spec: ModelSpec) -> str:

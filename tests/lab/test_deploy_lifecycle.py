@@ -179,11 +179,13 @@ def test_corrupt_host_source_is_refused_after_a_reboot_until_a_model_is_accepted
 
     inv = derived_inventory(tmp_path / "host-side.yaml", _host_side)
     src, state = f"{HOST_SRC}/tiny-qwen3", "/var/lib/opsctl/models/tiny-qwen3"
-    setup = " && ".join(
-        f"if [ ! -d {HOST_SRC}/{Path(p).name} ]; then mkdir -p {HOST_SRC} && cp -a {p} {HOST_SRC}/{Path(p).name} "
-        f"&& rm {HOST_SRC}/{Path(p).name}/.opsctl-manifest.json; fi" for p in (MODEL, DRAFT)
+    copy = " && ".join(
+        f"rm -rf {HOST_SRC}/{Path(p).name} && cp -a {p} {HOST_SRC}/{Path(p).name} && rm {HOST_SRC}/{Path(p).name}/"
+        ".opsctl-manifest.json" for p in (MODEL, DRAFT)
     )  # fmt: skip
-    remote_run(inv, "lab2", sh(f"{setup} && rm -rf {src}.good && cp -a {src} {src}.good", sudo=True))
+    remote_run(
+        inv, "lab2", sh(f"mkdir -p {HOST_SRC} && {copy} && rm -rf {src}.good && cp -a {src} {src}.good", sudo=True)
+    )
     installed = provision(inv, "--host", "lab2", always=True)  # restore units (a no-op after the reboot test)
     assert installed.returncode == 0, installed.stderr[-3000:]
 
@@ -219,7 +221,7 @@ def test_corrupt_host_source_is_refused_after_a_reboot_until_a_model_is_accepted
     assert trusted["how"] == "accepted" and "NOTES.md" in trusted["files"]
     assert "NOTES.md" in remote_run(inv, "lab2", Cmd.of("cat", f"{state}/sha256sums"))
     # Back to the lab's model (the other modules provision lab2 from the control machine): accepted again.
-    remote_run(inv, "lab2", sh(f"rm -f {src}/NOTES.md", sudo=True))
+    remote_run(inv, "lab2", sh(f"rm -f {src}/NOTES.md && rm -rf {src}.good", sudo=True))
     back = provision(inv, "--host", "lab2", "--accept-model", MODEL, always=True)
     assert back.returncode == 0, back.stderr[-3000:]
     assert opsctl("status", "-i", str(inv), "--host", "lab2").returncode == 0

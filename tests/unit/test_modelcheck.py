@@ -271,6 +271,10 @@ def test_source_verdicts_like_known_hosts() -> None:
     assert refused.trust is model_trust.Trust.REFUSED and refused.detail == "differ: model.safetensors"
     assert not refused.record and judge(record, flipped, accept=True).record
     assert judge(record, grown, accept=False).detail == "not accepted: NOTES.md"
+    assert judge(record, MANIFEST, accept=False).record is False  # recorded already: nothing to write
+    earlier = model_trust.Trusted(MANIFEST, "", "earlier manifest x", recorded=False)
+    assert judge(earlier, MANIFEST, accept=False).record is True  # a host from before records: recorded now
+    assert judge(earlier, flipped, accept=False).trust is model_trust.Trust.REFUSED
     assert model_trust.parse_trusted(record.to_json()) == record
     assert model_trust.parse_trusted("{") is None and model_trust.parse_trusted("") is None
     assert model_trust.digest(MANIFEST).startswith("sha256:") and len(model_trust.digest(MANIFEST)) == 23

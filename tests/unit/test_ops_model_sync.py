@@ -346,3 +346,17 @@ def test_corrupt_source_is_refused_never_copied_and_only_accepting_it_changes_th
     record = model_trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
     assert record is not None and record.how == "accepted" and record.manifest == build_local_manifest(source)
     assert ModelSync().plan(corrupt).actions == ()  # accepted once: later runs need no flag
+
+
+def test_a_host_from_before_records_still_refuses_a_source_corrupted_since(tmp_path: Path, _trust_root: Path) -> None:
+    # Provisioned by an opsctl without trust records: the manifest an earlier provision verified in /dev/shm is
+    # what the model was, so a source corrupted before the upgrade is refused, not accepted on "first use".
+    source = _model(tmp_path / "src", {"w.bin": b"A" * 4096})
+    ctx, dest = _ctx(tmp_path, source)
+    _converge(ctx)
+    (_trust_root / "model" / "trusted.json").unlink()
+    (source / "w.bin").write_bytes(b"B" * 4096)
+    corrupt = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): build_local_manifest(source)}))
+    with pytest.raises(ModelNotTrustedError, match=r"differ: w\.bin.*earlier manifest"):
+        ModelSync().plan(corrupt)
+    assert (dest / "w.bin").read_bytes() == b"A" * 4096
