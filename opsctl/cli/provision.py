@@ -59,6 +59,7 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option(
                 "--accept-model",
+                metavar="PATH",
                 help="Accept this model's source (its destination path) as the new model, though it differs "
                 "from the one accepted on the host (repeatable).",
             ),

@@ -110,8 +110,7 @@ def unit_text(spec: ModelSpec, services: list[str]) -> str:
     )
 
 
-def sums_text(manifest: Manifest) -> str:
-    return "".join(f"{e.sha256}  {path}\n" for path, e in sorted(manifest.files.items()))
+sums_text = model_trust.sums_text
 
 
 def desired_files(spec: ModelSpec, manifest: Manifest, services: list[str]) -> dict[str, tuple[str, int]]:

@@ -330,10 +330,9 @@ def trust_actions(spec: ModelSpec, manifest: Manifest, verdict: model_trust.Sour
         return []
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     record = model_trust.Trusted(manifest, now, _how(verdict))
-    return [
-        Cmd.of("mkdir", "-p", model_trust.state_dir(spec), sudo=True),
-        PutText(model_trust.trust_path(spec.path), record.to_json(), 0o644),
-    ]
+    files = model_trust.record_files(spec, record, restorable=spec.source_on is ModelSourceKind.HOST)
+    mkdir: list[Action] = [Cmd.of("mkdir", "-p", model_trust.state_dir(spec), sudo=True)]
+    return mkdir + [PutText(path, text, 0o644) for path, text in files.items()]
 
 
 def changed_under(ctx: Context) -> list[str]:

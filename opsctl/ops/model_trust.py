@@ -75,6 +75,22 @@ def parse_trusted(text: str) -> Trusted | None:
         return None
 
 
+def sums_text(manifest: Manifest) -> str:
+    """The restore unit's `sha256sum -c` list of a manifest."""
+    return "".join(f"{e.sha256}  {path}\n" for path, e in sorted(manifest.files.items()))
+
+
+def record_files(spec: ModelSpec, record: Trusted, restorable: bool) -> dict[str, str]:
+    """remote path -> content of what accepting a model writes. A host-side model's restore unit state goes with
+    it: a service restarted onto the new model starts its restore unit first when that is not active (failed
+    after a reboot), and the unit must then find the new model, not copy the source against the old sums."""
+    files = {trust_path(spec.path): record.to_json()}
+    if restorable:
+        files[f"{state_dir(spec)}/manifest.json"] = record.manifest.to_json()
+        files[f"{state_dir(spec)}/sha256sums"] = sums_text(record.manifest)
+    return files
+
+
 def read_trusted(remote: Connection, model_path: str) -> Trusted | None:
     """The record; on a host provisioned before records existed, what an earlier provision verified: the restore
     unit's manifest, else the manifest in /dev/shm (so a source corrupted before the upgrade is still caught)."""

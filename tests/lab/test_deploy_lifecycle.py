@@ -220,6 +220,8 @@ def test_corrupt_host_source_is_refused_after_a_reboot_until_a_model_is_accepted
     trusted = json.loads(remote_run(inv, "lab2", Cmd.of("cat", f"{state}/trusted.json")))
     assert trusted["how"] == "accepted" and "NOTES.md" in trusted["files"]
     assert "NOTES.md" in remote_run(inv, "lab2", Cmd.of("cat", f"{state}/sha256sums"))
+    accepted_now = opsctl("status", "-i", str(inv), "--host", "lab2", "--deep")
+    assert accepted_now.returncode == 0, accepted_now.stderr  # /dev/shm, its manifest and the record agree
     # Back to the lab's model (the other modules provision lab2 from the control machine): accepted again.
     remote_run(inv, "lab2", sh(f"rm -f {src}/NOTES.md && rm -rf {src}.good", sudo=True))
     back = provision(inv, "--host", "lab2", "--accept-model", MODEL, always=True)
