@@ -81,6 +81,8 @@ class ModelFacts:
     staging: Mapping[str, FileEntry]  # hash listing of the staging dir (empty when absent)
     staging_exists: bool
     space: DiskSpace  # of the filesystem holding the final path
+    # files at the final path written after its manifest (ctime): hashed above, so verified again by this run
+    unverified: tuple[str, ...] = ()
 
 
 def models_of(host: Host) -> list[ModelSpec]:
@@ -103,6 +105,9 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
         if facts.stored_manifest != manifest:
             actions.append(PutText(f"{p.final}/{MANIFEST_NAME}", manifest.to_json()))
             notes.append(f"{p.final}: write the manifest")
+        elif facts.unverified:  # rewritten with the right bytes: say so, or every later check hashes them again
+            actions.append(PutText(f"{p.final}/{MANIFEST_NAME}", manifest.to_json()))
+            notes.append(f"{p.final}: {_few(list(facts.unverified))} written since the last verification: verified")
         if facts.staging_exists:
             actions.append(Cmd.of("rm", "-rf", p.staging))
         return actions, notes
@@ -129,13 +134,11 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
     actions += _copy(spec, manifest, p.staging)
     actions.append(PutText(f"{p.staging}/{MANIFEST_NAME}", manifest.to_json()))
     final, staging, old = (shlex.quote(x) for x in (p.final, p.staging, p.old))
-    actions.append(
-        Cmd.of(
-            "sh",
-            "-c",
-            f"set -e; if [ -e {final} ]; then mv -T {final} {old}; fi; mv -T {staging} {final}; rm -rf {old}",
-        )
-    )
+    # Removing the old copy drops a link of each hard-linked good file, which moves its ctime: touching the
+    # manifest last keeps "written after the manifest" meaning "written after provision verified it".
+    touch = shlex.quote(f"{p.final}/{MANIFEST_NAME}")
+    swap = f"if [ -e {final} ]; then mv -T {final} {old}; fi; mv -T {staging} {final}; rm -rf {old}; touch -- {touch}"
+    actions.append(Cmd.of("sh", "-c", f"set -e; {swap}"))
     return actions, notes
 
 
@@ -232,6 +235,10 @@ def read_facts(remote: Connection, spec: ModelSpec) -> ModelFacts:
     space = read(remote, Cmd.of("df", "-P", "-B1", p.parent))
     if space.exit_code != 0:
         raise ProvisionError(f"{p.parent} does not exist on the host", "models go under /dev/shm")
+    unverified: tuple[str, ...] = ()
+    if stored is not None and stored.exit_code == 0:
+        newer = read(remote, newer_than_manifest_cmd(p.final))
+        unverified = tuple(sorted(line for line in newer.stdout.splitlines() if line)) if newer.ok else ()
     return ModelFacts(
         final_exists,
         final,
@@ -239,7 +246,15 @@ def read_facts(remote: Connection, spec: ModelSpec) -> ModelFacts:
         staging,
         staging_exists,
         parse_df(space.stdout),
+        unverified,
     )
+
+
+def newer_than_manifest_cmd(directory: str) -> Cmd:
+    """Files whose ctime is newer than the manifest's mtime (when it was written): `<relpath>` per line."""
+    d = shlex.quote(directory)
+    newer = f"-cnewer {MANIFEST_NAME} -printf '%P\\n'"
+    return Cmd.of("sh", "-c", f"cd {d} && find . -type f ! -name {MANIFEST_NAME} {newer}")
 
 
 def _listing(remote: Connection, directory: str) -> dict[str, FileEntry]:

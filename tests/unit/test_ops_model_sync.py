@@ -46,7 +46,8 @@ SPEC = ModelSpec("/models/m", ModelSourceKind.CONTROL, "/dev/shm/m", hybrid=Fals
 ROOMY = DiskSpace("/dev/shm", 10**9, 0, 10**9)
 SWAP = (
     "sh -c 'set -e; if [ -e /dev/shm/m ]; then mv -T /dev/shm/m /dev/shm/.opsctl-old-m; fi; "
-    "mv -T /dev/shm/.opsctl-sync-m /dev/shm/m; rm -rf /dev/shm/.opsctl-old-m'"
+    "mv -T /dev/shm/.opsctl-sync-m /dev/shm/m; rm -rf /dev/shm/.opsctl-old-m; "
+    "touch -- /dev/shm/m/.opsctl-manifest.json'"
 )
 
 
@@ -360,3 +361,15 @@ def test_a_host_from_before_records_still_refuses_a_source_corrupted_since(tmp_p
     with pytest.raises(ModelNotTrustedError, match=r"differ: w\.bin.*earlier manifest"):
         ModelSync().plan(corrupt)
     assert (dest / "w.bin").read_bytes() == b"A" * 4096
+
+
+def test_good_files_rewritten_since_verification_are_verified_again_once() -> None:
+    # The bytes match the manifest, but their ctime is newer than it (a repair by hand, a rewrite in place): the
+    # facts step hashed them, so the manifest is written again and later checks need not hash them.
+    good = {"config.json": FileEntry(100, A), "model.safetensors": FileEntry(1000, B)}
+    facts = ModelFacts(True, good, MANIFEST, {}, False, ROOMY, ("model.safetensors",))
+    actions, notes = plan_model(SPEC, MANIFEST, facts)
+    assert [a.display() for a in actions] == ["write /dev/shm/m/.opsctl-manifest.json (280 bytes, mode 644)"]
+    assert notes[-1] == "/dev/shm/m: model.safetensors written since the last verification: verified"
+    settled = ModelFacts(True, good, MANIFEST, {}, False, ROOMY)
+    assert plan_model(SPEC, MANIFEST, settled)[0] == []
