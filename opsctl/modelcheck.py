@@ -6,13 +6,21 @@ inode. The fact read here compares, per model directory, provision's manifest (`
 size and sha256 per file) with what is on disk, and each file's ctime with the time the unit's main process
 started. ctime, not mtime: rsync and `cp -p` keep a source's mtime, while creating, renaming or writing a
 file always moves its ctime. The cheap check reads sizes and ctimes (one `find`); `deep` also hashes.
+
+The reference is the model accepted on the host (opsctl.ops.model_trust) where one is recorded, else the
+manifest. Provision writes the manifest after verifying every file, so a file whose ctime is newer than the
+manifest's was written after that verification (a byte flipped in place, a copy by hand): every check hashes
+exactly those files, so a corrupt model is told from a good copy before anything restarts, at the cost of
+reading only what changed. A file written in place is seen at once by a process that maps it (the reference
+server maps /dev/shm), so "the process still runs on the old files" is never claimed for it: a changed file is
+either corrupt (DAMAGED) or a verified good copy (CHANGED, a restart loads it).
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -26,14 +34,15 @@ from opsctl.ops.facts.manifest import (
     parse_manifest_json,
 )
 from opsctl.ops.facts.manifest import Manifest as ModelManifest
+from opsctl.ops.model_trust import parse_trusted, trust_path
 from opsctl.remote.base import Connection
 
 
 class Problem(StrEnum):
     MISSING = "missing"  # no model directory (a reboot empties /dev/shm)
     NO_MANIFEST = "no-manifest"  # not copied by provision: nothing to check against
-    DAMAGED = "damaged"  # sizes (or, deep, sha256) differ from the manifest, or files missing / extra
-    CHANGED = "changed"  # files created or written after the service started: it runs on the old ones
+    DAMAGED = "damaged"  # sizes or sha256 differ from the accepted model (or the manifest), files missing / extra
+    CHANGED = "changed"  # verified good files written after the service started: a restart loads them
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,16 @@ class ModelFacts:
     exists: bool
     manifest: ModelManifest | None
     files: dict[str, ModelFile] = field(default_factory=dict)
-    hashed: dict[str, FileEntry] | None = None  # deep check only
+    hashed: dict[str, FileEntry] | None = None  # deep: every file; else the files written since `verified`
+    verified: float | None = None  # the manifest's ctime: when provision last verified every file
+    trusted: ModelManifest | None = None  # the model accepted on the host (model_trust), when recorded
+
+    @property
+    def unverified(self) -> list[str]:
+        """Files written after provision verified them (or every file when that time is unknown)."""
+        if self.manifest is None:
+            return []
+        return sorted(p for p, f in self.files.items() if self.verified is None or f.ctime > self.verified)
 
 
 @dataclass(frozen=True)
@@ -68,18 +86,21 @@ def model_paths(service: Service) -> list[str]:
 
 
 def state_cmd(unit: str, paths: Sequence[str]) -> Cmd:
-    """One round trip: the unit's main-process start time, then per model its manifest and every file's size
-    and ctime. Output lines: `start <timestamp>`, `model <0|1> <path>`, `manifest <json on one line>`,
-    `file <size> <ctime> <relpath>`."""
+    """One round trip: the unit's main-process start time, then per model its manifest (and its ctime), the
+    accepted model, and every file's size and ctime. Output lines: `start <timestamp>`, `model <0|1> <path>`,
+    `manifest <json on one line>`, `verified <ctime>`, `trusted <json on one line>`, `file <size> <ctime>
+    <relpath>`."""
     parts = [
         f"printf 'start %s\\n' \"$(systemctl show --timestamp=us+utc -p ExecMainStartTimestamp --value "
         f'-- {shlex.quote(unit)} 2>/dev/null)"'
     ]
     for p in paths:
-        q = shlex.quote(p)
+        q, t = shlex.quote(p), shlex.quote(trust_path(p))
         parts.append(
             f"if [ -d {q} ]; then echo 'model 1 '{q}; "
-            f"if [ -f {q}/{MANIFEST_NAME} ]; then printf 'manifest '; tr -d '\\n' < {q}/{MANIFEST_NAME}; echo; fi; "
+            f"if [ -f {q}/{MANIFEST_NAME} ]; then printf 'manifest '; tr -d '\\n' < {q}/{MANIFEST_NAME}; echo; "
+            f"find {q}/{MANIFEST_NAME} -printf 'verified %C@\\n'; fi; "
+            f"if [ -f {t} ]; then printf 'trusted '; tr -d '\\n' < {t}; echo; fi; "
             f"find {q} -type f ! -name {MANIFEST_NAME} -printf 'file %s %C@ %P\\n'; "
             f"else echo 'model 0 '{q}; fi"
         )
@@ -112,8 +133,15 @@ def parse_state(stdout: str) -> tuple[float | None, list[ModelFacts]]:
         elif kind == "model" and rest[:2] in ("0 ", "1 "):
             models.append(ModelFacts(rest[2:], rest[0] == "1", None))
         elif kind == "manifest" and models:
-            last = models[-1]
-            models[-1] = ModelFacts(last.path, last.exists, parse_manifest_json(rest), last.files)
+            models[-1] = replace(models[-1], manifest=parse_manifest_json(rest))
+        elif kind == "verified" and models:
+            try:
+                models[-1] = replace(models[-1], verified=float(rest))
+            except ValueError:
+                continue
+        elif kind == "trusted" and models:
+            trusted = parse_trusted(rest)
+            models[-1] = replace(models[-1], trusted=trusted.manifest if trusted else None)
         elif kind == "file" and models:
             fields = rest.split(" ", 2)
             try:
@@ -124,15 +152,16 @@ def parse_state(stdout: str) -> tuple[float | None, list[ModelFacts]]:
 
 
 def judge(facts: ModelFacts, started: float | None) -> ModelVerdict:
-    """The verdict for one model directory. CHANGED wins over DAMAGED only when sizes still match: a file
-    replaced by a good copy needs a restart; a damaged one needs provision first."""
+    """The verdict for one model directory, against the accepted model where one is recorded. DAMAGED wins:
+    a corrupt file needs provision, and restarting onto it would only crash-load; CHANGED is only said of
+    files whose bytes were verified (hashed) or are as provision verified them."""
     if not facts.exists:
         return ModelVerdict(facts.path, Problem.MISSING)
     newer = sorted(p for p, f in facts.files.items() if started is not None and f.ctime > started)
     changed = ModelVerdict(facts.path, Problem.CHANGED, f"{_few(newer)} written after the service started")
-    if facts.manifest is None:
+    if facts.manifest is None and facts.trusted is None:
         return changed if newer else ModelVerdict(facts.path, Problem.NO_MANIFEST, "not copied by provision")
-    want = facts.manifest.files
+    want = (facts.trusted or facts.manifest or ModelManifest({})).files
     wrong = sorted(p for p, e in want.items() if p in facts.files and facts.files[p].size != e.size)
     if facts.hashed is not None:
         wrong = sorted(set(wrong) | {p for p, e in facts.hashed.items() if p in want and want[p] != e})
@@ -144,7 +173,12 @@ def judge(facts: ModelFacts, started: float | None) -> ModelVerdict:
             for label, names in (("differ from the manifest:", wrong), ("missing:", missing), ("extra:", extra))
             if names
         )
+        written = sorted(set(wrong) & set(facts.unverified))
+        if written:
+            detail += f" ({_few(written)} written after provision verified it)"
         return ModelVerdict(facts.path, Problem.DAMAGED, detail)
+    if facts.trusted is not None and facts.manifest is not None and facts.manifest.files != facts.trusted.files:
+        return ModelVerdict(facts.path, Problem.DAMAGED, "its manifest is not the model accepted on the host")
     return changed if newer else ModelVerdict(facts.path, None)
 
 
@@ -162,9 +196,28 @@ def check(remote: Connection, service: Service, unit: str, deep: bool = False) -
     for facts in models:
         if deep and facts.exists and facts.manifest is not None:
             listing = remote.run(hash_listing_cmd(facts.path), timeout=3600, check=False).stdout
-            facts = ModelFacts(facts.path, True, facts.manifest, facts.files, parse_hash_listing(listing))
+            facts = replace(facts, hashed=parse_hash_listing(listing))
+        elif facts.exists and facts.unverified:
+            names = facts.unverified
+            listing = remote.run(files_hash_cmd(facts.path, names), timeout=3600, check=False).stdout
+            facts = replace(facts, hashed=parse_files_hash(listing, facts.files))
         verdicts.append(judge(facts, started))
     return verdicts
+
+
+def files_hash_cmd(directory: str, names: Sequence[str]) -> Cmd:
+    """sha256 of these files only (coreutils; `<sha256>  <relpath>` per line), from inside `directory`."""
+    return sh(f"cd {shlex.quote(directory)} && sha256sum -- {shlex.join(names)}", sudo=True)
+
+
+def parse_files_hash(stdout: str, files: dict[str, ModelFile]) -> dict[str, FileEntry]:
+    """files_hash_cmd's output -> entries (with the sizes listed); a line it cannot read is left out."""
+    found: dict[str, FileEntry] = {}
+    for line in stdout.splitlines():
+        digest, sep, name = line[:64], line[64:66], line[66:]
+        if sep == "  " and len(digest) == 64 and name in files:
+            found[name] = FileEntry(files[name].size, digest)
+    return found
 
 
 def fix_hint(verdict: ModelVerdict, host: str, service: str, restore_unit: str | None = None) -> str:
@@ -174,8 +227,8 @@ def fix_hint(verdict: ModelVerdict, host: str, service: str, restore_unit: str |
         return f"`systemctl start {restore_unit}` on the host, or {provision}"
     if verdict.problem is Problem.CHANGED:
         return (
-            f"the running process still uses the old files: `opsctl provision -i INVENTORY --host {host}` "
-            "checks the copy (sha256), re-copies what is damaged and restarts the services whose model changed"
+            f"they match the accepted sha256; restart the service to load them: `opsctl provision -i INVENTORY "
+            f"--host {host}` restarts the services whose model changed"
         )
     return provision
 
@@ -184,7 +237,7 @@ def describe(verdict: ModelVerdict) -> str:
     what = {
         Problem.MISSING: "not on the host (a reboot empties /dev/shm)",
         Problem.NO_MANIFEST: "has no provision manifest",
-        Problem.DAMAGED: "does not match its manifest",
+        Problem.DAMAGED: "is corrupt: it does not match its manifest",
         Problem.CHANGED: "changed under the running service",
     }
     text = f"model {verdict.path} {what[verdict.problem]}" if verdict.problem else f"model {verdict.path} ok"

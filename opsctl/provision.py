@@ -175,6 +175,19 @@ def prepare(
     )
 
 
+def accepted_models(hosts: Sequence[Host], given: Sequence[str]) -> frozenset[str]:
+    """`--accept-model` values, each a model destination of a selected host (a typo must not pass silently)."""
+    known = {spec.path.rstrip("/") for host in hosts for spec in models_of(host)}
+    wanted = frozenset(p.rstrip("/") for p in given)
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise ProvisionError(
+            f"--accept-model {unknown[0]}: no selected host's service uses a model at that path",
+            f"models of the selected hosts: {', '.join(sorted(known)) or 'none'}",
+        )
+    return wanted
+
+
 def router_wheelhouse(router: Router, host_wheelhouse: Path) -> Path:
     """The router's offline wheels, next to the host's wheelhouse: `<wheelhouse>-sglang-router-<version>`."""
     lock = router_lock(router.version)
@@ -237,7 +250,7 @@ def run_step(op: Operation, ctx: Context, plan_only: bool) -> StepReport:
             if after.reboot_required
             else (StepStatus.CHANGED if plan.changes else StepStatus.UNCHANGED)
         )
-        notes = (*plan.notes, *after.notes) if after.reboot_required else plan.notes
+        notes = (*plan.notes, *(n for n in after.notes if n not in plan.notes))  # what apply learnt, once
         return StepReport(op.name, status, tuple(plan.commands()), notes)
     except OpsctlError as exc:
         commands = tuple(plan.commands()) if plan is not None else ()

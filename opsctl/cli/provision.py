@@ -55,19 +55,29 @@ def register(app: typer.Typer) -> None:
         require_gpu: Annotated[
             bool, typer.Option("--require-gpu", help="A host without an NVIDIA GPU is an error.")
         ] = False,
+        accept_model: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--accept-model",
+                metavar="PATH",
+                help="Accept this model's source (its destination path) as the new model, though it differs "
+                "from the one accepted on the host (repeatable).",
+            ),
+        ] = None,
         forks: ForksOpt = 16,
         json_out: JsonOpt = False,
     ) -> None:
         """Bring hosts to the inventory's state: driver, CUDA, venv, runtime wheel, models. Idempotent."""
         from opsctl.inventory.select import select
         from opsctl.ops.base import Options
-        from opsctl.provision import Settings, provision
+        from opsctl.provision import Settings, accepted_models, provision
 
         inv = load_inventory(inventory)
         hosts = [h for h, _ in select(inv, split_selector(host), None)]
+        accept = accepted_models(hosts, accept_model or [])
         settings = Settings(
             plan_only=plan,
-            options=Options(reboot=reboot, require_gpu=require_gpu),
+            options=Options(reboot=reboot, require_gpu=require_gpu, accept_models=accept),
             wheelhouse=wheelhouse,
             runtime_wheel=runtime_wheel,
             forks=forks,

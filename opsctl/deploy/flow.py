@@ -278,10 +278,12 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     facts = read_facts(ctx)
     result.previous = facts.current
     staged, chash = render_release(ctx, wheel, facts)
+    verdicts = guards.model_verdicts(ctx)
+    guards.refuse_damaged(ctx, verdicts)  # a corrupt model: restarting anything only makes it an outage
     same_config = facts.current is not None and facts.current_hash == chash and not settings.force
     rotated = same_config and _secrets_rotated(ctx, staged, str(facts.current), settings.plan)
-    # A model written after the service started: the process runs on the old files, so restart it.
-    stale = guards.models_changed(ctx) if same_config and not rotated else []
+    # Verified model files written after the service started: restart it so it loads them.
+    stale = guards.models_changed(verdicts) if same_config and not rotated else []
     if same_config and not rotated and not stale:
         return _unchanged(ctx, settings, facts, result)
     missing = release.missing_models(ctx.conn, ctx.service)
@@ -598,6 +600,7 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
             )
         target = found
     result.release = target
+    guards.refuse_damaged(ctx, guards.model_verdicts(ctx))
     if not settings.allow_old_secrets:
         secrets = StagedRelease.render(ctx.host, ctx.service).checked_secrets()
         guards.check_rollback_secrets(ctx, target, dict(secrets))

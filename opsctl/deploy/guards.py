@@ -1,6 +1,6 @@
 """Checks a deploy or rollback makes before it changes anything, each returning facts or one-line refusals:
-old secrets on a rollback target, abandoned (incomplete) releases, free disk space, models that changed under
-the running service. Kept out of flow.py so each rule stays one small, testable function."""
+old secrets on a rollback target, abandoned (incomplete) releases, free disk space, models that are corrupt
+or changed under the running service. Kept out of flow.py so each rule stays one small, testable function."""
 
 from __future__ import annotations
 
@@ -84,10 +84,27 @@ def check_free_space(ctx: ServiceContext, need: int = MIN_FREE_BYTES) -> None:
         )
 
 
-def models_changed(ctx: ServiceContext) -> list[modelcheck.ModelVerdict]:
-    """Models written after the running service started: the process still uses the old files."""
-    verdicts = modelcheck.check(ctx.conn, ctx.service, ctx.paths.unit_name)
+def model_verdicts(ctx: ServiceContext) -> list[modelcheck.ModelVerdict]:
+    """Every model of the service against the model accepted on the host; hashes only the files written since
+    provision verified them (none, normally)."""
+    return modelcheck.check(ctx.conn, ctx.service, ctx.paths.unit_name)
+
+
+def models_changed(verdicts: list[modelcheck.ModelVerdict]) -> list[modelcheck.ModelVerdict]:
+    """Verified good model files written after the running service started: a restart loads them."""
     return [v for v in verdicts if v.problem is modelcheck.Problem.CHANGED]
+
+
+def refuse_damaged(ctx: ServiceContext, verdicts: list[modelcheck.ModelVerdict]) -> None:
+    """Refuse before anything restarts: a new release (and its rollback target) would crash loading a corrupt
+    model, turning a degraded service into an outage and marking a good config BAD."""
+    damaged = [v for v in verdicts if v.problem is modelcheck.Problem.DAMAGED]
+    if damaged:
+        host, svc = ctx.host.name, ctx.service.name
+        raise DeployError(
+            f"{host}/{svc}: {modelcheck.describe(damaged[0])}; a restart would load it, so nothing was changed",
+            modelcheck.fix_hint(damaged[0], host, svc),
+        )
 
 
 def missing_hint(host: str, missing: list[str]) -> str:

@@ -86,6 +86,8 @@ class Options:
     reboot: bool = False  # allowed to reboot a host after a driver install
     require_gpu: bool = False  # a host without an NVIDIA GPU is an error
     reboot_timeout: float = 900.0  # seconds to wait for SSH after a reboot
+    # model paths whose source may differ from the model accepted on the host (`--accept-model`)
+    accept_models: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -30,3 +30,7 @@ class ShmTooSmallError(ProvisionError):
 
 class ManifestMismatchError(ProvisionError):
     pass
+
+
+class ModelNotTrustedError(ProvisionError):
+    """A model source differs from the model accepted on the host: corrupt or replaced; nothing is copied."""

@@ -5,7 +5,8 @@
 provision. The unit (`opsctl-model-<name>.service`) is `RequiredBy=` and `Before=` every service using the
 model: the service starts only once its model is whole, and a failed restore shows as that unit failing, not
 as a crash loop. It runs one shared script (`/opt/opsctl/bin/opsctl-restore-model`) with the source, the
-final path and its state dir (`/var/lib/opsctl/models/<name>/`: the manifest and a `sha256sum -c` list).
+final path and its state dir (`/var/lib/opsctl/models/<name>/`: the manifest and a `sha256sum -c` list, both
+written from the model accepted on the host, opsctl.ops.model_trust, never from what /dev/shm holds now).
 Same copy protocol as model_sync: a staging dir, checked, then renamed into place. The script is a no-op
 when the final path already carries the same manifest (a unit restart rather than a boot).
 
@@ -18,20 +19,19 @@ removed with its state dir (`plan_removal`): left enabled, it would copy an old 
 from __future__ import annotations
 
 import posixpath
-import re
 import shlex
 
 from opsctl import layout, systemd
 from opsctl.commands import Cmd, sh
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
+from opsctl.ops import model_trust
 from opsctl.ops.base import Action, Context, Plan, PutText, execute, read
-from opsctl.ops.facts.manifest import MANIFEST_NAME, Manifest, parse_manifest_json
+from opsctl.ops.facts.manifest import Manifest
 from opsctl.ops.model_sync import model_users
 from opsctl.systemd import escape_specifiers, quote_exec
 
 NAME = "model_restore"
 SCRIPT = "/opt/opsctl/bin/opsctl-restore-model"
-STATE_ROOT = "/var/lib/opsctl/models"
 
 SCRIPT_TEXT = """\
 #!/bin/sh
@@ -59,11 +59,9 @@ rm -rf "$old"
 echo "$final: restored from $src and verified"
 """
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-
 
 def model_name(spec: ModelSpec) -> str:
-    return _UNSAFE.sub("_", posixpath.basename(spec.path.rstrip("/")))
+    return model_trust.model_name(spec.path)
 
 
 def unit_name(spec: ModelSpec) -> str:
@@ -71,7 +69,7 @@ def unit_name(spec: ModelSpec) -> str:
 
 
 def state_dir(spec: ModelSpec) -> str:
-    return f"{STATE_ROOT}/{model_name(spec)}"
+    return model_trust.state_dir(spec)
 
 
 def users(host: Host, spec: ModelSpec) -> list[str]:
@@ -114,8 +112,7 @@ def unit_text(spec: ModelSpec, services: list[str]) -> str:
     )
 
 
-def sums_text(manifest: Manifest) -> str:
-    return "".join(f"{e.sha256}  {path}\n" for path, e in sorted(manifest.files.items()))
+sums_text = model_trust.sums_text
 
 
 def desired_files(spec: ModelSpec, manifest: Manifest, services: list[str]) -> dict[str, tuple[str, int]]:
@@ -134,7 +131,7 @@ def plan_restore(
 ) -> tuple[list[Action], list[str]]:
     """The pure decision for one model: write what differs, then (re)enable the unit."""
     if manifest is None:
-        return [], [f"{spec.path}: no manifest yet (model_sync writes it); restore unit not written"]
+        return [], [f"{spec.path}: no accepted model yet (model_sync records it); restore unit not written"]
     writes: list[Action] = [
         PutText(path, text, mode) for path, (text, mode) in desired_files(spec, manifest, services).items()
         if have.get(path) != text
@@ -190,8 +187,8 @@ class ModelRestore:
         actions: list[Action] = []
         notes: list[str] = []
         for spec in restorable(ctx.spec):
-            manifest_out = read(ctx.remote, Cmd.of("cat", f"{spec.path.rstrip('/')}/{MANIFEST_NAME}"))
-            manifest = parse_manifest_json(manifest_out.stdout) if manifest_out.exit_code == 0 else None
+            trusted = model_trust.read_trusted(ctx.remote, spec.path)
+            manifest = trusted.manifest if trusted is not None else None
             services = users(ctx.spec, spec)
             have = {}
             if manifest is not None:

@@ -14,6 +14,11 @@ Copy protocol (the final path never holds a partial model):
    mismatch fails the copy), and the source's (size, mtime, inode) still being those of its manifest proves
    the sender read the hashed bytes; so the host lists sizes only. Other copies are hashed after the copy;
 5. swap: final -> .opsctl-old-<name>, staging -> final (two renames), remove the old copy.
+
+Before step 2, the source's manifest is judged against the model accepted on the host (opsctl.ops.model_trust):
+a source that differs is refused, so a corrupted source never becomes the new truth. The services whose model
+was copied anew are restarted, and provision waits (bounded by their health_timeout) until they are healthy
+(opsctl.ops.service_wait), so a smoke right after provision is answered.
 """
 
 from __future__ import annotations
@@ -22,13 +27,15 @@ import posixpath
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from opsctl import layout, modelcheck, systemd
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
+from opsctl.ops import model_trust, service_wait
 from opsctl.ops.base import Action, Context, Plan, Push, PutText, Verify, execute, read
-from opsctl.ops.errors import ManifestMismatchError, ProvisionError, ShmTooSmallError
+from opsctl.ops.errors import ManifestMismatchError, ModelNotTrustedError, ProvisionError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
     DirState,
@@ -74,6 +81,8 @@ class ModelFacts:
     staging: Mapping[str, FileEntry]  # hash listing of the staging dir (empty when absent)
     staging_exists: bool
     space: DiskSpace  # of the filesystem holding the final path
+    # files at the final path written after its manifest (ctime): hashed above, so verified again by this run
+    unverified: tuple[str, ...] = ()
 
 
 def models_of(host: Host) -> list[ModelSpec]:
@@ -96,6 +105,9 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
         if facts.stored_manifest != manifest:
             actions.append(PutText(f"{p.final}/{MANIFEST_NAME}", manifest.to_json()))
             notes.append(f"{p.final}: write the manifest")
+        elif facts.unverified:  # rewritten with the right bytes: say so, or every later check hashes them again
+            actions.append(PutText(f"{p.final}/{MANIFEST_NAME}", manifest.to_json()))
+            notes.append(f"{p.final}: {_few(list(facts.unverified))} written since the last verification: verified")
         if facts.staging_exists:
             actions.append(Cmd.of("rm", "-rf", p.staging))
         return actions, notes
@@ -122,13 +134,11 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
     actions += _copy(spec, manifest, p.staging)
     actions.append(PutText(f"{p.staging}/{MANIFEST_NAME}", manifest.to_json()))
     final, staging, old = (shlex.quote(x) for x in (p.final, p.staging, p.old))
-    actions.append(
-        Cmd.of(
-            "sh",
-            "-c",
-            f"set -e; if [ -e {final} ]; then mv -T {final} {old}; fi; mv -T {staging} {final}; rm -rf {old}",
-        )
-    )
+    # Removing the old copy drops a link of each hard-linked good file, which moves its ctime: touching the
+    # manifest last keeps "written after the manifest" meaning "written after provision verified it".
+    touch = shlex.quote(f"{p.final}/{MANIFEST_NAME}")
+    swap = f"if [ -e {final} ]; then mv -T {final} {old}; fi; mv -T {staging} {final}; rm -rf {old}; touch -- {touch}"
+    actions.append(Cmd.of("sh", "-c", f"set -e; {swap}"))
     return actions, notes
 
 
@@ -225,6 +235,10 @@ def read_facts(remote: Connection, spec: ModelSpec) -> ModelFacts:
     space = read(remote, Cmd.of("df", "-P", "-B1", p.parent))
     if space.exit_code != 0:
         raise ProvisionError(f"{p.parent} does not exist on the host", "models go under /dev/shm")
+    unverified: tuple[str, ...] = ()
+    if stored is not None and stored.exit_code == 0:
+        newer = read(remote, newer_than_manifest_cmd(p.final))
+        unverified = tuple(sorted(line for line in newer.stdout.splitlines() if line)) if newer.ok else ()
     return ModelFacts(
         final_exists,
         final,
@@ -232,7 +246,15 @@ def read_facts(remote: Connection, spec: ModelSpec) -> ModelFacts:
         staging,
         staging_exists,
         parse_df(space.stdout),
+        unverified,
     )
+
+
+def newer_than_manifest_cmd(directory: str) -> Cmd:
+    """Files whose ctime is newer than the manifest's mtime (when it was written): `<relpath>` per line."""
+    d = shlex.quote(directory)
+    newer = f"-cnewer {MANIFEST_NAME} -printf '%P\\n'"
+    return Cmd.of("sh", "-c", f"cd {d} && find . -type f ! -name {MANIFEST_NAME} {newer}")
 
 
 def _listing(remote: Connection, directory: str) -> dict[str, FileEntry]:
@@ -268,11 +290,16 @@ class ModelSync:
             manifest = manifest_for(ctx, spec)
             if not manifest.files:
                 raise ProvisionError(f"model source {spec.source} has no files", "fix models.source")
+            verdict = judge_trust(ctx, spec, manifest)  # before anything is read or copied
             acts, why = plan_model(spec, manifest, read_facts(ctx.remote, spec))
-            actions += acts
-            notes += why
             if any(isinstance(a, Verify) for a in acts):  # only a copy verifies
                 replaced.append(spec)
+            acts += trust_actions(spec, manifest, verdict)
+            actions += acts
+            notes += why
+            if verdict.record:
+                digest = model_trust.digest(manifest)
+                notes.append(f"{spec.path.rstrip('/')}: record {digest} as the accepted model ({_how(verdict)})")
         if not models_of(ctx.spec):
             notes.append("no models (the host has no services)")
         users = model_users(ctx.spec, replaced)
@@ -285,7 +312,42 @@ class ModelSync:
     def apply(self, ctx: Context, plan: Plan) -> Plan:
         execute(ctx.remote, plan.actions, timeout=COPY_TIMEOUT_S, progress=ctx.progress)
         # Re-reading facts would hash everything again; the copy was verified before the rename.
-        return Plan(NAME, notes=plan.notes)
+        restarted = [s for s in ctx.spec.services if systemd.restart_cmd(layout.unit_name(s.name)) in plan.actions]
+        waited = service_wait.wait_healthy(ctx, restarted)
+        return Plan(NAME, notes=(*plan.notes, *waited))
+
+
+def judge_trust(ctx: Context, spec: ModelSpec, manifest: Manifest) -> model_trust.SourceVerdict:
+    """The source against the model accepted on the host; raises when it differs and was not accepted."""
+    trusted = model_trust.read_trusted(ctx.remote, spec.path)
+    accept = spec.path.rstrip("/") in ctx.options.accept_models
+    verdict = model_trust.judge_source(trusted, manifest, accept)
+    if verdict.trust is model_trust.Trust.REFUSED and trusted is not None:
+        where = "on the host" if spec.source_on is ModelSourceKind.HOST else "on the control machine"
+        raise ModelNotTrustedError(
+            f"{ctx.spec.name}: model source {spec.source} ({where}) is not the model accepted for "
+            f"{spec.path.rstrip('/')} ({verdict.detail}; source {model_trust.digest(manifest)}, accepted "
+            f"{trusted.describe()}): corrupt or replaced; nothing was copied",
+            model_trust.accept_hint(ctx.spec.name, spec),
+        )
+    return verdict
+
+
+def _how(verdict: model_trust.SourceVerdict) -> str:
+    """Which act records it: the first copy, an earlier provision's manifest (a host from before records), or
+    --accept-model."""
+    return "earlier manifest" if verdict.trust is model_trust.Trust.MATCHES else verdict.trust.value
+
+
+def trust_actions(spec: ModelSpec, manifest: Manifest, verdict: model_trust.SourceVerdict) -> list[Action]:
+    """Record the manifest as the accepted model (first use, or --accept-model), after any copy of it."""
+    if not verdict.record:
+        return []
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    record = model_trust.Trusted(manifest, now, _how(verdict))
+    files = model_trust.record_files(spec, record, restorable=spec.source_on is ModelSourceKind.HOST)
+    mkdir: list[Action] = [Cmd.of("mkdir", "-p", model_trust.state_dir(spec), sudo=True)]
+    return mkdir + [PutText(path, text, 0o644) for path, text in files.items()]
 
 
 def changed_under(ctx: Context) -> list[str]:

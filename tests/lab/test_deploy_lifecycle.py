@@ -66,9 +66,26 @@ def _wait_healthy(url: str, timeout: float) -> float:
     raise AssertionError(f"{url} not healthy within {timeout}s")
 
 
-def test_model_changed_under_running_service_is_red_and_provision_restarts_it(base_inventory: Path) -> None:
+def _health_now(url: str) -> int:
+    """One GET, no retry: what a smoke run right after a command would meet."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return 0
+
+
+def _releases(inv: Path, host: str) -> str:
+    return remote_run(inv, host, sh("ls /opt/opsctl/services/ref/releases; ls /opt/opsctl/services/ref/releases/*/BAD"
+                                    " 2>/dev/null || true", sudo=True))  # fmt: skip
+
+
+def test_model_corrupted_in_place_is_refused_by_deploy_and_provision_repairs_and_waits(base_inventory: Path) -> None:
     inv = str(base_inventory)
     before = unit_props(base_inventory, "lab1", "opsctl-ref.service")
+    release, releases = current_release(base_inventory, "lab1", "ref"), _releases(base_inventory, "lab1")
     # Corrupt the weights in place, as a bad copy or a faulty disk would: same size, the live process maps them.
     remote_run(
         base_inventory,
@@ -77,21 +94,43 @@ def test_model_changed_under_running_service_is_red_and_provision_restarts_it(ba
     )
     status = opsctl("status", "-i", inv, "--host", "lab1")
     assert status.returncode == 1, status.stderr
-    assert f"model {MODEL} changed under the running service" in status.stderr
+    # Written in place: the process maps the damaged bytes, so "it still uses the old files" would be false.
+    assert f"model {MODEL} is corrupt" in status.stderr and "model.safetensors written after provision" in status.stderr
+    assert "still uses the old files" not in status.stderr and "changed under the running service" not in status.stderr
     assert "opsctl provision -i INVENTORY --host lab1" in status.stderr and "Traceback" not in status.stderr
     deep = opsctl("status", "-i", inv, "--host", "lab1", "--deep", "--json")
     (row,) = json.loads(deep.stdout)["services"]
     assert deep.returncode == 1 and row["healthy"] is True  # /health stays 200 throughout: only this sees it
-    assert any(f"model {MODEL} does not match its manifest" in line for line in row["models"]), row["models"]
+    assert any(f"model {MODEL} is corrupt: it does not match its manifest" in line for line in row["models"])
+
+    # A plain deploy refuses before restarting anything: the old process keeps answering, no release is made
+    # or marked BAD (before the fix: a new release crashed loading, so did the rollback, a good config went BAD).
+    refused = opsctl("deploy", "-i", inv, "--host", "lab1", "--mode", MODE)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    (line,) = [ln for ln in refused.stderr.splitlines() if ln.startswith("lab1/ref: failed")]
+    assert f"model {MODEL} is corrupt" in line and "nothing was changed" in line
+    assert "opsctl provision -i INVENTORY --host lab1" in line and "Traceback" not in refused.stderr
+    assert unit_props(base_inventory, "lab1", "opsctl-ref.service") == before
+    assert current_release(base_inventory, "lab1", "ref") == release
+    assert _releases(base_inventory, "lab1") == releases
 
     repaired = provision(base_inventory, "--host", "lab1", always=True)
     assert repaired.returncode == 0, repaired.stderr[-3000:]
-    assert "restart opsctl-ref.service: its model is copied anew" in repaired.stdout + repaired.stderr
-    _wait_healthy(_url(base_inventory, "lab1"), 300)
+    # provision returns once the restarted service is healthy: an immediate request is answered
+    assert _health_now(_url(base_inventory, "lab1")) == 200
+    out = repaired.stdout + repaired.stderr
+    assert "restart opsctl-ref.service: its model is copied anew" in out
+    assert "opsctl-ref.service: healthy after" in out
     after = unit_props(base_inventory, "lab1", "opsctl-ref.service")
     assert after["MainPID"] != before["MainPID"]
     again = opsctl("status", "-i", inv, "--host", "lab1", "--deep")
     assert again.returncode == 0, again.stderr
+
+
+def _host_side(doc) -> None:
+    tune(doc)
+    for key, path in (("model", MODEL), ("draft_model", DRAFT)):
+        service(doc, "lab2")[key].update(source=f"{HOST_SRC}/{Path(path).name}", source_on="host")
 
 
 def test_reboot_heals_host_side_models_and_status_names_the_fix_for_control_side(
@@ -99,13 +138,7 @@ def test_reboot_heals_host_side_models_and_status_names_the_fix_for_control_side
 ) -> None:
     from opsctl.lab import start_host, stop_host
 
-    def host_side(doc):
-        tune(doc)
-        for key, path in (("model", MODEL), ("draft_model", DRAFT)):
-            spec = service(doc, "lab2")[key]
-            spec.update(source=f"{HOST_SRC}/{Path(path).name}", source_on="host")
-
-    host_inv = derived_inventory(tmp_path / "host-side.yaml", host_side)
+    host_inv = derived_inventory(tmp_path / "host-side.yaml", _host_side)
     src = [f"{HOST_SRC}/{Path(p).name}" for p in (MODEL, DRAFT)]
     copy = " && ".join(
         f"rm -rf {d} && cp -a {p} {d} && rm {d}/.opsctl-manifest.json" for p, d in zip((MODEL, DRAFT), src, strict=True)
@@ -137,6 +170,63 @@ def test_reboot_heals_host_side_models_and_status_names_the_fix_for_control_side
     _wait_healthy(_url(base_inventory, "lab1"), 300)
     assert opsctl("status", "-i", str(base_inventory)).returncode == 0
     print(f"lab2 healthy {took:.0f}s after its boot, with no opsctl command")
+
+
+def test_corrupt_host_source_is_refused_after_a_reboot_until_a_model_is_accepted(
+    base_inventory: Path, lab_config: LabConfig, tmp_path: Path
+) -> None:
+    from opsctl.lab import start_host, stop_host
+
+    inv = derived_inventory(tmp_path / "host-side.yaml", _host_side)
+    src, state = f"{HOST_SRC}/tiny-qwen3", "/var/lib/opsctl/models/tiny-qwen3"
+    copy = " && ".join(
+        f"rm -rf {HOST_SRC}/{Path(p).name} && cp -a {p} {HOST_SRC}/{Path(p).name} && rm {HOST_SRC}/{Path(p).name}/"
+        ".opsctl-manifest.json" for p in (MODEL, DRAFT)
+    )  # fmt: skip
+    remote_run(
+        inv, "lab2", sh(f"mkdir -p {HOST_SRC} && {copy} && rm -rf {src}.good && cp -a {src} {src}.good", sudo=True)
+    )
+    installed = provision(inv, "--host", "lab2", always=True)  # restore units (a no-op after the reboot test)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+
+    def records() -> str:
+        return remote_run(inv, "lab2", sh(f"cat {state}/trusted.json {state}/manifest.json {state}/sha256sums"))
+
+    accepted = records()
+    remote_run(inv, "lab2", sh(f"printf XXXXXXXX | dd of={src}/model.safetensors bs=1 seek=4096 conv=notrunc "
+                               "status=none", sudo=True))  # fmt: skip
+    stop_host(lab_config, "lab2")
+    start_host(lab_config, "lab2")
+    failed = Cmd.of("systemctl", "is-failed", "--quiet", "opsctl-model-tiny-qwen3.service")
+    deadline = time.monotonic() + 120
+    while remote_run(inv, "lab2", sh(f"{failed.shell()} && echo failed || true")).strip() != "failed":
+        assert time.monotonic() < deadline, "the restore unit did not fail on the corrupt source"
+        time.sleep(1)
+
+    refused = provision(inv, "--host", "lab2", always=True)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    text = refused.stdout + refused.stderr
+    assert f"model source {src} (on the host) is not the model accepted for {MODEL}" in text, text[-3000:]
+    assert "differ: model.safetensors" in text and "nothing was copied" in text and "Traceback" not in text
+    assert f"--accept-model {MODEL}" in text
+    assert records() == accepted  # the accepted model, the restore unit's manifest and sha256sums unchanged
+    assert remote_run(inv, "lab2", sh(f"test -e {MODEL} && echo copied || echo absent")).strip() == "absent"
+
+    # The explicit act: a new revision of the model (the good weights plus a file) accepted by name.
+    remote_run(inv, "lab2", sh(f"rm -rf {src} && cp -a {src}.good {src} && echo v2 > {src}/NOTES.md", sudo=True))
+    new = provision(inv, "--host", "lab2", "--accept-model", MODEL, always=True)
+    assert new.returncode == 0, new.stderr[-3000:]
+    assert _health_now(_url(inv, "lab2")) == 200
+    trusted = json.loads(remote_run(inv, "lab2", Cmd.of("cat", f"{state}/trusted.json")))
+    assert trusted["how"] == "accepted" and "NOTES.md" in trusted["files"]
+    assert "NOTES.md" in remote_run(inv, "lab2", Cmd.of("cat", f"{state}/sha256sums"))
+    accepted_now = opsctl("status", "-i", str(inv), "--host", "lab2", "--deep")
+    assert accepted_now.returncode == 0, accepted_now.stderr  # /dev/shm, its manifest and the record agree
+    # Back to the lab's model (the other modules provision lab2 from the control machine): accepted again.
+    remote_run(inv, "lab2", sh(f"rm -f {src}/NOTES.md && rm -rf {src}.good", sudo=True))
+    back = provision(inv, "--host", "lab2", "--accept-model", MODEL, always=True)
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert opsctl("status", "-i", str(inv), "--host", "lab2").returncode == 0
 
 
 def test_ctrl_c_during_preflight_keeps_the_serving_process(base_inventory: Path) -> None:

@@ -13,7 +13,7 @@ from opsctl import modelcheck
 from opsctl.deploy import guards, secret_fp
 from opsctl.deploy.lock import LockInfo
 from opsctl.inventory.model import ModelSourceKind, ModelSpec
-from opsctl.ops import model_restore
+from opsctl.ops import model_restore, model_trust
 from opsctl.ops.base import PutText
 from opsctl.ops.facts.manifest import FileEntry, Manifest
 from opsctl.systemd import exec_argv, parse_unit
@@ -189,6 +189,8 @@ def test_provision_restarts_a_service_whose_good_model_changed_after_it_started(
             return (0, listing, "")
         if text.startswith("cat ") and text.endswith(".opsctl-manifest.json"):
             return (0, manifest, "")
+        if text.startswith("cat ") and text.endswith("trusted.json"):  # accepted before: nothing to record
+            return (0, model_trust.Trusted(Manifest({"w.bin": FileEntry(10, SHA_A)}), "t", "first use").to_json(), "")
         if text.startswith("test -d") and ".opsctl-sync-" in text:
             return (1, "", "")
         if text.startswith("df "):
@@ -201,3 +203,93 @@ def test_provision_restarts_a_service_whose_good_model_changed_after_it_started(
         f"systemctl reset-failed -- opsctl-{victim}.service",
         f"systemctl restart -- opsctl-{victim}.service",
     ]
+
+
+# --- issue 30: the accepted model, and what a file written after verification means ---------------------
+
+T_VERIFIED = T_START - 20  # provision verified the copy (wrote its manifest) before the service started
+
+
+def _facts(weights_ctime: float, hashed: str | None, trusted: Manifest | None = None) -> modelcheck.ModelFacts:
+    files = {
+        "config.json": modelcheck.ModelFile(10, T_START - 100),
+        "model.safetensors": modelcheck.ModelFile(1000, weights_ctime),
+    }
+    found = None if hashed is None else {"model.safetensors": FileEntry(1000, hashed)}
+    return modelcheck.ModelFacts("/dev/shm/m", True, MANIFEST, files, found, T_VERIFIED, trusted)
+
+
+def test_parse_state_reads_the_verification_time_and_the_accepted_model() -> None:
+    record = model_trust.Trusted(MANIFEST, "2026-12-01T05:00:00Z", "first use").to_json().replace("\n", "")
+    lines = _output(T_START + 3).replace(
+        f"manifest {ONE_LINE}", f"manifest {ONE_LINE}\nverified {T_VERIFIED:.10f}\ntrusted {record}"
+    )
+    _, (facts, _) = modelcheck.parse_state(lines)
+    assert facts.verified == pytest.approx(T_VERIFIED) and facts.trusted == MANIFEST
+    assert facts.unverified == ["model.safetensors"]  # written after provision verified it: to be hashed
+
+
+def test_a_file_written_in_place_after_verification_is_corrupt_not_changed() -> None:
+    # A byte flipped in place: same size, newer ctime. Before the fix: CHANGED, "the running process still uses
+    # the old files" (false: the server maps /dev/shm), and deploy restarted into it.
+    corrupt = modelcheck.judge(_facts(T_START + 3, "c" * 64), T_START)
+    assert corrupt.problem is modelcheck.Problem.DAMAGED and not corrupt.ok
+    assert "model.safetensors written after provision verified it" in corrupt.detail
+    assert "is corrupt" in modelcheck.describe(corrupt)
+    # the same write with the right bytes (a repair): a restart loads it, and nothing claims the old files
+    good = modelcheck.judge(_facts(T_START + 3, SHA_B), T_START)
+    assert good.problem is modelcheck.Problem.CHANGED
+    assert "still uses the old files" not in modelcheck.fix_hint(good, "h1", "ref")
+    assert "match the accepted sha256" in modelcheck.fix_hint(good, "h1", "ref")
+
+
+def test_the_accepted_model_is_the_reference_when_recorded() -> None:
+    other = Manifest({"config.json": FileEntry(10, SHA_A), "model.safetensors": FileEntry(1000, "d" * 64)})
+    # /dev/shm's manifest agrees with the bytes, but not with the model accepted on the host
+    verdict = modelcheck.judge(_facts(T_START - 50, None, trusted=other), T_START)
+    assert verdict.problem is modelcheck.Problem.DAMAGED and "not the model accepted" in verdict.detail
+    assert modelcheck.judge(_facts(T_START - 50, None, trusted=MANIFEST), T_START).problem is None
+
+
+def test_files_hash_listing_parses_coreutils_output() -> None:
+    files = {"a b.bin": modelcheck.ModelFile(5, 0.0), "c.bin": modelcheck.ModelFile(7, 0.0)}
+    out = f"{SHA_A}  a b.bin\n{SHA_B}  c.bin\n\\{SHA_A}  odd\\nname\ngarbage\n"
+    assert modelcheck.parse_files_hash(out, files) == {"a b.bin": FileEntry(5, SHA_A), "c.bin": FileEntry(7, SHA_B)}
+    assert modelcheck.files_hash_cmd("/dev/shm/m", ["a b.bin"]).argv == (
+        "sh", "-c", "cd /dev/shm/m && sha256sum -- 'a b.bin'",
+    )  # fmt: skip
+
+
+def test_source_verdicts_like_known_hosts() -> None:
+    record = model_trust.Trusted(MANIFEST, "2026-12-01T05:00:00Z", "first use")
+    flipped = Manifest({"config.json": FileEntry(10, SHA_A), "model.safetensors": FileEntry(1000, "e" * 64)})
+    grown = Manifest({**MANIFEST.files, "NOTES.md": FileEntry(3, SHA_A)})
+    judge = model_trust.judge_source
+    assert judge(None, MANIFEST, accept=False).trust is model_trust.Trust.FIRST_USE
+    assert judge(record, MANIFEST, accept=False).trust is model_trust.Trust.MATCHES
+    refused = judge(record, flipped, accept=False)
+    assert refused.trust is model_trust.Trust.REFUSED and refused.detail == "differ: model.safetensors"
+    assert not refused.record and judge(record, flipped, accept=True).record
+    assert judge(record, grown, accept=False).detail == "not accepted: NOTES.md"
+    assert judge(record, MANIFEST, accept=False).record is False  # recorded already: nothing to write
+    earlier = model_trust.Trusted(MANIFEST, "", "earlier manifest x", recorded=False)
+    assert judge(earlier, MANIFEST, accept=False).record is True  # a host from before records: recorded now
+    assert judge(earlier, flipped, accept=False).trust is model_trust.Trust.REFUSED
+    assert model_trust.parse_trusted(record.to_json()) == record
+    assert model_trust.parse_trusted("{") is None and model_trust.parse_trusted("") is None
+    assert model_trust.digest(MANIFEST).startswith("sha256:") and len(model_trust.digest(MANIFEST)) == 23
+    assert model_trust.trust_path("/dev/shm/Qwen3 6/") == "/var/lib/opsctl/models/Qwen3_6/trusted.json"
+
+
+def test_accept_model_must_name_a_model_of_the_selected_hosts(monkeypatch) -> None:
+    from pathlib import Path
+
+    from opsctl.inventory.load import load_inventory
+    from opsctl.ops.errors import ProvisionError
+    from opsctl.provision import accepted_models
+
+    monkeypatch.setenv("OPSCTL_GOLDEN_KEY", "k")
+    hosts = load_inventory(Path(__file__).parent / "golden" / "inventory.yaml").hosts
+    assert accepted_models(hosts, ["/dev/shm/Qwen3-8B/"]) == frozenset({"/dev/shm/Qwen3-8B"})
+    with pytest.raises(ProvisionError, match="--accept-model /dev/shm/typo: no selected host"):
+        accepted_models(hosts, ["/dev/shm/typo"])

@@ -22,8 +22,9 @@ from opsctl.inventory.model import (
     Service,
     SshConfig,
 )
-from opsctl.ops.base import Artifacts, Context, Push, Verify
-from opsctl.ops.errors import ManifestMismatchError, ShmTooSmallError
+from opsctl.ops import model_trust
+from opsctl.ops.base import Artifacts, Context, Options, Push, Verify
+from opsctl.ops.errors import ManifestMismatchError, ModelNotTrustedError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -45,7 +46,8 @@ SPEC = ModelSpec("/models/m", ModelSourceKind.CONTROL, "/dev/shm/m", hybrid=Fals
 ROOMY = DiskSpace("/dev/shm", 10**9, 0, 10**9)
 SWAP = (
     "sh -c 'set -e; if [ -e /dev/shm/m ]; then mv -T /dev/shm/m /dev/shm/.opsctl-old-m; fi; "
-    "mv -T /dev/shm/.opsctl-sync-m /dev/shm/m; rm -rf /dev/shm/.opsctl-old-m'"
+    "mv -T /dev/shm/.opsctl-sync-m /dev/shm/m; rm -rf /dev/shm/.opsctl-old-m; "
+    "touch -- /dev/shm/m/.opsctl-manifest.json'"
 )
 
 
@@ -174,6 +176,14 @@ def test_models_deduplicated_by_destination() -> None:
 # --- the protocol for real, on the control machine -------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _trust_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The accepted-model records under the test's own dir, never the machine's /var/lib/opsctl."""
+    root = tmp_path / "trust"
+    monkeypatch.setattr(model_trust, "STATE_ROOT", str(root))
+    return root
+
+
 def _model(root: Path, files: dict[str, bytes]) -> Path:
     for name, data in files.items():
         path = root / name
@@ -232,7 +242,8 @@ def test_failed_verification_never_touches_the_final_path(tmp_path: Path) -> Non
     _converge(ctx)
     # a manifest that does not describe the source (no stamps: the copy is hashed) cannot be satisfied
     (source / "a.bin").write_bytes(b"B" * 1000)
-    stale = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): Manifest(
+    new = Options(accept_models=frozenset({str(dest)}))  # a new model, accepted: the copy protocol is tested
+    stale = Context(ctx.spec, ctx.remote, new, artifacts=Artifacts(manifests={str(source): Manifest(
         {"a.bin": FileEntry(1000, "0" * 64)})}))  # fmt: skip
     op = ModelSync()
     with pytest.raises(ManifestMismatchError, match="does not match the source manifest"):
@@ -247,7 +258,8 @@ def test_source_changed_during_the_copy_is_refused(tmp_path: Path) -> None:
     ctx, dest = _ctx(tmp_path, source)
     _converge(ctx)
     (source / "b.bin").write_bytes(b"C" * 1000)
-    ctx = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): build_local_manifest(source)}))
+    new = Options(accept_models=frozenset({str(dest)}))  # a new model, accepted: the copy protocol is tested
+    ctx = Context(ctx.spec, ctx.remote, new, Artifacts(manifests={str(source): build_local_manifest(source)}))
     op = ModelSync()
     plan = op.plan(ctx)
     time.sleep(0.01)  # a write within the same mtime tick would still change the inode below
@@ -306,3 +318,58 @@ def test_python_and_coreutils_listings_agree(tmp_path: Path) -> None:
     assert sorted(fast) == ["a.bin", "empty", "sub/b.bin"]
     assert fast["a.bin"] == FileEntry(3000, sha256_file(tmp_path / "m" / "a.bin"))
     assert host.run(hash_listing_cmd(str(tmp_path / "absent"))).stdout == ""
+
+
+def test_corrupt_source_is_refused_never_copied_and_only_accepting_it_changes_the_truth(
+    tmp_path: Path, _trust_root: Path
+) -> None:
+    source = _model(tmp_path / "src", {"config.json": b"{}", "w.bin": b"A" * 4096})
+    ctx, dest = _ctx(tmp_path, source)
+    _converge(ctx)  # first use: the source's manifest becomes the accepted model
+    record = model_trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
+    assert record is not None and record.how == "first use"
+    assert record.manifest == build_local_manifest(source)
+    before = {p.name: p.read_bytes() for p in dest.iterdir()}
+    with (source / "w.bin").open("r+b") as fh:  # one byte flipped in the source, size kept
+        fh.seek(100)
+        fh.write(b"B")
+    corrupt = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): build_local_manifest(source)}))
+    with pytest.raises(ModelNotTrustedError) as refused:
+        ModelSync().plan(corrupt)
+    line = refused.value.one_line()
+    assert "is not the model accepted" in line and "differ: w.bin" in line and "nothing was copied" in line
+    assert f"--accept-model {dest}" in line and "\n" not in line
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == before  # manifest and weights untouched
+    # the explicit act: accepted, copied, and recorded as the new truth
+    accepted = Context(ctx.spec, ctx.remote, Options(accept_models=frozenset({str(dest)})), corrupt.artifacts)
+    _converge(accepted)
+    assert (dest / "w.bin").read_bytes()[100:101] == b"B"
+    record = model_trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
+    assert record is not None and record.how == "accepted" and record.manifest == build_local_manifest(source)
+    assert ModelSync().plan(corrupt).actions == ()  # accepted once: later runs need no flag
+
+
+def test_a_host_from_before_records_still_refuses_a_source_corrupted_since(tmp_path: Path, _trust_root: Path) -> None:
+    # Provisioned by an opsctl without trust records: the manifest an earlier provision verified in /dev/shm is
+    # what the model was, so a source corrupted before the upgrade is refused, not accepted on "first use".
+    source = _model(tmp_path / "src", {"w.bin": b"A" * 4096})
+    ctx, dest = _ctx(tmp_path, source)
+    _converge(ctx)
+    (_trust_root / "model" / "trusted.json").unlink()
+    (source / "w.bin").write_bytes(b"B" * 4096)
+    corrupt = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): build_local_manifest(source)}))
+    with pytest.raises(ModelNotTrustedError, match=r"differ: w\.bin.*earlier manifest"):
+        ModelSync().plan(corrupt)
+    assert (dest / "w.bin").read_bytes() == b"A" * 4096
+
+
+def test_good_files_rewritten_since_verification_are_verified_again_once() -> None:
+    # The bytes match the manifest, but their ctime is newer than it (a repair by hand, a rewrite in place): the
+    # facts step hashed them, so the manifest is written again and later checks need not hash them.
+    good = {"config.json": FileEntry(100, A), "model.safetensors": FileEntry(1000, B)}
+    facts = ModelFacts(True, good, MANIFEST, {}, False, ROOMY, ("model.safetensors",))
+    actions, notes = plan_model(SPEC, MANIFEST, facts)
+    assert [a.display() for a in actions] == ["write /dev/shm/m/.opsctl-manifest.json (280 bytes, mode 644)"]
+    assert notes[-1] == "/dev/shm/m: model.safetensors written since the last verification: verified"
+    settled = ModelFacts(True, good, MANIFEST, {}, False, ROOMY)
+    assert plan_model(SPEC, MANIFEST, settled)[0] == []

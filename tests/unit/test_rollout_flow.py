@@ -415,3 +415,37 @@ def test_first_deploy_failing_stops_and_removes(ctx_for):
     assert "systemctl disable --now --quiet -- opsctl-ref-shadow.service" in ran
     assert "rm -f -- /opt/opsctl/services/ref-shadow/current /etc/systemd/system/opsctl-ref-shadow.service" in ran
     assert result.release in box.bad
+
+
+def test_corrupt_model_is_refused_before_anything_restarts_and_nothing_is_marked_bad(ctx_for):
+    # Issue 30: a byte flipped in place (same size, written after provision verified the model). Before the fix
+    # the deploy restarted into it (a new release crash-loaded, so did the rollback, a good config went BAD);
+    # now that one file is hashed, found corrupt, and the deploy (and its plan) refuse before anything changes.
+    from opsctl.errors import DeployError
+    from opsctl.ops.facts.manifest import FileEntry, Manifest
+
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+    manifest = Manifest({"model.safetensors": FileEntry(100, "a" * 64)}).to_json().replace("\n", "")
+    state = (
+        f"start Tue 2026-12-01 05:30:00.000000 UTC\nmodel 1 /dev/shm/Qwen3-8B\nmanifest {manifest}\n"
+        "verified 1796102000.0\nfile 100 1796103005.0 model.safetensors\n"  # written after start and verification
+    )
+
+    def handler(cmd: Cmd):
+        text = cmd.display()
+        if "ExecMainStartTimestamp" in text:
+            return (0, state, "")
+        if "sha256sum -- model.safetensors" in text:
+            return (0, "b" * 64 + "  model.safetensors\n", "")
+        return box.handler(cmd)
+
+    ctx, fake = make(box)
+    fake.handler = handler
+    for settings in (replace(SETTINGS, plan=True), SETTINGS, replace(SETTINGS, force=True)):
+        with pytest.raises(DeployError) as err:
+            flow.deploy_service(ctx, wheel, settings)
+        line = err.value.one_line()
+        assert "model /dev/shm/Qwen3-8B is corrupt" in line and "model.safetensors" in line, line
+        assert "nothing was changed" in line and "`opsctl provision -i INVENTORY --host" in line
+    assert fake.files == {} and _live_steps(fake) == [] and box.current == OLD and not box.bad
