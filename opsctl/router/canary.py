@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -39,6 +39,9 @@ from opsctl.router.rolling import RouterGuard
 from opsctl.router.status import STATE_DIR, state_path
 
 Selection = Sequence[tuple[Host, Sequence[Service]]]
+# Tokens per replayed prompt: a divergence of tree verify shows within the first rounds, and the replay runs
+# on serving workers, next to their live traffic.
+REPLAY_TOKENS = 16
 
 
 @dataclass
@@ -235,7 +238,8 @@ class Canary:
 
     def replay(self) -> judge.Replay:
         """The first `replay` prompts of the shipped greedy set on a canary and an old worker."""
-        prompts = smoke.load_prompts()[: self.config.replay]
+        prompts = [replace(p, max_tokens=min(p.max_tokens, REPLAY_TOKENS)) for p in smoke.load_prompts()]
+        prompts = prompts[: self.config.replay]
         mine, theirs = self.canary[0], self.old[0]
         try:
             report = smoke.run_equivalence(
