@@ -33,6 +33,9 @@ from opsctl.inventory.model import Host, Mode, Service
 from opsctl.inventory.select import select, select_routers
 from opsctl.progress import Ticker
 from opsctl.remote.base import Connect
+from opsctl.router.canary import Canary, CanaryReport
+from opsctl.router.canary import fronted_selection as canary_router
+from opsctl.router.canary import plan_lines as canary_plan
 from opsctl.router.deploy import RouterResult
 
 ModeOpt = Annotated[
@@ -84,7 +87,13 @@ def _selection(
     return selection
 
 
-def print_report(report: RunReport, as_json: bool, plan: bool = False, routers: Sequence[RouterResult] = ()) -> None:
+def print_report(
+    report: RunReport,
+    as_json: bool,
+    plan: bool = False,
+    routers: Sequence[RouterResult] = (),
+    canary: CanaryReport | None = None,
+) -> None:
     if as_json:
         emit_json(
             {
@@ -94,12 +103,21 @@ def print_report(report: RunReport, as_json: bool, plan: bool = False, routers: 
                 "failures": report.failures + sum(1 for r in routers if r.outcome.failed),
                 "results": report.results,
                 "routers": list(routers),
+                **({"canary": canary} if canary is not None else {}),
             }
         )
     for r in report.results:
         _print_result(r, plan)
     for rr in routers:
         _print_result(rr, plan)
+    if canary is not None:
+        if plan:
+            for line in canary.message.split(" | "):
+                console.print(f"    {line}", markup=False)
+        else:
+            for line in canary.table:
+                console.print(f"    {line}", markup=False)
+            console.print(f"canary behind router {canary.router}: {canary.phase}: {canary.message}", markup=False)
     if report.stopped_early:
         console.print("[bold red]rollout stopped:[/] failures exceeded --max-fail", markup=True)
     if report.interrupted:
@@ -140,7 +158,14 @@ def register(app: typer.Typer) -> None:
         host: HostOpt = None,
         service: ServiceOpt = None,
         plan: Annotated[bool, typer.Option("--plan", help="Show what would change; change nothing.")] = False,
-        canary: Annotated[bool, typer.Option("--canary", help="Deploy the first service alone first.")] = False,
+        canary: Annotated[
+            bool,
+            typer.Option(
+                "--canary",
+                help="Deploy the first service alone first; behind a router with a `canary:` block, judge it "
+                "against the rest on live traffic, then promote or roll back.",
+            ),
+        ] = False,
         batch: Annotated[
             int | None, typer.Option("--batch", min=1, help="Services per batch after the canary.")
         ] = None,
@@ -180,6 +205,7 @@ def register(app: typer.Typer) -> None:
         inv = load_inventory(inventory, overrides(split_selector(host), split_selector(service), mode))
         routers = select_routers(inv, split_selector(router), split_selector(host))
         report = RunReport("deploy")
+        canary_report: CanaryReport | None = None
         if not routers_only:
             selection = _selection(inventory, host, service, mode, health_timeout, readiness_delay)
             if break_lock:
@@ -195,8 +221,19 @@ def register(app: typer.Typer) -> None:
             )  # fmt: skip (health_timeout/readiness_delay reach the services through the inventory overrides)
             options = RolloutOptions(canary=canary, batch=batch, max_fail=max_fail, lock_wait=lock_wait, forks=forks)
             guard = RouterGuard(inv) if inv.routers else None
+            behind = canary_router(inv, selection) if canary else None
             try:
-                report = runner.deploy(selection, wheel, settings, options, say=say, routers=guard)
+                if behind is not None and not plan:
+                    job = Canary(inv, behind, selection, say, guard=guard)
+                    try:
+                        report, canary_report = job.run(wheel, settings, options)
+                    finally:
+                        job.close()
+                else:
+                    report = runner.deploy(selection, wheel, settings, options, say=say, routers=guard)
+                    if behind is not None:
+                        canary_report = CanaryReport(behind.name, "planned", message=" | ".join(
+                            canary_plan(behind, selection)))  # fmt: skip
             finally:
                 if guard is not None:
                     guard.close()
@@ -204,7 +241,7 @@ def register(app: typer.Typer) -> None:
         router_results = [] if report.interrupted else run_routers(
             inv, routers, "deploy", say, force=force and router is not None, plan=plan, keep=keep, lock_wait=lock_wait
         )  # fmt: skip
-        print_report(report, as_json, plan, router_results)
+        print_report(report, as_json, plan, router_results, canary_report)
         raise typer.Exit(int(_exit(report, router_results, plan)))
 
     @app.command("rollback")

@@ -160,3 +160,12 @@ def _router_table(rows: list[RouterStatus]) -> None:
             console.print(f"    [bold red]member {name}: not in the router[/]", markup=True)
         if r.error:
             console.print(f"    [bold red]{r.error}[/]", markup=True)
+        if r.canary:
+            c = r.canary
+            console.print(
+                f"    canary {c.get('phase', '?')} (updated {c.get('updated', '?')}): canary "
+                f"{', '.join(c.get('canary') or [])} vs old {', '.join(c.get('old') or [])}; {c.get('message', '')}",
+                markup=False,
+            )
+            for line in c.get("table") or []:
+                console.print(f"      {line}", markup=False)

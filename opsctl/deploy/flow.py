@@ -20,7 +20,7 @@ import httpx
 from opsctl import __version__, artifact, health, logs, modelcheck, systemd
 from opsctl.artifact import RuntimeWheel
 from opsctl.commands import Cmd
-from opsctl.deploy import argcheck, audit, guards, preflight, release, secret_fp
+from opsctl.deploy import argcheck, audit, corridor, guards, preflight, release, secret_fp
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
@@ -183,14 +183,10 @@ def _gate(
         )
 
 
-def _restart(ctx: ServiceContext, release_id: str) -> int:
-    """Switch current, install the unit, reload, restart; returns NRestarts right after the restart."""
-    paths, t = ctx.paths, LIVE_TIMEOUT_S
-    ctx.run(release.switch_cmd(paths, release_id), timeout=t)
-    ctx.run(release.install_unit_cmd(paths, release_id), timeout=t)
-    ctx.run(systemd.daemon_reload_cmd(), timeout=t)
-    ctx.run(systemd.enable_cmd(paths.unit_name), check=False, timeout=t)
-    ctx.run(systemd.restart_cmd(paths.unit_name), timeout=t)
+def _restart(ctx: ServiceContext, release_id: str, restoring: bool = False) -> int:
+    """The corridor's go-live (or, `restoring`, its restore) steps; returns NRestarts right after the restart."""
+    steps = corridor.restore(ctx.paths, release_id) if restoring else corridor.go_live(ctx.paths, release_id)
+    corridor.run_steps(lambda cmd, check: ctx.run(cmd, check=check, timeout=LIVE_TIMEOUT_S), steps)
     return ctx.unit_state().n_restarts
 
 
@@ -205,11 +201,7 @@ def journal_tail(ctx: ServiceContext, lines: int = JOURNAL_TAIL_LINES) -> str:
 
 def _stop_and_remove(ctx: ServiceContext) -> None:
     """First deploy failed with nothing to go back to: stop the unit and remove what this deploy installed."""
-    p = ctx.paths
-    ctx.run(systemd.disable_now_cmd(p.unit_name), check=False)
-    ctx.run(Cmd.of("rm", "-f", "--", p.current, p.installed_unit, sudo=True), check=False)
-    ctx.run(systemd.daemon_reload_cmd(), check=False)
-    ctx.run(systemd.reset_failed_cmd(p.unit_name), check=False)
+    corridor.run_steps(lambda cmd, check: ctx.run(cmd, check=check), corridor.teardown(ctx.paths))
 
 
 def _plan(ctx: ServiceContext, facts: ReleaseFacts, staged: StagedRelease) -> list[str]:
@@ -234,8 +226,11 @@ def _plan(ctx: ServiceContext, facts: ReleaseFacts, staged: StagedRelease) -> li
     lines += [
         f"stage {paths.release(new_id)} (pip install --target site from the runtime wheel)",
         f"systemd-analyze verify {paths.release_unit(new_id)}",
-        f"switch {paths.current} -> releases/{new_id}; install {paths.installed_unit}; daemon-reload",
-        f"restart {paths.unit_name}; health gate; smoke gate",
+        "go live:",
+        *corridor.plan_lines(corridor.go_live(paths, new_id)),
+        "health gate; smoke gate; on failure: "
+        + (f"restore {facts.current} (reset-failed, then the same steps)" if facts.current else "teardown:"),
+        *([] if facts.current else corridor.plan_lines(corridor.teardown(paths))),
         "ExecStart " + " ".join(staged.argv),
     ]
     return lines
@@ -542,9 +537,7 @@ def _roll_back_after_failure(
             outcome = Outcome.INTERRUPTED if interrupted else Outcome.FAILED
             return outcome, f"{reason}; no previous release to roll back to: service stopped"
         ctx.say(f"rolling back to {previous}")
-        # The failed release's crash loop counted in NRestarts; the restored one starts from zero.
-        ctx.run(systemd.reset_failed_cmd(ctx.paths.unit_name), check=False)
-        baseline = _restart(ctx, previous)
+        baseline = _restart(ctx, previous, restoring=True)
         # A shorter re-check: this release served before; the point is to confirm it answers again.
         delay = settings.readiness_delay if settings.readiness_delay is not None else ctx.service.readiness_delay
         quick = replace(settings, readiness_delay=min(delay, 5.0))
@@ -620,7 +613,7 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
     result.journal_tail = journal_tail(ctx)
     if facts.current:
         _mark_bad(ctx, target, f"rollback target unhealthy: {gate.reason}")
-        baseline = _restart(ctx, facts.current)
+        baseline = _restart(ctx, facts.current, restoring=True)
         _gate(ctx, settings, baseline, cancellable=False)
     ctx.audit("rollback", target, "failed", gate.reason)
     result.outcome = Outcome.FAILED

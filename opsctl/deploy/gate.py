@@ -108,3 +108,41 @@ def health_gate(
         False, f"second check after {config.readiness_delay:g}s: /health {last.describe()}, unit {unit.describe()}",
         elapsed, unit, last,
     )  # fmt: skip
+
+
+def wait_until(
+    ok: Callable[[], bool],
+    timeout: float,
+    poll_s: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> float | None:
+    """Poll `ok` until it holds: the seconds it took, or None when `timeout` passed first. Raises Interrupted
+    when cancelled. A router's /readiness after its restart, a canary's membership, a drained worker."""
+    start = clock()
+    while True:
+        if cancelled():
+            raise Interrupted()
+        if ok():
+            return clock() - start
+        if clock() - start >= timeout:
+            return None
+        sleep(poll_s)
+
+
+def readiness_gate(
+    ready: Callable[[], HealthProbe],
+    upstream_up: Callable[[], bool],
+    timeout: float,
+    poll_s: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """A router serves when its /readiness answers 200 (one healthy worker); not asked when none of its workers
+    is up anyway (a first deploy: it serves once they come). "" when ready, else why not."""
+    if not upstream_up():
+        return ""
+    if wait_until(lambda: ready().ok, timeout, poll_s, clock, sleep) is not None:
+        return ""
+    return f"/readiness not 200 within {timeout:g}s although workers answer /health: the router cannot reach them"

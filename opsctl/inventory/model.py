@@ -201,6 +201,25 @@ class WorkerRef:
 
 
 @dataclass(frozen=True)
+class CanaryConfig:
+    """`routers.<name>.canary`: `opsctl deploy --canary` moves `workers` of the router's workers to the new
+    release, compares them with the rest over `window` seconds of live traffic, then promotes (a rolling deploy
+    of the rest) or rolls the canary back (opsctl.router.canary; docs/deploy.md, "Canary")."""
+
+    workers: int = 1  # canary workers (the router keeps at least one worker on the old release)
+    window: float = 300.0  # seconds of live traffic compared
+    min_requests: int = 20  # per group in the window; fewer: no verdict, the canary is rolled back
+    max_error_rate: float = 0.01  # canary's aborted requests per request, above the old group's
+    max_ttft_ratio: float = 1.5  # canary p95 time to first token / the old group's
+    max_itl_ratio: float = 1.5  # canary p95 inter-token latency / the old group's
+    min_tok_s_ratio: float = 0.8  # canary decode tok/s (DDTREE metrics) / the old group's
+    min_tau_ratio: float = 0.9  # canary tau / the old group's, when both speculate
+    max_selfcheck_failures: int = 0  # `DDTREE self-check FAILED` lines of the canary in the window
+    max_restarts: int = 0  # NRestarts of a canary unit moved during the window
+    replay: int = 3  # on a mode change: greedy requests replayed on both groups, tokens must be equal (0: off)
+
+
+@dataclass(frozen=True)
 class Router:
     """An sglang-router (SGLang's Rust load balancer) in front of services, deployed like a service: unit
     opsctl-router-<name>.service on `host`, releases under /opt/opsctl/services/router-<name>/."""
@@ -219,6 +238,7 @@ class Router:
     readiness_delay: float = 3.0  # seconds before the router's crash-loop re-check
     health_check_interval: int = 2  # seconds between the router's own checks of each worker
     metrics_port: int | None = None  # Prometheus port (default: port + 1)
+    canary: CanaryConfig | None = None  # `opsctl deploy --canary` judges against the rest of the fleet
 
     @property
     def unit_base(self) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from opsctl.errors import InventoryError
 from opsctl.inventory import schema as s
-from opsctl.inventory.model import Host, Router, RouterPolicy, WorkerRef
+from opsctl.inventory.model import CanaryConfig, Host, Router, RouterPolicy, WorkerRef
 from opsctl.inventory.rules import Kind, excerpt
 from opsctl.secrets import SecretRef
 
@@ -37,7 +37,9 @@ ROUTER_KEYS = {
     "readiness_delay",
     "health_check_interval",
     "metrics_port",
+    "canary",
 }
+CANARY_DEFAULTS = CanaryConfig()
 LOOPBACK = ("127.", "::1", "localhost")
 
 
@@ -109,6 +111,42 @@ def _router(name: str, value: Any, hosts: tuple[Host, ...], path: str) -> Router
         readiness_delay=s.number(d.get("readiness_delay", Router.readiness_delay), f"{path}.readiness_delay", 0, 600),
         health_check_interval=s.integer(d.get("health_check_interval", 2), f"{path}.health_check_interval", 1, 600),
         metrics_port=metrics,
+        canary=_canary(d["canary"], len(workers), s.join(path, "canary")) if "canary" in d else None,
+    )
+
+
+def _canary(value: Any, fronted: int, path: str) -> CanaryConfig:
+    """Every key checked with its path; `workers` must leave the old release at least one worker."""
+    d = s.mapping(value, path, set(CanaryConfig.__dataclass_fields__))
+    c = CANARY_DEFAULTS
+
+    def num(key: str, lo: float, hi: float) -> float:
+        return s.number(d.get(key, getattr(c, key)), s.join(path, key), lo, hi)
+
+    def count(key: str, lo: int, hi: int) -> int:
+        return s.integer(d.get(key, getattr(c, key)), s.join(path, key), lo, hi)
+
+    if fronted < 2:
+        raise InventoryError(path, "a canary needs a router with at least 2 workers", "front 2 or more services")
+    workers = count("workers", 1, 1024)
+    if workers >= fronted:
+        raise InventoryError(
+            s.join(path, "workers"),
+            f"{workers} of the router's {fronted} workers leaves none on the old release to compare with",
+            f"at most {fronted - 1}",
+        )
+    return CanaryConfig(
+        workers=workers,
+        window=num("window", 1, 86400),
+        min_requests=count("min_requests", 1, 1_000_000),
+        max_error_rate=num("max_error_rate", 0, 1),
+        max_ttft_ratio=num("max_ttft_ratio", 1, 100),
+        max_itl_ratio=num("max_itl_ratio", 1, 100),
+        min_tok_s_ratio=num("min_tok_s_ratio", 0, 1),
+        min_tau_ratio=num("min_tau_ratio", 0, 1),
+        max_selfcheck_failures=count("max_selfcheck_failures", 0, 1_000_000),
+        max_restarts=count("max_restarts", 0, 1000),
+        replay=count("replay", 0, 100),
     )
 
 

@@ -24,8 +24,8 @@ import httpx
 
 from opsctl import __version__, systemd
 from opsctl.commands import Cmd, sh
-from opsctl.deploy import audit, release
-from opsctl.deploy.gate import GateConfig, health_gate
+from opsctl.deploy import audit, corridor, release
+from opsctl.deploy.gate import GateConfig, health_gate, readiness_gate
 from opsctl.deploy.preflight import looks_like_help, unknown_flags
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
@@ -39,6 +39,7 @@ from opsctl.render import Secrets
 from opsctl.router.render import render_router, router_url, worker_urls
 
 LIVE_TIMEOUT_S = 60.0
+READINESS_TIMEOUT_S = 60.0  # workers answer /health but the router has none healthy: it cannot reach them
 LOCK_FILE = "requirements.txt"
 
 
@@ -135,23 +136,19 @@ class RouterDeploy:
 
     def _ready(self, url: str) -> str:
         """ "" when the router serves: /readiness 200, or none of its workers is up anyway (first deploy)."""
-        t0 = time.monotonic()
-        workers_up = any(probe(self.http, w + "/health", timeout=3.0).ok for w in _urls(self.inventory, self.router))
-        if not workers_up:
-            return ""
-        while time.monotonic() - t0 < 60:
-            if probe(self.http, url + "/readiness", timeout=5.0).ok:
-                return ""
-            time.sleep(0.5)
-        return "/readiness not 200 within 60s although workers answer /health: the router cannot reach them"
+        return readiness_gate(
+            ready=lambda: probe(self.http, url + "/readiness", timeout=5.0),
+            upstream_up=lambda: any(
+                probe(self.http, w + "/health", timeout=3.0).ok for w in _urls(self.inventory, self.router)
+            ),
+            timeout=READINESS_TIMEOUT_S,
+        )
 
-    def _restart(self, release_id: str) -> int:
+    def _restart(self, release_id: str, restoring: bool = False) -> int:
+        """The corridor's go-live (restore) steps, as for a service; NRestarts right after the restart."""
         p = self.paths
-        self._run(release.switch_cmd(p, release_id))
-        self._run(release.install_unit_cmd(p, release_id))
-        self._run(systemd.daemon_reload_cmd())
-        self._run(systemd.enable_cmd(p.unit_name), check=False)
-        self._run(systemd.restart_cmd(p.unit_name))
+        steps = corridor.restore(p, release_id) if restoring else corridor.go_live(p, release_id)
+        corridor.run_steps(lambda cmd, check: self._run(cmd, check=check), steps)
         return systemd.parse_show(self._run(systemd.show_cmd(p.unit_name))).n_restarts
 
     def journal_tail(self, lines: int = 30) -> str:
@@ -187,7 +184,11 @@ class RouterDeploy:
             result.plan = [
                 f"release {facts.current or '(none)'} -> {new_id}",
                 f"install {self.lock.name} into {self.paths.site(new_id)}",
-                f"restart {self.paths.unit_name} (its clients see a short outage); health gate",
+                f"go live (its clients see a short outage while {self.paths.unit_name} restarts):",
+                *corridor.plan_lines(corridor.go_live(self.paths, new_id)),
+                "health gate; /readiness; on failure: "
+                + (f"restore {facts.current} (reset-failed, then the same steps)" if facts.current else "teardown:"),
+                *([] if facts.current else corridor.plan_lines(corridor.teardown(self.paths))),
                 "router " + " ".join(rendered.argv),
             ]
             return result
@@ -260,15 +261,12 @@ class RouterDeploy:
     def _roll_back(self, previous: str | None, failed: str, reason: str) -> tuple[Outcome, str]:
         self.say(f"FAILED: {reason}")
         if previous is None:
-            p = self.paths
-            self._run(systemd.disable_now_cmd(p.unit_name), check=False)
-            self._run(Cmd.of("rm", "-f", "--", p.current, p.installed_unit, sudo=True), check=False)
-            self._run(systemd.daemon_reload_cmd(), check=False)
+            corridor.run_steps(lambda cmd, check: self._run(cmd, check=check), corridor.teardown(self.paths))
             self._audit("deploy", failed, "failed", f"{reason}; no previous release: router stopped")
             return Outcome.FAILED, f"{reason}; no previous router release: router stopped"
         self.say(f"rolling back to {previous}")
         try:
-            ok, why, _ = self._gate(self._restart(previous))
+            ok, why, _ = self._gate(self._restart(previous, restoring=True))
         except OpsctlError as exc:
             ok, why = False, exc.one_line()
         if not ok:
@@ -298,7 +296,7 @@ class RouterDeploy:
         result.journal_tail = self.journal_tail()
         if facts.current:
             self._run(release.mark_bad_cmd(self.paths, target, f"rollback target unhealthy: {why}"), check=False)
-            self._gate(self._restart(facts.current))
+            self._gate(self._restart(facts.current, restoring=True))
         self._audit("rollback", target, "failed", why)
         result.message = f"{target} failed its health gate ({why}); {facts.current} restored"
         return result

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from opsctl.errors import DeployError
+from opsctl.errors import DeployError, OpsctlError
 from opsctl.health import auth_headers, probe
 from opsctl.inventory.model import Inventory, Router
-from opsctl.router.api import Member, RouterClient, worker_load
+from opsctl.router.api import RouterClient, worker_load
+from opsctl.router.judge import refuse_take_out
 from opsctl.router.render import router_url, worker_url
 
 MEMBERSHIP_TIMEOUT_S = 60.0  # the router applies add/remove in the background; this is how long we wait
@@ -116,10 +117,11 @@ class RouterGuard:
                 members = client.members()
                 me = next((m for m in members if m.url == url), None)
                 others = [m for m in members if m.url != url and m.healthy]
-                if not others:
+                refused = refuse_take_out(members, url)
+                if refused is not None:
                     raise DeployError(
                         f"router {router.name}: {host}/{service} is its last healthy worker "
-                        f"({_describe(members)}); taking it out would stop the router serving",
+                        f"({refused}); taking it out would stop the router serving",
                         "bring another worker of the router back to health first; nothing was switched",
                     )
                 if me is not None:
@@ -184,8 +186,8 @@ class RouterGuard:
                 client = self._client(router)
                 if not client.health().ok or client.member(url) is not None:
                     continue
-            except Exception as exc:  # a RouterError: reported, never fatal for an unchanged service
-                problems.append(f"router {router.name}: {getattr(exc, 'message', type(exc).__name__)}")
+            except OpsctlError as exc:  # a RouterError: reported, never fatal for an unchanged service
+                problems.append(f"router {router.name}: {exc.message}")
                 continue
             say(f"not in router {router.name}: adding it")
             problem = self._add(Taken(router, url, False), say)
@@ -215,8 +217,8 @@ class RouterGuard:
             self._wait(healthy, f"router {item.router.name} to report {item.url} healthy")
         except DeployError as exc:
             return f"not back in router {item.router.name}: {exc.message}"
-        except Exception as exc:  # a RouterError, or anything from the HTTP layer
-            return f"not back in router {item.router.name}: {getattr(exc, 'message', type(exc).__name__)}"
+        except OpsctlError as exc:  # a RouterError (router/api.py turns every httpx error into one)
+            return f"not back in router {item.router.name}: {exc.message}"
         say(f"back in router {item.router.name}, healthy after {self.clock() - t0:.1f}s")
         return ""
 
@@ -237,9 +239,3 @@ class RouterGuard:
 
     def close(self) -> None:
         self.http.close()
-
-
-def _describe(members: tuple[Member, ...]) -> str:
-    if not members:
-        return "it has no workers"
-    return ", ".join(f"{m.url} {'healthy' if m.healthy else 'unhealthy'}" for m in members)

@@ -4,10 +4,13 @@ it does not list at all. Reads only."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
+from opsctl.commands import Cmd
 from opsctl.deploy import release
 from opsctl.errors import OpsctlError
 from opsctl.inventory.model import Inventory, Router
@@ -15,6 +18,21 @@ from opsctl.remote.base import Connection
 from opsctl.router.api import Member, RouterClient
 from opsctl.router.render import router_url, worker_url
 from opsctl.systemd import UnitState, parse_show, show_cmd
+
+STATE_DIR = "/var/lib/opsctl/canary"  # the router's last canary (opsctl.router.canary writes it)
+
+
+def state_path(router: Router) -> str:
+    return f"{STATE_DIR}/{router.name}.json"
+
+
+def parse_state(text: str) -> dict[str, Any] | None:
+    """The canary state file as written; None when absent or not a JSON object."""
+    try:
+        data = json.loads(text) if text.strip() else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 @dataclass(frozen=True)
@@ -40,6 +58,7 @@ class RouterStatus:
     members: list[MemberStatus] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # fronted services the router does not list
     error: str | None = None
+    canary: dict[str, Any] | None = None  # the last canary: phase, groups, comparison table, message
 
 
 def members_view(
@@ -58,12 +77,14 @@ def members_view(
 def collect_router(conn: Connection | None, inventory: Inventory, router: Router, http: httpx.Client) -> RouterStatus:
     paths = release.ServicePaths(router.unit_base)
     unit = None
+    canary = None
     facts = release.ReleaseFacts(None, ())
     error = None
     if conn is not None:
         try:
             unit = parse_show(conn.run(show_cmd(paths.unit_name)).stdout)
             facts = release.parse_release_facts(conn.run(release.facts_cmd(paths)).stdout)
+            canary = parse_state(conn.run(Cmd.of("cat", "--", state_path(router)), check=False).stdout)
         except OpsctlError as exc:
             error = exc.one_line()
     client = RouterClient(http, router_url(inventory, router), router.api_key)
@@ -90,4 +111,5 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
         members=members,
         missing=missing,
         error=error,
+        canary=canary,
     )

@@ -24,7 +24,7 @@ SECRET = "s3cret-router-deploy-key"
 ROOT = "/opt/opsctl/services/router-front"
 
 
-def inventory() -> Inventory:
+def inventory(**router: Any) -> Inventory:
     svc = {
         "port": 30000, "mode": "baseline", "engine": "reference", "device": "cpu",
         "model": {"source": "/data/m", "source_on": "host", "path": "/dev/shm/m", "hybrid": False},
@@ -33,7 +33,7 @@ def inventory() -> Inventory:
         {
             "defaults": {"wheelhouse": "/var/cache/opsctl/wheelhouse"},
             "hosts": {"h1": {"address": "10.0.0.1", "services": {"ref": svc}}},
-            "routers": {"front": {"host": "h1", "port": 30080, "api_key": "env:RK", "readiness_delay": 0}},
+            "routers": {"front": {"host": "h1", "port": 30080, "api_key": "env:RK", "readiness_delay": 0, **router}},
         }
     )
 
@@ -120,3 +120,16 @@ def test_router_that_never_answers_fails_its_gate_and_is_stopped_without_a_previ
     assert result.outcome is Outcome.FAILED
     assert "no HTTP 200 from /health within 1s" in result.message and "router stopped" in result.message
     assert "systemctl disable --now --quiet -- opsctl-router-front.service" in host.ran
+
+
+def test_failed_router_release_is_restored_through_the_corridor_with_reset_failed() -> None:
+    """The router's rollback runs the services' restore: reset-failed first (the copies used to differ)."""
+    inv = inventory()
+    rid = RouterDeploy(inv, inv.router("front"), Host(), http(True)).deploy().release  # type: ignore[arg-type]
+    changed = inventory(policy="random")
+    host = Host(current=rid, restarts=[0, 1])  # the new release crash-loops: NRestarts moves in its gate
+    result = RouterDeploy(changed, changed.router("front"), host, http(True)).deploy()  # type: ignore[arg-type]
+    assert result.outcome is Outcome.ROLLED_BACK, result.message
+    reset = host.ran.index("systemctl reset-failed -- opsctl-router-front.service")
+    assert host.ran[reset + 1].startswith(f"sh -c 'ln -sfn releases/{rid} ")
+    assert host.ran[reset + 5] == "systemctl restart -- opsctl-router-front.service"

@@ -14,6 +14,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# SGLang's own inter-token buckets (its collector's defaults), so canary percentiles compare alike
+_ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2, 0.4,
+                0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,8 @@ class ServerStats:
         def counter(name: str, doc: str) -> Any:
             return Counter(name, doc, names, registry=r).labels(model_name)
 
-        def histogram(name: str, doc: str) -> Any:
-            return Histogram(name, doc, names, registry=r, buckets=_LATENCY_BUCKETS).labels(model_name)
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Any:
+            return Histogram(name, doc, names, registry=r, buckets=buckets).labels(model_name)
 
         self._running = gauge("sglang:num_running_reqs", "The number of running requests.")
         self._queued = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
@@ -83,6 +86,9 @@ class ServerStats:
         self._aborted = counter("sglang:num_aborted_requests", "The number of aborted requests.")
         self._ttft = histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.")
         self._e2e = histogram("sglang:e2e_request_latency_seconds", "End-to-end request latency in seconds.")
+        self._itl = histogram(
+            "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", _ITL_BUCKETS
+        )
         self._context_len = context_len
         self._speculative = speculative
         self._draft_tokens = draft_tokens_per_round
@@ -117,6 +123,8 @@ class ServerStats:
         """One engine round (one target forward) committed ``committed`` tokens in ``seconds``."""
         line = None
         with self._lock:
+            for _ in range(committed):  # as SGLang: the round's time spread over the tokens it committed
+                self._itl.observe(seconds / committed)
             self._gen.inc(committed)
             self._in_kv += committed
             self._win_rounds += 1

@@ -1,0 +1,227 @@
+"""The rules of a rolling and a canary deploy behind a router, as pure functions of what the router and the
+workers answered (`GET /workers`, `/metrics` scrapes, DDTREE metrics lines, NRestarts), tested on recorded
+answers. Measuring lives in opsctl.router.canary; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opsctl import metrics, promtext
+from opsctl.inventory.model import CanaryConfig
+from opsctl.router.api import Member
+
+SELFCHECK_FAILED = "DDTREE self-check FAILED"
+
+
+def refuse_take_out(members: Sequence[Member], url: str) -> str | None:
+    """Why `url` must not leave the router (it is its last healthy worker), or None."""
+    if any(m.url != url and m.healthy for m in members):
+        return None
+    if not members:
+        return "it has no workers"
+    return ", ".join(f"{m.url} {'healthy' if m.healthy else 'unhealthy'}" for m in members)
+
+
+def pick_canary(members: Sequence[Member], fronted: Sequence[str], n: int) -> tuple[tuple[str, ...], str]:
+    """The first `n` fronted workers (inventory order) and "" ; or () and why no canary can start: every
+    canary and at least one old worker must be listed by the router and healthy."""
+    healthy = {m.url for m in members if m.healthy}
+    missing = [u for u in fronted if u not in healthy]
+    if missing:
+        return (), f"{len(missing)} of the router's workers not healthy in it ({', '.join(missing[:3])})"
+    if n >= len(fronted):
+        return (), f"{n} canary worker(s) of {len(fronted)} would leave none on the old release"
+    return tuple(fronted[:n]), ""
+
+
+@dataclass(frozen=True)
+class WorkerWindow:
+    """One worker over the window: its /metrics at the start and the end, its journal's DDTREE lines and
+    NRestarts at both ends."""
+
+    url: str
+    start: promtext.Scrape
+    end: promtext.Scrape
+    journal: tuple[str, ...]
+    restarts_start: int
+    restarts_end: int
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    workers: int
+    requests: float
+    errors: float  # aborted requests
+    ttft_p50: float | None
+    ttft_p95: float | None
+    itl_p50: float | None
+    itl_p95: float | None
+    tok_s: float | None  # mean of the DDTREE metrics lines' tok_s (None: no line, e.g. baseline mode)
+    tau: float | None
+    selfcheck_failures: int
+    restarts: int
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+
+def _delta(w: WorkerWindow, name: str) -> float:
+    end, start = w.end.total(name), w.start.total(name)
+    if end is None:
+        return 0.0
+    return end if start is None or start > end else end - start  # a restart resets counters
+
+
+def group_stats(windows: Sequence[WorkerWindow]) -> GroupStats:
+    ttft: promtext.Histogram | None = None
+    itl: promtext.Histogram | None = None
+    tok_s: list[float] = []
+    tau: list[float] = []
+    failures = 0
+    for w in windows:
+        for name, acc in (
+            ("sglang:time_to_first_token_seconds", "ttft"),
+            ("sglang:inter_token_latency_seconds", "itl"),
+        ):
+            end = w.end.histogram(name)
+            if end is None:
+                continue
+            part = end.minus(w.start.histogram(name))
+            if acc == "ttft":
+                ttft = part if ttft is None else ttft.plus(part)
+            else:
+                itl = part if itl is None else itl.plus(part)
+        for record in metrics.parse_lines(w.journal):
+            if isinstance(record, metrics.DDTreeMetrics) and record.rounds > 0:
+                tok_s.append(record.tok_s)
+                tau.append(record.tau)
+        failures += sum(1 for line in w.journal if SELFCHECK_FAILED in line)
+
+    def q(h: promtext.Histogram | None, p: float) -> float | None:
+        return h.quantile(p) if h is not None else None
+
+    return GroupStats(
+        workers=len(windows),
+        requests=sum(_delta(w, "sglang:num_requests_total") for w in windows),
+        errors=sum(_delta(w, "sglang:num_aborted_requests_total") for w in windows),
+        ttft_p50=q(ttft, 0.5),
+        ttft_p95=q(ttft, 0.95),
+        itl_p50=q(itl, 0.5),
+        itl_p95=q(itl, 0.95),
+        tok_s=sum(tok_s) / len(tok_s) if tok_s else None,
+        tau=sum(tau) / len(tau) if tau else None,
+        selfcheck_failures=failures,
+        restarts=sum(max(0, w.restarts_end - w.restarts_start) for w in windows),
+    )
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Greedy requests replayed on a canary and an old worker: how many, how many gave identical tokens."""
+
+    sent: int
+    equal: int
+    first_difference: str = ""  # "prompt <id> at token <i>", or the error that stopped the replay
+
+
+@dataclass(frozen=True)
+class Row:
+    metric: str
+    canary: str
+    old: str
+    rule: str
+    ok: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    promote: bool
+    reason: str  # the failed rules, or "every rule passed"
+    rows: tuple[Row, ...]
+    canary: GroupStats
+    old: GroupStats
+    replay: Replay | None
+
+
+def _f(value: float | None, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}{unit}"
+
+
+def _ratio_row(
+    metric: str, canary: float | None, old: float | None, limit: float, upper: bool, unit: str, scale: float
+) -> Row:
+    """canary / old within `limit` (upper: at most; else at least). Unmeasured on either side: passes, shown."""
+    shown = (_f(canary, unit, scale), _f(old, unit, scale))
+    if canary is None or old is None or old <= 0:
+        return Row(metric, *shown, f"{'<=' if upper else '>='} {limit:g}x (not measured)", True)
+    ratio = canary / old
+    ok = ratio <= limit if upper else ratio >= limit
+    return Row(metric, *shown, f"{ratio:.2f}x {'<=' if upper else '>='} {limit:g}x", ok)
+
+
+def judge(canary: GroupStats, old: GroupStats, config: CanaryConfig, replay: Replay | None) -> Verdict:
+    """Promote when every rule holds; too little traffic in either group is no verdict, and rolls back."""
+    rows = [
+        Row(
+            "requests",
+            f"{canary.requests:.0f}",
+            f"{old.requests:.0f}",
+            f">= {config.min_requests} each",
+            canary.requests >= config.min_requests and old.requests >= config.min_requests,
+        ),
+        Row(
+            "error rate",
+            f"{canary.error_rate:.2%}",
+            f"{old.error_rate:.2%}",
+            f"<= old + {config.max_error_rate:.2%}",
+            canary.error_rate <= old.error_rate + config.max_error_rate,
+        ),
+        _ratio_row("TTFT p95", canary.ttft_p95, old.ttft_p95, config.max_ttft_ratio, True, " ms", 1000),
+        _ratio_row("ITL p95", canary.itl_p95, old.itl_p95, config.max_itl_ratio, True, " ms", 1000),
+        _ratio_row("tok/s", canary.tok_s, old.tok_s, config.min_tok_s_ratio, False, "", 1),
+        _ratio_row("tau", canary.tau, old.tau, config.min_tau_ratio, False, "", 1),
+        Row(
+            "self-check failures",
+            str(canary.selfcheck_failures),
+            str(old.selfcheck_failures),
+            f"<= {config.max_selfcheck_failures}",
+            canary.selfcheck_failures <= config.max_selfcheck_failures,
+        ),
+        Row(
+            "restarts",
+            str(canary.restarts),
+            str(old.restarts),
+            f"<= {config.max_restarts}",
+            canary.restarts <= config.max_restarts,
+        ),
+    ]
+    rows[2:2] = [Row("TTFT p50", _f(canary.ttft_p50, " ms", 1000), _f(old.ttft_p50, " ms", 1000), "(shown)", True)]
+    rows[4:4] = [Row("ITL p50", _f(canary.itl_p50, " ms", 1000), _f(old.itl_p50, " ms", 1000), "(shown)", True)]
+    if replay is not None:
+        rows.append(
+            Row(
+                "greedy replay",
+                f"{replay.equal}/{replay.sent} equal",
+                "reference",
+                "all identical tokens",
+                replay.sent > 0 and replay.equal == replay.sent,
+            )
+        )
+    failed = [r for r in rows if not r.ok]
+    reason = "; ".join(f"{r.metric} {r.canary} vs {r.old} (needs {r.rule})" for r in failed) or "every rule passed"
+    if replay is not None and replay.first_difference and failed and failed[-1].metric == "greedy replay":
+        reason += f": {replay.first_difference}"
+    return Verdict(not failed, reason, tuple(rows), canary, old, replay)
+
+
+def table(verdict: Verdict) -> list[str]:
+    """The comparison as aligned text lines, the verdict last."""
+    header = ("metric", "canary", "old", "rule", "")
+    body = [(r.metric, r.canary, r.old, r.rule, "ok" if r.ok else "FAIL") for r in verdict.rows]
+    widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in (header, *body)]
+    lines.append(f"verdict: {'PROMOTE' if verdict.promote else 'ROLL BACK'} ({verdict.reason})")
+    return lines

@@ -1,0 +1,117 @@
+"""The rules of a deploy behind a router as pure functions of recorded answers: who may leave the router,
+which workers form the canary, each group's numbers over a window, and the verdict with its table."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from opsctl import promtext
+from opsctl.inventory.model import CanaryConfig
+from opsctl.router.api import parse_members
+from opsctl.router.judge import (
+    GroupStats,
+    Replay,
+    WorkerWindow,
+    group_stats,
+    judge,
+    pick_canary,
+    refuse_take_out,
+    table,
+)
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+CONTRACT = (FIXTURES / "logs" / "ddtree_contract.log").read_text().splitlines()
+A, B = "http://10.0.0.1:30000", "http://10.0.0.2:30000"
+
+
+def workers(*entries: tuple[str, bool]) -> object:
+    """A `GET /workers` answer of sglang-router 0.3.2 (the shape tests/lab/test_router.py reads)."""
+    return {
+        "workers": [
+            {"id": f"id-{i}", "url": url, "model_id": "m", "worker_type": "regular", "is_healthy": ok, "load": 0}
+            for i, (url, ok) in enumerate(entries)
+        ],
+        "total": len(entries),
+    }
+
+
+def test_the_last_healthy_worker_never_leaves() -> None:
+    assert refuse_take_out(parse_members(workers((A, True), (B, True))), A) is None
+    assert refuse_take_out(parse_members(workers((A, True), (B, False))), A) == f"{A} healthy, {B} unhealthy"
+    assert refuse_take_out(parse_members(workers()), A) == "it has no workers"
+
+
+def test_canary_needs_every_worker_healthy_and_one_left_on_the_old_release() -> None:
+    members = parse_members(workers((A, True), (B, True)))
+    assert pick_canary(members, [A, B], 1) == ((A,), "")
+    assert pick_canary(members, [A, B], 2)[1] == "2 canary worker(s) of 2 would leave none on the old release"
+    assert pick_canary(parse_members(workers((A, True))), [A, B], 1)[1].startswith("1 of the router's workers not")
+
+
+def scrape(requests: float, aborted: float, itl: tuple[float, float, float]) -> promtext.Scrape:
+    """A reference server's /metrics (names and labels as tests/fixtures/metrics/reference-*.txt)."""
+    m = 'model_name="/dev/shm/tiny-qwen3"'
+    low, mid, inf = itl
+    return promtext.parse(
+        f"sglang:num_requests_total{{{m}}} {requests}\n"
+        f"sglang:num_aborted_requests_total{{{m}}} {aborted}\n"
+        f'sglang:inter_token_latency_seconds_bucket{{le="0.01",{m}}} {low}\n'
+        f'sglang:inter_token_latency_seconds_bucket{{le="0.06",{m}}} {mid}\n'
+        f'sglang:inter_token_latency_seconds_bucket{{le="+Inf",{m}}} {inf}\n'
+        f"sglang:inter_token_latency_seconds_count{{{m}}} {inf}\n"
+    )
+
+
+def test_group_stats_from_two_scrapes_journal_lines_and_restarts() -> None:
+    window = WorkerWindow(
+        A, scrape(10, 0, (5, 10, 10)), scrape(40, 1, (80, 100, 100)), tuple(CONTRACT), restarts_start=2,
+        restarts_end=3,
+    )  # fmt: skip
+    stats = group_stats([window])
+    assert (stats.requests, stats.errors, stats.restarts) == (30, 1, 1)
+    assert stats.itl_p50 is not None and stats.itl_p50 < 0.01  # 75 of the 90 new observations under 10 ms
+    assert stats.tau is not None and 3.2 < stats.tau < 3.4  # the contract log's two metrics lines: 3.22, 3.36
+    assert stats.tok_s is not None and 118 < stats.tok_s < 121
+    assert stats.ttft_p95 is None  # not exported by this scrape: not measured
+
+
+OLD = GroupStats(1, 100, 0, 0.05, 0.08, 0.006, 0.009, 100.0, 2.0, 0, 0)
+CONFIG = CanaryConfig(min_requests=20)
+
+
+def test_a_good_canary_is_promoted() -> None:
+    good = replace(OLD, requests=90, ttft_p95=0.085, itl_p95=0.008, tok_s=140.0, tau=3.1)
+    verdict = judge(good, OLD, CONFIG, Replay(3, 3))
+    assert verdict.promote and verdict.reason == "every rule passed"
+    lines = table(verdict)
+    assert lines[0].split() == ["metric", "canary", "old", "rule"]
+    assert any(line.startswith("tok/s") and "1.40x >= 0.8x" in line for line in lines)
+    assert lines[-1] == "verdict: PROMOTE (every rule passed)"
+
+
+def test_a_slow_canary_is_rolled_back_and_the_table_says_why() -> None:
+    slow = replace(OLD, itl_p95=0.055, ttft_p95=0.2)
+    verdict = judge(slow, OLD, CONFIG, None)
+    assert not verdict.promote
+    assert verdict.reason.startswith("TTFT p95 200.0 ms vs 80.0 ms (needs 2.50x <= 1.5x)")
+    assert "ITL p95 55.0 ms vs 9.0 ms (needs 6.11x <= 1.5x)" in verdict.reason
+    failed = [line for line in table(verdict) if line.endswith("FAIL")]
+    assert [line.split()[0] for line in failed] == ["TTFT", "ITL"]
+
+
+def test_differing_tokens_errors_restarts_and_too_little_traffic_roll_back() -> None:
+    assert "greedy replay 2/3 equal" in judge(OLD, OLD, CONFIG, Replay(3, 2, "prompt p1 differs at token 4")).reason
+    assert judge(OLD, OLD, CONFIG, Replay(0, 0, "SmokeError: refused")).promote is False
+    assert "error rate 5.00% vs 0.00%" in judge(replace(OLD, errors=5), OLD, CONFIG, None).reason
+    assert "restarts 1 vs 0" in judge(replace(OLD, restarts=1), OLD, CONFIG, None).reason
+    assert "self-check failures 1 vs 0" in judge(replace(OLD, selfcheck_failures=1), OLD, CONFIG, None).reason
+    assert "requests 5 vs 100 (needs >= 20 each)" in judge(replace(OLD, requests=5), OLD, CONFIG, None).reason
+
+
+def test_unmeasured_numbers_pass_but_are_shown() -> None:
+    none = replace(OLD, tok_s=None, tau=None)
+    verdict = judge(none, replace(OLD, tok_s=None, tau=None), CONFIG, None)
+    assert verdict.promote
+    tau = next(r for r in verdict.rows if r.metric == "tau")
+    assert (tau.canary, tau.rule) == ("-", ">= 0.9x (not measured)")
