@@ -10,8 +10,9 @@ matched to their round by id, and decisions use whatever has arrived.
 Estimate of a shape in a bucket: accepted tokens per request-round (EWMA) / ms per request-round (EWMA), i.e. the
 batch's committed tokens per ms. The bucket's current shape changes only when another shape's estimate beats it
 by more than `margin`, and at most once per `dwell` rounds of that bucket (hysteresis). A seeded RNG picks a few
-probe rounds (`explore`) that run another shape once, so its cost and acceptance stay fresh; probes do not
-change the current shape.
+probe rounds (`explore`) that run another shape once, so its cost and acceptance stay fresh, and while a shape
+has never been measured in a bucket every `warmup_every`-th round probes; probes do not change the current
+shape.
 
 Determinism: decisions are a function of the seed and the sequence of calls. At TP > 1 every rank makes its own
 decisions and they agree as long as every rank feeds the same numbers: the acceptances are the same on every
@@ -145,6 +146,7 @@ class PolicyConfig:
     margin: float = 0.05  # switch only to a shape estimated > (1 + margin) x the current one
     dwell: int = 64  # rounds of a bucket between two switches of its current shape
     explore: float = 1 / 32  # probability that a round probes another shape
+    warmup_every: int = 8  # while a candidate has no cost in a bucket, every Nth round of it probes
     alpha_accept: float = 0.05  # EWMA weight of one round's acceptance
     alpha_cost: float = 0.1  # EWMA weight of one round's cost
     seed: int = 0
@@ -154,8 +156,8 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if not self.shapes or len(set(self.shapes)) != len(self.shapes):
             raise ValueError("PolicyConfig.shapes must be non-empty and distinct")
-        if not (self.margin >= 0 and self.dwell >= 1 and 0 <= self.explore < 1):
-            raise ValueError("PolicyConfig: margin >= 0, dwell >= 1 and 0 <= explore < 1")
+        if not (self.margin >= 0 and self.dwell >= 1 and self.warmup_every >= 1 and 0 <= self.explore < 1):
+            raise ValueError("PolicyConfig: margin >= 0, dwell >= 1, warmup_every >= 1 and 0 <= explore < 1")
         if not (0 < self.alpha_accept <= 1 and 0 < self.alpha_cost <= 1):
             raise ValueError("PolicyConfig: alphas in (0, 1]")
         edges = self.bucket_edges
@@ -299,7 +301,9 @@ class ShapePolicy:
             self._maybe_switch(b)
             shape = b.current
             # one draw per round whatever the outcome, so the RNG stream depends only on the call sequence
-            if self._rng.random() < self.config.explore and len(self.config.shapes) > 1:
+            draw = self._rng.random() < self.config.explore
+            warmup = b.rounds % self.config.warmup_every == 0 and any(e.value is None for e in b.cost.values())
+            if (draw or warmup) and len(self.config.shapes) > 1:
                 shape, probe = self._probe_target(b), True
                 self.probes += 1
         elif self.setting.mode is PolicyMode.OFF:
@@ -324,10 +328,12 @@ class ShapePolicy:
             b.switches += 1
 
     def _probe_target(self, b: _Bucket) -> Shape:
-        """The other shape whose cost was measured longest ago (ties: candidate order): costs are only ever
-        measured by running a shape, acceptances mostly come for free from the largest tree's rounds."""
+        """The other shape whose cost was measured longest ago (never measured first; ties: the last candidate
+        first, so the chain, the alternative that matters most, is measured first). Costs are only ever measured
+        by running a shape; acceptances mostly come for free from the largest tree's rounds."""
         others = [s for s in self.config.shapes if s != b.current]
-        return min(others, key=lambda s: (b.cost[s].value is not None, b.cost[s].at, self.config.shapes.index(s)))
+        order = self.config.shapes.index
+        return min(others, key=lambda s: (b.cost[s].value is not None, b.cost[s].at, -order(s)))
 
     # -- observations ---------------------------------------------------------------------------------
 
