@@ -33,6 +33,75 @@ class DDTreeVerify:
 
 
 @dataclass(frozen=True)
+class PolicyBucket:
+    lo: int  # smallest batch size of the bucket
+    hi: int | None  # largest (None: open-ended)
+    shape: str  # `tree<N>` or `chain`
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """The shape policy's keys of a `DDTREE metrics` line (appended; absent when the policy is off)."""
+
+    mode: str  # auto | pinned
+    shape: str  # the current shape of the latest round's bucket
+    choice: tuple[PolicyBucket, ...]  # every bucket used so far, smallest batch first
+    estimates: dict[str, float | None]  # the latest bucket: tokens per ms per shape (None: not measured yet)
+    switches: int
+    probes: int
+
+    def describe(self) -> str:
+        """`auto: tree32 at batch 1-8, chain at batch 17-32`: adjacent buckets with one shape merged."""
+        groups: list[PolicyBucket] = []
+        for b in self.choice:
+            last = groups[-1] if groups else None
+            if last is not None and last.shape == b.shape and last.hi is not None and last.hi + 1 == b.lo:
+                groups[-1] = PolicyBucket(last.lo, b.hi, b.shape)
+            else:
+                groups.append(b)
+        parts = [f"{g.shape} at batch {_batches(g)}" for g in groups]
+        return f"{self.mode}: " + (", ".join(parts) if parts else self.shape)
+
+
+def _batches(b: PolicyBucket) -> str:
+    if b.hi is None:
+        return f">= {b.lo}"
+    return str(b.lo) if b.lo == b.hi else f"{b.lo}-{b.hi}"
+
+
+_POLICY_KEYS = ("policy", "shape", "choice", "est", "switches", "probes")
+_SHAPE = re.compile(r"chain|tree[1-9][0-9]*")
+_BUCKET = re.compile(r"([1-9][0-9]*)-([1-9][0-9]*)?:(\S+)")
+
+
+def _parse_policy(values: dict[str, str]) -> PolicyState:
+    """The policy keys (all of them, or ValueError)."""
+    missing = [k for k in _POLICY_KEYS if k not in values]
+    if missing:
+        raise ValueError(f"policy keys without {', '.join(missing)}")
+    choice = []
+    for part in values["choice"].split(",") if values["choice"] != "-" else []:
+        m = _BUCKET.fullmatch(part)
+        if m is None or not _SHAPE.fullmatch(m.group(3)):
+            raise ValueError(f"bad policy choice {part!r}")
+        choice.append(PolicyBucket(int(m.group(1)), int(m.group(2)) if m.group(2) else None, m.group(3)))
+    estimates: dict[str, float | None] = {}
+    for part in values["est"].split(",") if values["est"] != "-" else []:
+        shape, sep, rate = part.partition(":")
+        if not sep or not _SHAPE.fullmatch(shape):
+            raise ValueError(f"bad policy estimate {part!r}")
+        estimates[shape] = None if rate == "-" else float(rate)
+    return PolicyState(
+        mode=values["policy"],
+        shape=values["shape"],
+        choice=tuple(choice),
+        estimates=estimates,
+        switches=int(values["switches"]),
+        probes=int(values["probes"]),
+    )
+
+
+@dataclass(frozen=True)
 class DDTreeMetrics:
     rounds: int
     tokens: int
@@ -47,6 +116,7 @@ class DDTreeMetrics:
     tok_s: float
     hybrid_unsafe: bool = False
     extra: dict[str, str] = field(default_factory=dict)
+    policy: PolicyState | None = None  # the shape policy's keys; None on older lines and with the policy off
 
 
 @dataclass(frozen=True)
@@ -121,6 +191,8 @@ def parse_ddtree(line: str) -> DDTreeInit | DDTreeVerify | DDTreeMetrics | Malfo
             if missing:
                 return Malformed(line, f"DDTREE metrics without {', '.join(missing)}")
             f = {k: float(values[k]) for k in _METRICS_FLOATS}
+            policy = _parse_policy(values) if "policy" in values else None
+            metric_keys = {*required, "hybrid", *(_POLICY_KEYS if policy else ())}
             return DDTreeMetrics(
                 rounds=int(values["rounds"]),
                 tokens=int(values["tokens"]),
@@ -134,7 +206,8 @@ def parse_ddtree(line: str) -> DDTreeInit | DDTreeVerify | DDTreeMetrics | Malfo
                 commit_ms=f["commit_ms"],
                 tok_s=f["tok_s"],
                 hybrid_unsafe=values.get("hybrid") == "unsafe",
-                extra={k: v for k, v in values.items() if k not in required and k != "hybrid"},
+                extra={k: v for k, v in values.items() if k not in metric_keys},
+                policy=policy,
             )
     except ValueError as exc:
         return Malformed(line, f"DDTREE {kind}: {exc}")

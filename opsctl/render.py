@@ -23,7 +23,7 @@ import jinja2
 import yaml
 
 from opsctl import layout
-from opsctl.inventory.model import Engine, Host, Mode, Service
+from opsctl.inventory.model import Engine, Host, Mode, PolicyMode, Service
 from opsctl.inventory.rules import excerpt
 from opsctl.secrets import MASK
 from opsctl.systemd import SystemdSyntaxError, check_env_file, check_unit, escape_specifiers, quote_env, quote_exec
@@ -152,6 +152,8 @@ def server_env(host: Host, service: Service, release_dir: str) -> list[tuple[str
         ]
         if knobs.selfcheck_every and service.engine is Engine.SGLANG and service.mode is Mode.TREE:
             env.append(("DDTREE_SELFCHECK_EVERY", str(knobs.selfcheck_every)))
+        if knobs.policy.mode is not PolicyMode.OFF and service.mode is Mode.TREE:  # off: the runtime's default
+            env.append(("DDTREE_POLICY", knobs.policy.text))
     env += list(service.extra_env)
     return env
 

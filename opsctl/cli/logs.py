@@ -139,9 +139,18 @@ def _metrics(collected: dict[str, list[str]], as_json: bool) -> None:
                 f"hybrid={s.init.hybrid}" + (f"; last tau={s.last_metrics.tau:.2f}" if s.last_metrics else ""),
                 markup=False,
             )
+        policy = s.last_metrics.policy if s.last_metrics else None
+        if policy is not None:
+            console.print(f"{label}: policy {policy.describe()}; {_estimates(policy)}", markup=False)
         if s.malformed:
             console.print(f"{label}: {s.malformed} malformed metrics lines ignored", markup=False)
         if s.hybrid_unsafe:
             console.print(f"[bold yellow]WARNING: {label} runs hybrid=unsafe tree verify (inexact)[/]", markup=True)
     if not rows:
         console.print("no DDTREE metrics or Decode batch lines found (has the service served any requests?)")
+
+
+def _estimates(policy: metrics.PolicyState) -> str:
+    """`tok/ms tree32=4.52 chain=6.94 (switches 2, probes 115)` for the policy's latest bucket."""
+    rates = " ".join(f"{shape}={'-' if r is None else f'{r:.2f}'}" for shape, r in policy.estimates.items())
+    return f"tok/ms {rates or '-'} (switches {policy.switches}, probes {policy.probes})"

@@ -108,6 +108,8 @@ def _table(rows: list[ServiceStatus]) -> None:
         m = r.last_metrics
         colour = "green" if r.healthy else "bold red"
         metrics = f"tau={m.tau:.2f} nodes={m.nodes:.1f} tok/s={m.tok_s:.1f}" if m else "no DDTREE metrics yet"
+        if m is not None and m.policy is not None:
+            metrics += f" policy {m.policy.describe()}"
         console.print(
             f"[{colour}]{r.host}/{r.service}[/] {unit} restarts={r.unit.n_restarts if r.unit else '?'} "
             f"mode={r.mode or '-'} release={r.current or '(none)'} runtime={r.runtime_version or '-'} "

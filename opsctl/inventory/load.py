@@ -9,6 +9,7 @@ reference for every key.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -22,6 +23,7 @@ from opsctl.inventory.model import (
     SMOKE_PROMPT,
     CudaConfig,
     DDTreeKnobs,
+    DDTreePolicy,
     Engine,
     Host,
     HostKeyPolicy,
@@ -29,6 +31,7 @@ from opsctl.inventory.model import (
     Mode,
     ModelSourceKind,
     ModelSpec,
+    PolicyMode,
     Service,
     SshConfig,
 )
@@ -336,17 +339,40 @@ def _detect_hybrid(local_source: str | None, dest: str) -> bool:
 
 
 def _ddtree(value: Any, path: str) -> DDTreeKnobs:
-    d = s.mapping(value, path, {"budget", "topk", "allow_hybrid_unsafe", "log_interval", "selfcheck_every"})
+    d = s.mapping(value, path, {"budget", "topk", "allow_hybrid_unsafe", "log_interval", "selfcheck_every", "policy"})
     base = DDTreeKnobs()
+    budget = s.integer(d.get("budget", base.budget), f"{path}.budget", 1, 1024)
     return DDTreeKnobs(
-        budget=s.integer(d.get("budget", base.budget), f"{path}.budget", 1, 1024),
+        budget=budget,
         topk=s.integer(d.get("topk", base.topk), f"{path}.topk", 1, 64),
         allow_hybrid_unsafe=s.boolean(d.get("allow_hybrid_unsafe", False), f"{path}.allow_hybrid_unsafe"),
         log_interval=s.integer(d.get("log_interval", base.log_interval), f"{path}.log_interval", 1, 1_000_000),
         selfcheck_every=s.integer(
             d.get("selfcheck_every", base.selfcheck_every), f"{path}.selfcheck_every", 0, 1_000_000
         ),
+        policy=_policy(d.get("policy", base.policy.text), f"{path}.policy", budget),
     )
+
+
+_TREE_N = re.compile(r"tree([1-9][0-9]{0,3})")
+
+
+def _policy(value: Any, path: str, budget: int) -> DDTreePolicy:
+    """off | auto | chain | tree<N> with 1 <= N <= budget (the verify window is sized for the budget)."""
+    expected = f"expected off, auto, chain or tree<N> (1 <= N <= budget {budget})"
+    if not isinstance(value, str):
+        raise InventoryError(path, f"{expected}, got {s.describe(value)}")
+    if value in (PolicyMode.OFF.value, PolicyMode.AUTO.value):
+        return DDTreePolicy(PolicyMode(value))
+    if value == "chain":
+        return DDTreePolicy(PolicyMode.PINNED, 0)
+    match = _TREE_N.fullmatch(value)
+    if match is None:
+        raise InventoryError(path, f"{expected}, got {excerpt(value)}")
+    n = int(match.group(1))
+    if n > budget:
+        raise InventoryError(path, f"{value} is larger than ddtree.budget {budget}", "pin tree<N> with N <= budget")
+    return DDTreePolicy(PolicyMode.PINNED, n)
 
 
 def _secret(value: Any, path: str) -> SecretRef:
@@ -442,6 +468,11 @@ def _service(
         warnings.append(
             f"{path}.ddtree.selfcheck_every has no effect: the self-check is part of SGLang's tree mode "
             f"(this service: engine {service.engine.value}, mode {service.mode.value})"
+        )
+    if knobs.policy.mode is not PolicyMode.OFF and service.mode is not Mode.TREE:
+        warnings.append(
+            f"{path}.ddtree.policy has no effect: it chooses tree mode's round shapes "
+            f"(this service: mode {service.mode.value})"
         )
     if service.hybrid_unsafe:
         warnings.append(

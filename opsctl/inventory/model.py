@@ -84,6 +84,27 @@ class ModelSpec:
         return self.path.rstrip("/").rsplit("/", 1)[-1]
 
 
+class PolicyMode(StrEnum):
+    """`ddtree.policy`: how tree mode picks each round's shape (the runtime's `ddtree.policy`, docs/inventory.md)."""
+
+    OFF = "off"  # always the configured tree
+    AUTO = "auto"  # per batch-size bucket: the configured tree, a smaller budget or DFLASH's chain, as measured
+    PINNED = "pinned"  # always one shape: `chain` or `tree<N>` (N <= budget)
+
+
+@dataclass(frozen=True)
+class DDTreePolicy:
+    mode: PolicyMode = PolicyMode.OFF
+    pinned_budget: int | None = None  # PINNED: tree nodes, 0 = the chain
+
+    @property
+    def text(self) -> str:
+        """The value as written (and as DDTREE_POLICY takes it): off, auto, chain, tree<N>."""
+        if self.mode is not PolicyMode.PINNED:
+            return self.mode.value
+        return "chain" if not self.pinned_budget else f"tree{self.pinned_budget}"
+
+
 @dataclass(frozen=True)
 class DDTreeKnobs:
     budget: int = 32  # tree nodes excluding the root
@@ -91,6 +112,9 @@ class DDTreeKnobs:
     allow_hybrid_unsafe: bool = False  # permit flat-order tree verify on hybrid targets (inexact; loud)
     log_interval: int = 50  # rounds between DDTREE metrics lines
     selfcheck_every: int = 0  # SGLang tree mode: re-verify every Nth round's paths as chains (0: off)
+    policy: DDTreePolicy = field(
+        default_factory=lambda: DDTreePolicy()
+    )  # tree mode: each round's shape (off: the configured tree)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@
 | DDTREE_ROUND_GRAPHS_MAX_BS  | int >= 0        | 8       | SGLang tree verify on CUDA: batches up to this size |
 |                             |                 |         | replay the tree plan + commit from CUDA graphs      |
 |                             |                 |         | (0: always eager)                                   |
+| DDTREE_POLICY               | off, auto,      | off     | tree verify: per round, the configured tree (off),  |
+|                             | chain, tree<N>  |         | the shape `ddtree.policy` estimates best (auto), or |
+|                             |                 |         | one pinned shape (N <= DDTREE_BUDGET)               |
 
 An unset or empty variable takes its default (a systemd EnvironmentFile may write `KEY=`).
 `DDTREE_FUSED_BUILD=0` (read by `ddtree.fused_tree`, not here; a kill switch): the torch tree planner instead of
@@ -22,8 +25,10 @@ the Triton one on CUDA.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+
+from ddtree.policy import PolicySetting
 
 
 class Mode(StrEnum):
@@ -57,6 +62,7 @@ class DDTreeConfig:
     log_interval: int = 50
     selfcheck_every: int = 0  # 0: off
     round_graphs_max_bs: int = 8  # 0: off
+    policy: PolicySetting = field(default_factory=PolicySetting)  # off: always the configured tree
 
     def __post_init__(self) -> None:
         for name in ("budget", "topk", "log_interval", "selfcheck_every", "round_graphs_max_bs"):
@@ -66,6 +72,11 @@ class DDTreeConfig:
                 raise ValueError(f"DDTreeConfig.{name} must be an int >= {least}, got {value!r}")
         if not isinstance(self.verify, VerifyMode):
             object.__setattr__(self, "verify", _parse_verify("DDTreeConfig.verify", str(self.verify)))
+        if not isinstance(self.policy, PolicySetting):
+            object.__setattr__(self, "policy", _parse_policy("DDTreeConfig.policy", str(self.policy), self.budget))
+        pin = self.policy.pinned
+        if pin is not None and pin.budget > self.budget:
+            raise ValueError(f"DDTreeConfig.policy={pin.label}: a pinned tree needs budget <= {self.budget}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> DDTreeConfig:
@@ -78,9 +89,11 @@ class DDTreeConfig:
         defaults = cls()
         verify = get("DDTREE_VERIFY")
         unsafe = get("DDTREE_ALLOW_HYBRID_UNSAFE")
+        budget = _parse_int("DDTREE_BUDGET", get("DDTREE_BUDGET"), defaults.budget)
+        policy = get("DDTREE_POLICY")
         return cls(
             verify=defaults.verify if verify is None else _parse_verify("DDTREE_VERIFY", verify),
-            budget=_parse_int("DDTREE_BUDGET", get("DDTREE_BUDGET"), defaults.budget),
+            budget=budget,
             topk=_parse_int("DDTREE_TOPK", get("DDTREE_TOPK"), defaults.topk),
             allow_hybrid_unsafe=defaults.allow_hybrid_unsafe
             if unsafe is None
@@ -92,6 +105,7 @@ class DDTreeConfig:
             round_graphs_max_bs=_parse_int(
                 "DDTREE_ROUND_GRAPHS_MAX_BS", get("DDTREE_ROUND_GRAPHS_MAX_BS"), defaults.round_graphs_max_bs, least=0
             ),
+            policy=defaults.policy if policy is None else _parse_policy("DDTREE_POLICY", policy, budget),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -104,6 +118,7 @@ class DDTreeConfig:
             "DDTREE_LOG_INTERVAL": str(self.log_interval),
             "DDTREE_SELFCHECK_EVERY": str(self.selfcheck_every),
             "DDTREE_ROUND_GRAPHS_MAX_BS": str(self.round_graphs_max_bs),
+            "DDTREE_POLICY": self.policy.text,
         }
 
 
@@ -113,6 +128,16 @@ def _parse_verify(key: str, raw: str) -> VerifyMode:
     except ValueError:
         choices = ", ".join(m.value for m in VerifyMode)
         raise ValueError(f"{key}={raw!r}: expected one of {choices}") from None
+
+
+def _parse_policy(key: str, raw: str, budget: int) -> PolicySetting:
+    try:
+        setting = PolicySetting.parse(raw)
+    except ValueError:
+        raise ValueError(f"{key}={raw!r}: expected off, auto, chain or tree<N> (1 <= N <= {budget})") from None
+    if setting.pinned is not None and setting.pinned.budget > budget:
+        raise ValueError(f"{key}={raw!r}: a pinned tree needs N <= DDTREE_BUDGET={budget}")
+    return setting
 
 
 def _parse_int(key: str, raw: str | None, default: int, least: int = 1) -> int:

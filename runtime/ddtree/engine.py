@@ -26,6 +26,16 @@ from torch import Tensor, nn
 from ddtree import tree as dtree
 from ddtree.config import DDTreeConfig, HybridMode, Mode, VerifyMode
 from ddtree.metrics import MetricsLog, RoundStats
+from ddtree.policy import (
+    CHAIN,
+    Decision,
+    PolicyConfig,
+    PolicyMode,
+    Shape,
+    ShapePolicy,
+    candidate_shapes,
+    counterfactual_accepts,
+)
 from ddtree.verify import TargetRunner
 
 # --------------------------------------------------------------------------------------------------------
@@ -185,7 +195,9 @@ class ReferenceEngine:
         drafter: Drafter | None = None,
         ddtree: DDTreeConfig | None = None,
         tokenizer: Any = None,
+        policy: ShapePolicy | None = None,
     ) -> None:
+        """`policy`: the tree mode's shape policy; by default one built from `ddtree.policy` (None when off)."""
         self.model = model.eval()
         self.mode = Mode(mode)
         self.tokenizer = tokenizer
@@ -202,9 +214,11 @@ class ReferenceEngine:
             hybrid_mode=HybridMode(self.hybrid),
         )
         self.last_stats: list[RoundStats] = []  # per-round stats of the latest generation (spec modes)
+        self.policy = policy if policy is not None else _default_policy(self.mode, self.ddtree)
+        self.last_shapes: list[Shape] = []  # per-round shape of the latest generation (tree mode with a policy)
         self.metrics: MetricsLog | None = None
         if self.mode in (Mode.SHADOW, Mode.TREE) and self.ddtree is not None and drafter is not None:
-            self.metrics = MetricsLog(self.ddtree, drafter.block_size, self.hybrid)
+            self.metrics = MetricsLog(self.ddtree, drafter.block_size, self.hybrid, policy=self.policy)
             self.metrics.start()
 
     @classmethod
@@ -280,7 +294,7 @@ class ReferenceEngine:
             gen.manual_seed(seed)
         else:
             gen.seed()
-        self.last_stats = []
+        self.last_stats, self.last_shapes = [], []
         step = self.runner.prefill(prompt_ids)
         bonus = dtree.sample_token(step.logits[-1], temperature, gen)
         first = out.take([bonus])
@@ -317,10 +331,11 @@ class ReferenceEngine:
         assert self.drafter is not None
         depth = self.drafter.block_size - 1
         while True:
+            decision = self.policy.decide(1) if self.policy is not None else None
             t0 = self._now()
             lp = self.drafter.draft(DraftRequest(committed, features, bonus))  # [D, V]
             t1 = self._now()
-            tree, stats_tree = self._make_tree(lp, bonus, depth)
+            tree, stats_tree = self._make_tree(lp, bonus, depth, decision.shape if decision else None)
             inputs = dtree.compile_tree(tree, self.runner.prefix_len)
             t2 = self._now()
             verified = self.runner.verify(inputs)  # logits: [N, V]
@@ -333,15 +348,20 @@ class ReferenceEngine:
             features = verified.features[path] if verified.features is not None else None  # [A, F]
             bonus = walk.bonus_token
             self._record(stats_tree, tree, walk, (t0, t1, t2, t3, t4))
+            if decision is not None:
+                self._observe(decision, tree, walk, depth, (t4 - t0) * 1e3)
             yield [*tree.tokens[path[1:]].tolist(), bonus]
 
-    def _make_tree(self, lp: Tensor, bonus: int, depth: int) -> tuple[dtree.DraftTree, dtree.DraftTree]:
-        """(tree to verify, tree whose shape is reported)."""
-        if self.mode is Mode.LINEAR:
+    def _make_tree(
+        self, lp: Tensor, bonus: int, depth: int, shape: Shape | None = None
+    ) -> tuple[dtree.DraftTree, dtree.DraftTree]:
+        """(tree to verify, tree whose shape is reported). `shape`: the policy's choice (tree mode)."""
+        if self.mode is Mode.LINEAR or shape == CHAIN:
             spine = dtree.spine_tree(lp, bonus, depth)
             return spine, spine
         assert self.ddtree is not None
-        full = dtree.build_tree(lp, bonus, self.ddtree.budget, self.ddtree.topk)
+        budget = shape.budget if shape is not None else self.ddtree.budget
+        full = dtree.build_tree(lp, bonus, budget, self.ddtree.topk)
         if self.mode is Mode.SHADOW:
             return dtree.spine_tree(lp, bonus, depth), full
         return full, full
@@ -369,10 +389,36 @@ class ReferenceEngine:
         if self.metrics is not None:
             self.metrics.record(stats)
 
+    def _observe(
+        self, decision: Decision, tree: dtree.DraftTree, walk: dtree.WalkResult, depth: int, cost_ms: float
+    ) -> None:
+        """Feed the policy what this round accepted (and what the shapes it dominates would have) and its cost.
+        At batch size 1 on the host the cost is known at once; the SGLang worker feeds its own later."""
+        assert self.policy is not None
+        self.last_shapes.append(decision.shape)
+        accepted = counterfactual_accepts(
+            tree.parents.tolist(), walk.accepted, decision.shape, self.policy.config.shapes, depth
+        )
+        self.policy.observe(decision.round_id, accepted={s: float(a) for s, a in accepted.items()}, cost_ms=cost_ms)
+
     def _now(self) -> float:
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)
         return time.perf_counter()
+
+
+def policy_shapes(config: DDTreeConfig) -> tuple[Shape, ...]:
+    """The policy's candidates: the configured tree, two halvings, the chain, and a pinned shape if another."""
+    shapes = candidate_shapes(config.budget)
+    pin = config.policy.pinned
+    return shapes if pin is None or pin in shapes else (*shapes[:-1], pin, CHAIN)
+
+
+def _default_policy(mode: Mode, ddtree: DDTreeConfig | None) -> ShapePolicy | None:
+    """The tree mode's policy from `ddtree.policy`; None when off (and in every other mode)."""
+    if mode is not Mode.TREE or ddtree is None or ddtree.policy.mode is PolicyMode.OFF:
+        return None
+    return ShapePolicy(PolicyConfig(shapes=policy_shapes(ddtree)), ddtree.policy)
 
 
 def _ddtree_config(mode: Mode, ddtree: DDTreeConfig | None) -> DDTreeConfig | None:

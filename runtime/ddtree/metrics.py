@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ddtree import __version__
 from ddtree.config import DDTreeConfig, HybridMode
+from ddtree.policy import ShapePolicy, format_policy_fields
 
 LOGGER_NAME = "ddtree"
 FLOAT_DECIMALS = 3
@@ -62,7 +63,8 @@ def format_verify_completed(stats: RoundStats) -> str:
     return f"DDTREE verify completed accept_length={stats.accepted_len} nodes={stats.nodes}"
 
 
-def format_metrics(summary: MetricsSummary, hybrid: HybridMode) -> str:
+def format_metrics(summary: MetricsSummary, hybrid: HybridMode, policy: ShapePolicy | None = None) -> str:
+    """The metrics line; `policy` (when the shape policy runs) appends its keys after every other one."""
     s = summary
     line = (
         f"DDTREE metrics rounds={s.rounds} tokens={s.tokens} tau={_fmt(s.tau)} nodes={_fmt(s.nodes)} "
@@ -70,7 +72,9 @@ def format_metrics(summary: MetricsSummary, hybrid: HybridMode) -> str:
         f"build_ms={_fmt(s.build_ms)} verify_ms={_fmt(s.verify_ms)} commit_ms={_fmt(s.commit_ms)} "
         f"tok_s={_fmt(s.tok_s)} width={_fmt(s.width)}"
     )
-    return line + " hybrid=unsafe" if hybrid is HybridMode.UNSAFE else line
+    if hybrid is HybridMode.UNSAFE:
+        line += " hybrid=unsafe"
+    return line + " " + format_policy_fields(policy.snapshot()) if policy is not None else line
 
 
 def summarize(window: Sequence[RoundStats], rounds_total: int, tokens_total: int) -> MetricsSummary:
@@ -106,8 +110,10 @@ class MetricsLog:
         block_size: int,
         hybrid: HybridMode | str,
         logger: logging.Logger | None = None,
+        policy: ShapePolicy | None = None,
     ) -> None:
         self.config = config
+        self.policy = policy  # its choice and estimates are appended to every metrics line
         self.block_size = block_size
         self.hybrid = HybridMode(hybrid)
         self.logger = logger if logger is not None else logging.getLogger(LOGGER_NAME)
@@ -147,4 +153,4 @@ class MetricsLog:
     def _flush_window(self) -> str:
         summary = summarize(self._window, self.rounds, self.tokens)
         self._window = []
-        return self._emit(format_metrics(summary, self.hybrid))
+        return self._emit(format_metrics(summary, self.hybrid, self.policy))

@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from opsctl.errors import OpsctlError
 from opsctl.inventory.load import Override, load_inventory
+from opsctl.inventory.model import PolicyMode
 from opsctl.inventory.reader import MAX_BYTES
 from tests.conftest import run_cli
 
@@ -239,6 +243,15 @@ CASES: list[tuple[str, str | bytes, str, tuple[str, ...]]] = [
     ("ipv4-bad", doc({"address": "999.1.1.1"}), "'999.1.1.1' is not a valid IP address", ()),
     ("ipv6-bad", doc(bind="1::2::3"), "'1::2::3' is not a valid IP address", ()),
     ("gpu-twice", doc(gpus=[0, 0]), "services.s1.gpus: GPU 0 is listed twice", ()),
+    # --- ddtree.policy: off | auto | chain | tree<N>, N <= budget ------------------------------------------
+    ("policy-word", doc(ddtree={"policy": "fastest"}), "s1.ddtree.policy: expected off, auto, chain or tree<N>", ()),
+    ("policy-nl", doc(ddtree={"policy": "auto\nX=1"}), "ddtree.policy: expected off, auto, chain or tree<N> (1 <=", ()),
+    ("policy-big", doc(ddtree={"budget": 16, "policy": "tree32"}), "ddtree.policy: tree32 is larger than ddtree", ()),
+    ("policy-zero", doc(ddtree={"policy": "tree0"}), "ddtree.policy: expected off, auto, chain or tree<N>", ()),
+    ("policy-int", doc(ddtree={"policy": 16}), "ddtree.policy: expected off, auto, chain or tree<N> (1 <= N <= b", ()),
+    ("policy-bool", raw("ddtree: {policy: off}"), "ddtree.policy: 'off' is a YAML 1.1 boolean", ()),
+    ("policy-list", doc(ddtree={"policy": ["auto"]}), "ddtree.policy: expected off, auto, chain or tree<N>", ()),
+    ("policy-upper", doc(ddtree={"policy": "AUTO"}), "ddtree.policy: expected off, auto, chain or tree<N>", ()),
 ]
 CASES = [c for c in CASES if c[0] != "nl-service-key"] + [
     (
@@ -363,3 +376,49 @@ def test_smoke_prompt_default_and_given(tmp_path: Path) -> None:
     assert _load(tmp_path, doc()).hosts[0].services[0].smoke_prompt == SMOKE_PROMPT
     given = _load(tmp_path, doc(smoke_prompt='write add for 2 and 3 "quoted" {ok}'))
     assert given.hosts[0].services[0].smoke_prompt == 'write add for 2 and 3 "quoted" {ok}'
+
+
+# --- ddtree.policy, generated: a typed value or one line naming the key path --------------------------------
+
+POLICY_PATH = "hosts.h1.services.s1.ddtree.policy"
+
+
+@settings(
+    max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    value=st.one_of(
+        st.text(max_size=12),
+        st.from_regex(r"tree[0-9]{0,5}", fullmatch=True),
+        st.sampled_from(["off", "auto", "chain", "tree1", "tree16", "tree17", " auto", "chain\n", "tree٣"]),
+        st.integers(-5, 100),
+        st.none(),
+        st.booleans(),
+        st.lists(st.text(max_size=3), max_size=2),
+    )
+)
+def test_ddtree_policy_loads_typed_or_fails_naming_the_key(tmp_path: Path, value: Any) -> None:
+    try:
+        inv = _load(tmp_path, doc(mode="tree", ddtree={"budget": 16, "policy": value}))
+    except OpsctlError as exc:
+        line = str(exc)
+        assert line.startswith(POLICY_PATH + ":"), line
+        assert "\n" not in line and len(line) < 300 and all(ch.isprintable() for ch in line)
+        return
+    policy = inv.hosts[0].services[0].ddtree.policy
+    assert isinstance(value, str) and policy.text == value  # only the exact spellings load
+    assert value in ("off", "auto", "chain") or 1 <= int(value[4:]) <= 16
+    assert policy.mode is (PolicyMode.PINNED if value not in ("off", "auto") else PolicyMode(value))
+
+
+def test_ddtree_policy_renders_for_tree_mode_only(tmp_path: Path) -> None:
+    from opsctl.render import server_env
+
+    tree = _load(tmp_path, doc(mode="tree", ddtree={"budget": 16, "policy": "chain"}))
+    host, svc = tree.hosts[0], tree.hosts[0].services[0]
+    assert ("DDTREE_POLICY", "chain") in server_env(host, svc, "/r")
+    off = _load(tmp_path, doc(mode="tree"))
+    assert all(k != "DDTREE_POLICY" for k, _ in server_env(off.hosts[0], off.hosts[0].services[0], "/r"))
+    shadow = _load(tmp_path, doc(mode="shadow", ddtree={"policy": "auto"}))
+    assert all(k != "DDTREE_POLICY" for k, _ in server_env(shadow.hosts[0], shadow.hosts[0].services[0], "/r"))
+    assert any("ddtree.policy has no effect" in w for w in shadow.warnings)

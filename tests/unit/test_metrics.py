@@ -85,3 +85,67 @@ def test_recorded_reference_server_lines():
     assert len(recs) == 6 and all(isinstance(r, DecodeBatch) for r in recs)
     assert [r.tokens for r in recs] == [71, 76, 81, 86, 91, 96]
     assert recs[0].graph is False and recs[0].accept_len is None and recs[-1].gen_throughput == 24.78
+
+
+def test_policy_keys_parse_from_recorded_lines_and_old_lines_have_none():
+    recs = _records("ddtree_policy.log")
+    kinds = [type(r).__name__ for r in recs]
+    assert kinds == [
+        *("DDTreeInit", "DDTreeVerify", "DDTreeMetrics", "DDTreeMetrics"),
+        *("DDTreeVerify", "DDTreeMetrics", "DDTreeMetrics", "Malformed"),
+    ]
+    first = recs[2]
+    assert isinstance(first, DDTreeMetrics) and first.policy is not None
+    assert first.policy.mode == "auto" and first.policy.shape == "tree12"
+    assert first.policy.choice == (metrics.PolicyBucket(1, 1, "tree12"),)
+    assert first.policy.estimates == {"tree12": 0.016, "tree6": None, "tree3": None, "chain": 0.104}
+    assert (first.policy.switches, first.policy.probes) == (0, 1)
+    assert (
+        first.extra == {"width": "3.700"} and first.tau == 4.7 and first.tok_s == 76.609
+    )  # the old keys read as before
+    wide = recs[5]
+    assert isinstance(wide, DDTreeMetrics) and wide.policy is not None
+    assert wide.policy.describe() == "auto: tree32 at batch 1, tree16 at batch 5-8, chain at batch 17-32"
+    bad = recs[7]
+    assert isinstance(bad, Malformed) and "bad policy choice '5-:bush'" in bad.reason
+    old = _records("ddtree_contract.log")[2]
+    assert isinstance(old, DDTreeMetrics) and old.policy is None
+
+
+@pytest.mark.parametrize(
+    ("choice", "described"),
+    [
+        ("1-1:chain,2-2:chain,3-4:chain", "auto: chain at batch 1-4"),
+        ("1-1:tree8,5-8:tree8", "auto: tree8 at batch 1, tree8 at batch 5-8"),  # a gap: not merged
+        ("17-32:tree8,257-:chain", "auto: tree8 at batch 17-32, chain at batch >= 257"),
+        ("-", "auto: tree8"),
+    ],
+)
+def test_policy_describe_merges_adjacent_buckets(choice, described):
+    line = (
+        "DDTREE metrics rounds=1 tokens=2 tau=2.000 nodes=1.000 depth=1.000 off_spine=0.000 draft_ms=1.000 "
+        "build_ms=1.000 verify_ms=1.000 commit_ms=1.000 tok_s=1.000 width=1.000 "
+        f"policy=auto shape=tree8 choice={choice} est=- switches=0 probes=0"
+    )
+    rec = metrics.parse_line(line)
+    assert isinstance(rec, DDTreeMetrics) and rec.policy is not None
+    assert rec.policy.describe() == described
+
+
+@pytest.mark.parametrize(
+    ("tail", "reason"),
+    [
+        ("policy=auto shape=tree8", "policy keys without choice, est, switches, probes"),
+        ("policy=auto shape=tree8 choice=0-1:tree8 est=- switches=0 probes=0", "bad policy choice"),
+        ("policy=auto shape=tree8 choice=- est=tree8 switches=0 probes=0", "bad policy estimate"),
+        ("policy=auto shape=tree8 choice=- est=tree8:x switches=0 probes=0", "could not convert"),
+        ("policy=auto shape=tree8 choice=- est=- switches=1.5 probes=0", "invalid literal"),
+    ],
+)
+def test_broken_policy_keys_make_the_line_malformed(tail, reason):
+    line = (
+        "DDTREE metrics rounds=1 tokens=2 tau=2.000 nodes=1.000 depth=1.000 off_spine=0.000 draft_ms=1.000 "
+        f"build_ms=1.000 verify_ms=1.000 commit_ms=1.000 tok_s=1.000 {tail}"
+    )
+    rec = metrics.parse_line(line)
+    assert isinstance(rec, Malformed) and reason in rec.reason

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddtree.config import DDTreeConfig, VerifyMode
+from ddtree.policy import PolicyMode
 from ddtree.sglang import compat
 from ddtree.sglang.gates import ServerFacts, check_server
 
@@ -122,7 +123,15 @@ def worker_factory(server_args: Any) -> type:
     refusal = compat.drift_refusal(compat.installed_version(), compat.drift())
     if refusal:
         raise ValueError(refusal)
-    if DDTreeConfig.from_env(os.environ).verify is VerifyMode.TREE:
+    config = DDTreeConfig.from_env(os.environ)
+    if config.policy.mode is not PolicyMode.OFF:
+        # issue 29: ddtree.sglang.policy_glue is ready; until the worker calls it, say so rather than pretend
+        logger.warning(
+            "DDTREE_POLICY=%s: the SGLang tree worker does not run the shape policy yet; every round verifies "
+            "the DDTREE_BUDGET tree",
+            config.policy.text,
+        )
+    if config.verify is VerifyMode.TREE:
         from ddtree.sglang.tree_worker import tree_worker_class
 
         return tree_worker_class()

@@ -1,0 +1,272 @@
+"""ddtree.policy: the round-shape policy on synthetic costs and acceptances (convergence, load changes, the
+hysteresis bound, lagged observations, determinism), and its counterfactual acceptances against real walks."""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections.abc import Callable
+
+import pytest
+import torch
+from ddtree.policy import (
+    CHAIN,
+    PolicyConfig,
+    PolicyMode,
+    PolicySetting,
+    Shape,
+    ShapePolicy,
+    candidate_shapes,
+    counterfactual_accepts,
+    format_policy_fields,
+)
+from ddtree.tree import DraftTree, build_tree, spine_tree, walk_tree
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = pytest.mark.runtime
+
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SHAPES = candidate_shapes(32)  # tree32, tree16, tree8, chain
+T32, T16, T8 = Shape(32), Shape(16), Shape(8)
+
+# World = (batch size, round index) -> per-shape (tau per request, round cost ms)
+World = Callable[[int, int], dict[Shape, tuple[float, float]]]
+
+
+def known_accepts(ran: Shape, taus: dict[Shape, float]) -> dict[Shape, float]:
+    """What a round of `ran` tells about the others: every smaller tree and the chain (counterfactual_accepts)."""
+    if ran.is_chain:
+        return {CHAIN: taus[CHAIN]}
+    return {s: t for s, t in taus.items() if s.is_chain or s.budget <= ran.budget}
+
+
+def simulate(policy: ShapePolicy, world: World, batch_sizes: list[int], lag: int = 0) -> list[Shape]:
+    """Run rounds against a synthetic world; observations arrive `lag` rounds late. Returns the shapes run."""
+    ran: list[Shape] = []
+    queue: list[tuple[int, dict[Shape, float], float]] = []
+    for i, bs in enumerate(batch_sizes):
+        d = policy.decide(bs)
+        ran.append(d.shape)
+        truth = world(bs, i)
+        queue.append((d.round_id, known_accepts(d.shape, {s: v[0] for s, v in truth.items()}), truth[d.shape][1]))
+        while len(queue) > lag:
+            rid, acc, cost = queue.pop(0)
+            policy.observe(rid, accepted=acc, cost_ms=cost)
+    return ran
+
+
+def costs(bs: int, per_node_ms: float) -> dict[Shape, float]:
+    """Round cost: a fixed part plus a part growing with verified tokens x batch (the chain: no tree plan, no
+    mask, cheaper per token; as if it verified 6)."""
+    return {s: 10.0 + per_node_ms * bs * (s.budget + 1 if not s.is_chain else 6) for s in SHAPES}
+
+
+TAUS = {T32: 4.4, T16: 4.0, T8: 3.2, CHAIN: 3.0}
+
+
+def load_world(bs: int, _i: int) -> dict[Shape, tuple[float, float]]:
+    c = costs(bs, 0.02)
+    return {s: (TAUS[s], c[s]) for s in SHAPES}
+
+
+def best_shape(bs: int) -> Shape:
+    w = load_world(bs, 0)
+    return max(SHAPES, key=lambda s: w[s][0] / w[s][1])
+
+
+def auto(**kw: object) -> ShapePolicy:
+    return ShapePolicy(PolicyConfig(shapes=SHAPES, **kw))  # type: ignore[arg-type]
+
+
+def test_the_world_has_different_best_shapes_by_load() -> None:
+    assert [best_shape(bs).label for bs in (1, 8, 32)] == ["tree32", "tree16", "chain"]
+
+
+@pytest.mark.parametrize("bs", [1, 8, 32])
+def test_converges_to_the_best_shape(bs: int) -> None:
+    policy = auto(dwell=16)
+    ran = simulate(policy, load_world, [bs] * 600, lag=3)
+    snap = policy.snapshot()
+    assert snap.last is not None and snap.last.current == best_shape(bs)
+    tail = ran[-200:]
+    assert tail.count(best_shape(bs)) >= 0.9 * len(tail)  # the rest: probes
+
+
+def test_switches_when_the_load_changes() -> None:
+    """Same bucket, the verify gets 40x dearer per token (a co-tenant): the tree gives way to the chain, and
+    comes back when the load goes."""
+
+    def world(bs: int, i: int) -> dict[Shape, tuple[float, float]]:
+        c = costs(bs, 0.02 if i < 400 or i >= 800 else 0.8)
+        return {s: (TAUS[s], c[s]) for s in SHAPES}
+
+    assert max(SHAPES, key=lambda s: world(1, 500)[s][0] / world(1, 500)[s][1]) == CHAIN
+    policy = auto(dwell=16)
+    ran = simulate(policy, world, [1] * 1200, lag=2)
+    assert ran[350:400].count(T32) >= 45
+    assert ran[700:800].count(CHAIN) >= 90
+    assert ran[1150:].count(T32) >= 45
+    assert policy.snapshot().switches <= 8  # through the shapes between, each way
+
+
+def test_buckets_choose_independently() -> None:
+    policy = auto(dwell=16)
+    simulate(policy, load_world, [1, 8, 32] * 500)
+    views = {v.lo: v.current for v in policy.snapshot().buckets}
+    assert views == {1: T32, 5: T16, 17: CHAIN}
+    fields = format_policy_fields(policy.snapshot())
+    assert "choice=1-1:tree32,5-8:tree16,17-32:chain" in fields
+    assert fields.startswith("policy=auto shape=chain ")
+
+
+def test_estimate_is_batch_tokens_per_ms() -> None:
+    policy = auto(explore=0.0)
+    d = policy.decide(4)
+    policy.observe(d.round_id, accepted={T32: 4.0}, cost_ms=20.0)  # 4 requests x 4 tokens in 20 ms
+    assert policy.estimate(4, T32) == pytest.approx(0.8)
+    assert policy.estimate(4, CHAIN) is None
+    assert policy.estimate(1, T32) is None  # another bucket
+
+
+def test_late_unknown_and_bad_observations_are_dropped() -> None:
+    policy = auto(explore=0.0, max_pending=4)
+    first = policy.decide(1)
+    for _ in range(4):
+        policy.decide(1)
+    assert policy.observe(first.round_id, cost_ms=5.0) is False  # forgotten
+    d = policy.decide(1)
+    assert policy.observe(d.round_id, accepted={T32: float("nan")}, cost_ms=-1.0) is True
+    assert policy.dropped == 3
+    assert policy.estimate(1, T32) is None
+
+
+def test_pinned_and_off_never_switch() -> None:
+    pinned = ShapePolicy(PolicyConfig(shapes=SHAPES), PolicySetting(PolicyMode.PINNED, T8))
+    off = ShapePolicy(PolicyConfig(shapes=SHAPES), PolicySetting(PolicyMode.OFF))
+    assert set(simulate(pinned, load_world, [32] * 300)) == {T8}
+    assert set(simulate(off, load_world, [32] * 300)) == {T32}
+    assert pinned.snapshot().switches == off.snapshot().switches == 0
+    with pytest.raises(ValueError, match="not a candidate"):
+        ShapePolicy(PolicyConfig(shapes=SHAPES), PolicySetting(PolicyMode.PINNED, Shape(64)))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("off", "off"), ("AUTO", "auto"), ("chain", "chain"), ("tree16", "tree16"), (" tree1 ", "tree1")],
+)
+def test_setting_parse(text: str, expected: str) -> None:
+    assert PolicySetting.parse(text).text == expected
+
+
+@pytest.mark.parametrize("text", ["", "tree", "tree0", "tree016", "tree-1", "tree١", "linear", "tree 8"])
+def test_setting_parse_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="expected off, auto, chain or tree<N>"):
+        PolicySetting.parse(text)
+
+
+def test_candidate_shapes() -> None:
+    assert [s.label for s in candidate_shapes(32)] == ["tree32", "tree16", "tree8", "chain"]
+    assert [s.label for s in candidate_shapes(3)] == ["tree3", "chain"]
+
+
+# -- the hysteresis bound and determinism, on arbitrary inputs ------------------------------------------------
+
+rounds_st = st.lists(
+    st.tuples(
+        st.sampled_from([1, 2, 3, 7, 8, 20, 64]),  # batch size
+        st.one_of(  # accepted (some < 1: dropped)
+            st.fixed_dictionaries({s: st.floats(0.5, 9.0) for s in SHAPES}),
+            st.dictionaries(st.sampled_from(SHAPES), st.floats(0.5, 9.0)),
+        ),
+        st.one_of(st.floats(0.5, 100.0), st.none(), st.floats(0.0, 1e-3)),  # cost (None: never; 0, tiny: dropped)
+        st.integers(0, 5),  # lag in rounds
+    ),
+    min_size=1,
+    max_size=200,
+)
+
+
+def run_arbitrary(policy: ShapePolicy, rounds: list[tuple[int, dict[Shape, float], float | None, int]]) -> list:
+    out, due = [], []
+    for i, (bs, acc, cost, lag) in enumerate(rounds):
+        d = policy.decide(bs)
+        out.append((d, policy.current(bs)))
+        due.append((i + lag, d.round_id, acc, cost))
+        for item in [x for x in due if x[0] <= i]:
+            due.remove(item)
+            policy.observe(item[1], accepted=item[2], cost_ms=item[3])
+    return out
+
+
+@PROPERTY
+@given(rounds=rounds_st, dwell=st.integers(1, 40), seed=st.integers(0, 2**32 - 1))
+def test_never_switches_faster_than_the_dwell(rounds: list, dwell: int, seed: int) -> None:
+    policy = auto(dwell=dwell, margin=0.0, explore=0.2, seed=seed)
+    per_bucket: dict[int, list] = {}
+    for d, current in run_arbitrary(policy, rounds):
+        per_bucket.setdefault(d.bucket, []).append(current)
+        if not d.probe:
+            assert d.shape == current
+    for seq in per_bucket.values():
+        changes = [i for i in range(1, len(seq)) if seq[i] != seq[i - 1]]
+        if changes:
+            assert changes[0] + 1 >= dwell  # the first switch needs dwell rounds of the bucket
+        assert all(b - a >= dwell for a, b in itertools.pairwise(changes))
+
+
+@PROPERTY
+@given(rounds=rounds_st, seed=st.integers(0, 2**32 - 1))
+def test_same_inputs_same_decisions(rounds: list, seed: int) -> None:
+    """Two TP ranks fed the same numbers decide the same, round for round."""
+    a = run_arbitrary(auto(dwell=8, seed=seed, explore=0.1), rounds)
+    b = run_arbitrary(auto(dwell=8, seed=seed, explore=0.1), rounds)
+    assert a == b
+
+
+# -- counterfactual acceptances against real walks of smaller trees and the chain -----------------------------
+
+
+def one_hot_target(tree_tokens: list[int], parents: list[int], choose: Callable[[tuple[int, ...]], int], vocab: int):
+    """[N, V] logits whose argmax after node i is choose(path tokens to i): a target that depends on the text only."""
+    rows = []
+    for i in range(len(tree_tokens)):
+        path, j = [], i
+        while j >= 0:
+            path.append(tree_tokens[j])
+            j = parents[j]
+        row = torch.zeros(vocab)
+        row[choose(tuple(reversed(path)))] = 1.0
+        rows.append(row)
+    return torch.stack(rows)
+
+
+@settings(PROPERTY, max_examples=25)
+@given(seed=st.integers(0, 10_000), budget=st.integers(2, 24), topk=st.integers(1, 4))
+def test_counterfactuals_equal_walks_of_the_smaller_shapes(seed: int, budget: int, topk: int) -> None:
+    depth, vocab = 6, 12
+    gen = torch.Generator().manual_seed(seed)
+    lp = torch.log_softmax(torch.randn(depth, vocab, generator=gen) * 3, dim=-1)  # [D, V]
+
+    def choose(path: tuple[int, ...]) -> int:  # mostly a top-2 token of its depth's row
+        d = len(path) - 1
+        h = zlib.crc32(bytes(str((seed, path)), "ascii"))
+        return int(lp[min(d, depth - 1)].topk(2).indices[h % 2]) if h % 5 else h % vocab
+
+    def walk(tree: DraftTree) -> tuple[int, ...]:
+        toks, pars = tree.tokens.tolist(), tree.parents.tolist()
+        return walk_tree(tree, one_hot_target(toks, pars, choose, vocab)).accepted
+
+    big = build_tree(lp, 3, budget, topk)
+    path = walk(big)
+    shapes = [Shape(b) for b in range(1, budget + 1)] + [CHAIN, Shape(budget + 1)]
+    got = counterfactual_accepts(big.parents.tolist(), list(path), Shape(budget), shapes, depth)
+    assert Shape(budget + 1) not in got  # larger than what ran: unknown
+    for b in range(1, budget + 1):
+        assert got[Shape(b)] == len(walk(build_tree(lp, 3, b, topk))), b
+    chain = len(walk(spine_tree(lp, 3, depth)))
+    assert got[CHAIN] <= chain
+    leaf = not any(p == path[-1] for p in big.parents.tolist())
+    if not (leaf and int(big.depths[path[-1]]) < depth):
+        assert got[CHAIN] == chain  # exact unless the walk ended at a shallow leaf
+    assert counterfactual_accepts(big.parents.tolist(), list(path), CHAIN, shapes, depth) == {CHAIN: len(path)}
