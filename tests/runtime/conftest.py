@@ -1,10 +1,21 @@
-"""Session fixtures for the runtime tier: the tiny models built by `python -m ddtree.tiny`.
+"""Session fixtures for the runtime tier: the tiny models built by `python -m ddtree.tiny`, and the SGLang
+engine host every SGLang Engine test shares.
 
 `tiny_dense` / `tiny_hybrid` return a directory DIR with DIR/target (model + tokenizer) and DIR/draft (DFlash
 drafter), cached under <repo>/.cache/tiny/<arch> (git-ignored; override the root with DDTREE_TINY_CACHE) and
 built on first use. A file lock per arch keeps parallel sessions from building the same model twice; the build
 itself runs in a subprocess (its own thread settings and memory) and lands by rename, so a reader never sees a
 half-written directory. A cache whose build.json carries another BUILD_VERSION is rebuilt.
+
+`sglang_engine` (tests/runtime/sglang_host.py) runs SGLang's real Engine on CPU: a new engine test asks it for
+its run instead of launching its own subprocess, e.g.
+
+    result, log = sglang_engine.run("tree", engine_kwargs(target), [prompts], 32, TREE_ENV)
+
+(`engine_kwargs` and the mode environments are in test_sglang_engine.py). A run is one Engine launch with every
+batch of the job (one `Engine.generate` call each), and is memoised by all its arguments, so tests that need
+the same engine, prompts and settings share one launch: put the prompts a test needs in one batch of an
+existing run where only the tokens matter, rather than starting another Engine.
 """
 
 from __future__ import annotations
@@ -14,9 +25,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sglang_host import EngineHost
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_ROOT = Path(os.environ.get("DDTREE_TINY_CACHE", REPO / ".cache" / "tiny"))
@@ -57,3 +70,11 @@ def tiny_dense() -> Path:
 def tiny_hybrid() -> Path:
     """Tiny hybrid Qwen3.5 target (3 Gated DeltaNet + 1 attention layer) + distilled drafter."""
     return ensure_tiny("qwen3_5")
+
+
+@pytest.fixture(scope="session")
+def sglang_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHost]:
+    """The SGLang engine host of the whole run (started on its first `run`, closed at the end)."""
+    host = EngineHost(tmp_path_factory.mktemp("sglang"))
+    yield host
+    host.close()
