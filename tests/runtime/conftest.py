@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sglang_cpu import sglang_skip_reason
 from sglang_host import EngineHost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,9 +73,19 @@ def tiny_hybrid() -> Path:
     return ensure_tiny("qwen3_5")
 
 
+_ENGINE_HOST = EngineHost()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the engine host as soon as a selected test uses it: its SGLang import overlaps the tests before."""
+    uses = any("sglang_engine" in getattr(item, "fixturenames", ()) for item in session.items)
+    if uses and sglang_skip_reason() is None:
+        _ENGINE_HOST.start()
+
+
 @pytest.fixture(scope="session")
-def sglang_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHost]:
-    """The SGLang engine host of the whole run (started on its first `run`, closed at the end)."""
-    host = EngineHost(tmp_path_factory.mktemp("sglang"))
-    yield host
-    host.close()
+def sglang_engine() -> Iterator[EngineHost]:
+    """The SGLang engine host of the whole run (runs and logs under its workdir, /tmp/sglang-host-*), closed at
+    the end."""
+    yield _ENGINE_HOST
+    _ENGINE_HOST.close()

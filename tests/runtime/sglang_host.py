@@ -16,6 +16,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -43,8 +44,8 @@ Run = tuple[dict[str, Any], str]  # (the driver's result, the run's combined log
 class EngineHost:
     """`run(...)` -> (result, log) of one Engine job (driver.py's JOB format), memoised by its spec."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
+    def __init__(self) -> None:
+        self._workdir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._done: dict[str, Run] = {}
 
@@ -87,6 +88,17 @@ class EngineHost:
         if rc != 0 or not result.is_file():
             pytest.fail(f"SGLang engine run failed ({rc}; {log_path}):\n{log[-6000:]}")
         return json.loads(result.read_text()), log
+
+    @property
+    def workdir(self) -> Path:
+        """Where the host's log and each run's job, result and log are kept (made on first use)."""
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix="sglang-host-"))
+        return self._workdir
+
+    def start(self) -> None:
+        """Start the host (its SGLang import takes a while): early, so it overlaps the tests that run before."""
+        self._host()
 
     def _host(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
