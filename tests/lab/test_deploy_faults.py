@@ -85,6 +85,8 @@ def test_unchanged_redeploy_waits_for_a_service_still_starting(base_inventory: P
         remote_run(base_inventory, "lab1", Cmd.of("systemctl", "restart", "opsctl-ref.service", sudo=True))
         deploy = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE)
         deploy.wait_for("/health does not answer yet: waiting", timeout=600)
+        journal = remote_run(base_inventory, "lab1", Cmd.of("journalctl", "-u", "opsctl-ref.service", "-n", "300"))
+        assert "Loading held while /run/opsctl-test-hold-loading exists" in journal  # the hold, not the clock
         release()
         code = deploy.finish()
     assert code == 0, deploy.text[-3000:]

@@ -94,7 +94,10 @@ def engine_kwargs(target: Path) -> dict[str, Any]:
         "disable_cuda_graph": True,
         "disable_radix_cache": True,
         "chunked_prefill_size": -1,
-        "mem_fraction_static": 0.05,
+        # SGLang sizes the KV pool from the host's free memory before and after loading the weights; other
+        # processes (the tiers beside this one) move it by more than 5%. The pools stay max_total_tokens (KV) and
+        # max_running_requests (Gated DeltaNet states) whatever the fraction.
+        "mem_fraction_static": 0.5,
         "max_total_tokens": 4096,
         "max_running_requests": 4,
         "skip_server_warmup": True,
