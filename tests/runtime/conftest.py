@@ -25,7 +25,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,14 +77,18 @@ _ENGINE_HOST = EngineHost()
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the engine host as soon as a selected test uses it: its SGLang import overlaps the tests before."""
-    uses = any("sglang_engine" in getattr(item, "fixturenames", ()) for item in session.items)
-    if uses and sglang_skip_reason() is None:
+    if session.config.option.collectonly or sglang_skip_reason() is not None:
+        return
+    if any("sglang_engine" in getattr(item, "fixturenames", ()) for item in session.items):
         _ENGINE_HOST.start()
 
 
-@pytest.fixture(scope="session")
-def sglang_engine() -> Iterator[EngineHost]:
-    """The SGLang engine host of the whole run (runs and logs under its workdir, /tmp/sglang-host-*), closed at
-    the end."""
-    yield _ENGINE_HOST
+def pytest_sessionfinish(session: pytest.Session) -> None:
     _ENGINE_HOST.close()
+
+
+@pytest.fixture(scope="session")
+def sglang_engine() -> EngineHost:
+    """The SGLang engine host of the whole run (runs and logs under its workdir, /tmp/sglang-host-*; closed when
+    the session ends)."""
+    return _ENGINE_HOST

@@ -143,3 +143,4 @@ class EngineHost:
             self._proc.wait()
         self._proc.stdout.close()
         self._log.close()
+        self._proc = None
