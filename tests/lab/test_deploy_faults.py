@@ -19,6 +19,7 @@ from tests.lab.test_deploy_support import (
     current_release,
     derived_inventory,
     is_bad,
+    loading_held,
     lock_present,
     opsctl,
     polling,
@@ -75,14 +76,21 @@ def test_unchanged_redeploy_restarts_nothing(base_inventory: Path) -> None:
 
 
 def test_unchanged_redeploy_waits_for_a_service_still_starting(base_inventory: Path) -> None:
-    # As right after a reboot: the unit is up but the server is still loading its model.
+    # As right after a reboot: the unit is up but the server is still loading its model. The server stays in its
+    # loading phase until the deploy has said it waits for it, whatever the machine's load: no race with the clock.
     from opsctl.commands import Cmd
     from tests.lab.test_deploy_support import remote_run
 
-    remote_run(base_inventory, "lab1", Cmd.of("systemctl", "restart", "opsctl-ref.service", sudo=True))
-    result = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "lab1/ref: unchanged" in result.stderr and "was still starting; healthy after" in result.stderr
+    with loading_held(base_inventory, "lab1", "opsctl-ref.service") as release:
+        remote_run(base_inventory, "lab1", Cmd.of("systemctl", "restart", "opsctl-ref.service", sudo=True))
+        deploy = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE)
+        deploy.wait_for("/health does not answer yet: waiting", timeout=600)
+        journal = remote_run(base_inventory, "lab1", Cmd.of("journalctl", "-u", "opsctl-ref.service", "-n", "300"))
+        assert "Loading held while /run/opsctl-test-hold-loading exists" in journal  # the hold, not the clock
+        release()
+        code = deploy.finish()
+    assert code == 0, deploy.text[-3000:]
+    assert "lab1/ref: unchanged" in deploy.text and "was still starting; healthy after" in deploy.text
     assert unit_props(base_inventory, "lab1", "opsctl-ref.service")["ActiveState"] == "active"
 
 

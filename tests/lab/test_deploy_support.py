@@ -1,6 +1,9 @@
 """Helpers for the deploy lab tests (no tests here): derived lab inventories, the real CLI as a subprocess,
 an HTTP poller, facts read through opsctl.remote, and a fault injector for "crash N s after healthy".
 
+`loading_held` holds a restarted reference server in its loading phase until the test releases it (the server's
+DDTREE_SERVE_HOLD_LOADING_WHILE hook), so a test of a server that is still starting never races its start-up.
+
 The fault injector is a .pth hook installed into the lab host's venv for the duration of one test: Python
 runs it at start, and only when the service's environment carries OPSCTL_FAULT_CRASH=<port>:<seconds> does it
 start a thread that waits for /health to answer 200 and then kills the process. Nothing in opsctl or the
@@ -240,6 +243,34 @@ def crash_fault_installed(inventory: Path, host: str, venv: str = "/opt/opsctl/v
         yield
     finally:
         remote_run(inventory, host, Cmd.of("rm", "-f", f"{site}/opsctl_test_fault.pth", f"{site}/opsctl_test_fault.py"))
+
+
+HOLD_FILE = "/run/opsctl-test-hold-loading"
+HOLD_DROP_IN = "/run/systemd/system/{unit}.d/opsctl-test-hold.conf"
+
+
+@contextmanager
+def loading_held(inventory: Path, host: str, unit: str) -> Iterator[Callable[[], None]]:
+    """While this lasts, `unit`'s reference server started from now on stays in its loading phase (/health 503)
+    until the function it yields is called: the server's DDTREE_SERVE_HOLD_LOADING_WHILE hook, set through a
+    runtime drop-in (not the release, so a re-deploy still sees the same config), naming HOLD_FILE."""
+    drop_in = HOLD_DROP_IN.format(unit=unit)
+    inv = load_inventory(inventory)
+    with connect(inv.host(host)) as conn:
+        conn.run(Cmd.of("mkdir", "-p", str(Path(drop_in).parent)))
+        conn.put_text(f"[Service]\nEnvironment=DDTREE_SERVE_HOLD_LOADING_WHILE={HOLD_FILE}\n", drop_in)
+        conn.run(Cmd.of("touch", HOLD_FILE))
+        conn.run(Cmd.of("systemctl", "daemon-reload"))
+
+    def release() -> None:
+        remote_run(inventory, host, Cmd.of("rm", "-f", HOLD_FILE))
+
+    try:
+        yield release
+    finally:
+        release()
+        remote_run(inventory, host, Cmd.of("rm", "-f", drop_in))
+        remote_run(inventory, host, Cmd.of("systemctl", "daemon-reload"))
 
 
 PROVISION_ARGS = os.environ.get("OPSCTL_DEPLOY_TEST_PROVISION_ARGS", "").split()

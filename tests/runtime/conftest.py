@@ -1,10 +1,21 @@
-"""Session fixtures for the runtime tier: the tiny models built by `python -m ddtree.tiny`.
+"""Session fixtures for the runtime tier: the tiny models built by `python -m ddtree.tiny`, and the SGLang
+engine host every SGLang Engine test shares.
 
 `tiny_dense` / `tiny_hybrid` return a directory DIR with DIR/target (model + tokenizer) and DIR/draft (DFlash
 drafter), cached under <repo>/.cache/tiny/<arch> (git-ignored; override the root with DDTREE_TINY_CACHE) and
 built on first use. A file lock per arch keeps parallel sessions from building the same model twice; the build
 itself runs in a subprocess (its own thread settings and memory) and lands by rename, so a reader never sees a
 half-written directory. A cache whose build.json carries another BUILD_VERSION is rebuilt.
+
+`sglang_engine` (tests/runtime/sglang_host.py) runs SGLang's real Engine on CPU: a new engine test asks it for
+its run instead of launching its own subprocess, e.g.
+
+    result, log = sglang_engine.run("tree", engine_kwargs(target), [prompts], 32, TREE_ENV)
+
+(`engine_kwargs` and the mode environments are in test_sglang_engine.py). A run is one Engine launch with every
+batch of the job (one `Engine.generate` call each), and is memoised by all its arguments, so tests that need
+the same engine, prompts and settings share one launch: put the prompts a test needs in one batch of an
+existing run where only the tokens matter, rather than starting another Engine.
 """
 
 from __future__ import annotations
@@ -17,6 +28,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from sglang_cpu import sglang_skip_reason
+from sglang_host import EngineHost
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_ROOT = Path(os.environ.get("DDTREE_TINY_CACHE", REPO / ".cache" / "tiny"))
@@ -57,3 +70,25 @@ def tiny_dense() -> Path:
 def tiny_hybrid() -> Path:
     """Tiny hybrid Qwen3.5 target (3 Gated DeltaNet + 1 attention layer) + distilled drafter."""
     return ensure_tiny("qwen3_5")
+
+
+_ENGINE_HOST = EngineHost()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the engine host as soon as a selected test uses it: its SGLang import overlaps the tests before."""
+    if session.config.option.collectonly or sglang_skip_reason() is not None:
+        return
+    if any("sglang_engine" in getattr(item, "fixturenames", ()) for item in session.items):
+        _ENGINE_HOST.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _ENGINE_HOST.close()
+
+
+@pytest.fixture(scope="session")
+def sglang_engine() -> EngineHost:
+    """The SGLang engine host of the whole run (runs and logs under its workdir, /tmp/sglang-host-*; closed when
+    the session ends)."""
+    return _ENGINE_HOST

@@ -6,8 +6,9 @@ token; the speculative runs must accept more than one token per round; shadow mu
 The hybrid target (`tiny_hybrid`: Gated DeltaNet + attention layers, what ct200's gpu1 serves with DDTREE shadow)
 runs baseline, DDTREE shadow and DDTREE tree (exact through the recurrent layers) the same way.
 
-Each mode is one Engine launch in its own subprocess (tests/runtime/sglang_engine/driver.py); SGLang is never
-imported into the pytest process. docs/sglang.md, "SGLang's engine on CPU, in CI", lists the stub and patches
+Each mode is one Engine launch, run by the session's engine host (the `sglang_engine` fixture,
+tests/runtime/sglang_host.py: SGLang imported once, each launch forked from it); SGLang is never imported into
+the pytest process. docs/sglang.md, "SGLang's engine on CPU, in CI", lists the stub and patches
 (tests/runtime/sglang_engine/) this needs on a CPU and what it does and does not prove.
 """
 
@@ -16,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,10 +29,9 @@ from ddtree.greedy_check import FP32_TIE_TOLERANCE, GreedyMismatch, compared_len
 pytestmark = pytest.mark.runtime
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-ENGINE_DIR = HERE / "sglang_engine"
 sys.path.insert(0, str(HERE))
 from sglang_cpu import sglang_skip_reason  # noqa: E402
+from sglang_host import EngineHost  # noqa: E402
 
 sys.path.remove(str(HERE))
 
@@ -43,7 +41,6 @@ sys.path.remove(str(HERE))
 PROMPTS = ["write mul for 4 and 9", "write sub for 7 and 3", "json for carol, age 52, from lima"]
 NEW_TOKENS = 32
 BASELINE_TOKENS = 16  # plain decode is one interpreted step per token (~1 s each here); the spec runs take 32
-RUN_TIMEOUT_S = 420
 DDTREE_BUDGET, DDTREE_TOPK, DRAFT_BLOCK = 16, 4, 8  # DRAFT_BLOCK: the tiny drafter's block size
 SHADOW_ENV = {
     "DDTREE_VERIFY": "shadow",
@@ -97,58 +94,16 @@ def engine_kwargs(target: Path) -> dict[str, Any]:
         "disable_cuda_graph": True,
         "disable_radix_cache": True,
         "chunked_prefill_size": -1,
-        "mem_fraction_static": 0.05,
+        # SGLang sizes the KV pool from the host's free memory before and after loading the weights; other
+        # processes (the tiers beside this one) move it by more than 5%. The pools stay max_total_tokens (KV) and
+        # max_running_requests (Gated DeltaNet states) whatever the fraction.
+        "mem_fraction_static": 0.5,
         "max_total_tokens": 4096,
         "max_running_requests": 4,
         "skip_server_warmup": True,
         "random_seed": 0,
         "log_level": "info",
     }
-
-
-def run_engine(
-    tmp: Path,
-    engine: dict[str, Any],
-    batches: list[list[list[int]]],
-    new_tokens: int,
-    env: dict[str, str],
-    overrides: dict[str, list[dict[str, Any]]] | None = None,
-) -> tuple[dict[str, Any], str]:
-    """One Engine launch in a subprocess (driver.py); returns its result and its combined log."""
-    job, result = tmp / "job.json", tmp / "result.json"
-    spec = {"engine": engine, "batches": batches, "max_new_tokens": new_tokens, "overrides": overrides or {}}
-    job.write_text(json.dumps(spec))
-    pythonpath = [str(ENGINE_DIR), str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")]
-    full_env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
-        "SGLANG_USE_CPU_ENGINE": "1",  # SGLang's CPU engine path (no CUDA device)
-        "TRITON_INTERPRET": "1",  # SGLang's Triton kernels (attention, spec helpers) run by the CPU interpreter
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-        **env,
-    }
-    proc = subprocess.Popen(
-        [sys.executable, str(ENGINE_DIR / "driver.py"), str(job), str(result)],
-        cwd=tmp,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group: a timeout ends SGLang's children too
-    )
-    try:
-        log, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        (tmp / "engine.log").write_text(log)
-        pytest.fail(f"SGLang engine run timed out after {RUN_TIMEOUT_S}s ({tmp / 'engine.log'}):\n{log[-6000:]}")
-    (tmp / "engine.log").write_text(log)
-    if proc.returncode != 0 or not result.is_file():
-        pytest.fail(f"SGLang engine run failed ({proc.returncode}; {tmp / 'engine.log'}):\n{log[-6000:]}")
-    return json.loads(result.read_text()), log
 
 
 def hybrid_overrides(target: Path) -> dict[str, Any]:
@@ -215,24 +170,18 @@ Launcher = Callable[[str], tuple[dict[str, Any], str]]
 ModeSpec = tuple[dict[str, Any], list[list[list[int]]], int, dict[str, str], dict[str, list[dict[str, Any]]]]
 
 
-def launcher(label: str, engine: dict[str, Any], modes: dict[str, ModeSpec], tmp: pytest.TempPathFactory) -> Launcher:
-    """mode -> (result, log) of that mode's Engine run, launched once on first use."""
-    done: dict[str, tuple[dict[str, Any], str]] = {}
+def launcher(label: str, engine: dict[str, Any], modes: dict[str, ModeSpec], host: EngineHost) -> Launcher:
+    """mode -> (result, log) of that mode's Engine run, launched once on first use (the host memoises it)."""
 
     def get(mode: str) -> tuple[dict[str, Any], str]:
-        if mode not in done:
-            extra, batches, new_tokens, env, overrides = modes[mode]
-            run_dir = tmp.mktemp(f"sglang-{label}{mode}")
-            done[mode] = run_engine(run_dir, {**engine, **extra}, batches, new_tokens, env, overrides)
-            timing = done[mode][0]
-            print(f"SGLang {label}{mode}: start {timing['startup_s']:.1f}s, generate {timing['generate_s']:.1f}s")
-        return done[mode]
+        extra, batches, new_tokens, env, overrides = modes[mode]
+        return host.run(f"{label}{mode}", {**engine, **extra}, batches, new_tokens, env, overrides)
 
     return get
 
 
 @pytest.fixture(scope="module")
-def engine_runs(tiny_dense: Path, dense_reference: Reference, tmp_path_factory: pytest.TempPathFactory) -> Launcher:
+def engine_runs(tiny_dense: Path, dense_reference: Reference, sglang_engine: EngineHost) -> Launcher:
     """The dense target's Engine runs, one per mode."""
     prompts = dense_reference.prompts
     chat, tree = [prompts[i] for i in CHAT], [prompts[i] for i in TREE]
@@ -257,7 +206,7 @@ def engine_runs(tiny_dense: Path, dense_reference: Reference, tmp_path_factory: 
         ),
         "wide": ({"speculative_algorithm": "DDTREE", **draft}, [tree], NEW_TOKENS, WIDE_ENV, {}),
     }
-    return launcher("", engine_kwargs(tiny_dense / "target"), modes, tmp_path_factory)
+    return launcher("", engine_kwargs(tiny_dense / "target"), modes, sglang_engine)
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +216,7 @@ def hybrid_reference(tiny_hybrid: Path) -> Reference:
 
 
 @pytest.fixture(scope="module")
-def hybrid_runs(tiny_hybrid: Path, hybrid_reference: Reference, tmp_path_factory: pytest.TempPathFactory) -> Launcher:
+def hybrid_runs(tiny_hybrid: Path, hybrid_reference: Reference, sglang_engine: EngineHost) -> Launcher:
     """Like engine_runs, on the hybrid target: "baseline" (every prompt), "ddtree" (shadow, the chat prompts in
     one batch) and "tree" (the tree prompts batched, then the first alone)."""
     prompts = hybrid_reference.prompts
@@ -279,7 +228,7 @@ def hybrid_runs(tiny_hybrid: Path, hybrid_reference: Reference, tmp_path_factory
         "tree": (draft, [tree, tree[:1]], NEW_TOKENS, TREE_ENV, {}),
     }
     target = tiny_hybrid / "target"
-    return launcher("hybrid-", {**engine_kwargs(target), **hybrid_overrides(target)}, modes, tmp_path_factory)
+    return launcher("hybrid-", {**engine_kwargs(target), **hybrid_overrides(target)}, modes, sglang_engine)
 
 
 def output_ids(batch: list[dict[str, Any]]) -> list[list[int]]:
@@ -482,7 +431,7 @@ TP2_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": f"0|{min(1, (os.cpu_count() or 1) - 1)
 
 
 @pytest.fixture(scope="module")
-def tp2_runs(tiny_dense: Path, dense_reference: Reference, tmp_path_factory: pytest.TempPathFactory) -> Launcher:
+def tp2_runs(tiny_dense: Path, dense_reference: Reference, sglang_engine: EngineHost) -> Launcher:
     """The dense target at --tp-size 2: its LM head vocab-parallel (each rank half the rows), so DDTREE builds its
     trees from each rank's top-k, gathered (ddtree.sglang.vocab_parallel). The tree prompts: baseline, DDTREE tree
     (batched, then the first alone) and DDTREE shadow."""
@@ -493,7 +442,7 @@ def tp2_runs(tiny_dense: Path, dense_reference: Reference, tmp_path_factory: pyt
         "tree": (draft, [tree, tree[:1]], NEW_TOKENS, {**TREE_ENV, **TP2_ENV}, {}),
         "ddtree": (draft, [tree], NEW_TOKENS, {**SHADOW_ENV, **TP2_ENV}, {}),
     }
-    return launcher("tp2-", {**engine_kwargs(tiny_dense / "target"), "tp_size": 2}, modes, tmp_path_factory)
+    return launcher("tp2-", {**engine_kwargs(tiny_dense / "target"), "tp_size": 2}, modes, sglang_engine)
 
 
 @needs_sglang

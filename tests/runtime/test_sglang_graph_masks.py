@@ -1,12 +1,9 @@
 """ddtree.sglang.graph_masks: the causal FULL_MASK for chain verifies, the replay wrapper that gives it to
-verifies without a mask, the backend rule, and (in a subprocess, against SGLang 0.5.23's real dflash_utils) the
-capture policy switch."""
+verifies without a mask, the backend rule, and the capture policy switch (against SGLang 0.5.23's real
+dflash_utils in test_sglang_plugin.py's contract probe, which imports SGLang once for all its checks)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,12 +21,6 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 pytestmark = pytest.mark.runtime
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from sglang_cpu import PRELUDE, sglang_skip_reason  # noqa: E402
-
-sys.path.remove(str(HERE))
 
 
 def chain_mask_by_hand(prefix_lens: list[int], width: int) -> Tensor:
@@ -129,29 +120,3 @@ def test_the_capture_switch_needs_sglangs_set() -> None:
     assert frozenset({"Other"}) == module._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
     with pytest.raises(ValueError, match="pass --disable-cuda-graph"):
         capture_with_tree_masks(SimpleNamespace(), "triton")
-
-
-_PROBE = """
-import json
-import sglang.srt.speculative.dflash_utils as du
-from ddtree.sglang.graph_masks import capture_with_tree_masks, captured_with_tree_masks
-
-TritonAttnBackend = type("TritonAttnBackend", (), {"verify_mask": object()})
-FlashInferAttnBackend = type("FlashInferAttnBackend", (), {"verify_mask": object()})
-before = [captured_with_tree_masks(du, TritonAttnBackend()), captured_with_tree_masks(du, FlashInferAttnBackend())]
-capture_with_tree_masks(du, "triton")
-after = [captured_with_tree_masks(du, TritonAttnBackend()), captured_with_tree_masks(du, FlashInferAttnBackend())]
-print(json.dumps({"before": before, "after": after}))
-"""
-
-
-@pytest.mark.skipif(sglang_skip_reason() is not None, reason=sglang_skip_reason() or "")
-def test_sglangs_real_policy_captures_triton_verify_graphs_with_the_mask_after_the_switch() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", PRELUDE + _PROBE], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = __import__("json").loads(done.stdout.strip().splitlines()[-1])
-    # SGLang 0.5.23 captures DFLASH's verify graphs on triton without a mask; the switch changes that for triton
-    # only (flashinfer stays mask-free under graphs, so the worker refuses it)
-    assert result == {"before": [False, False], "after": [True, False]}

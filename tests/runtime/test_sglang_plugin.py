@@ -153,6 +153,16 @@ from importlib.metadata import entry_points
 req = json.load(open(sys.argv[1]))
 out = {}
 
+# graph_masks' capture policy switch on SGLang's real dflash_utils: read first (nothing switched it yet); the
+# switch itself is made last, so nothing else in this probe runs with it
+import sglang.srt.speculative.dflash_utils as du
+from ddtree.sglang.graph_masks import capture_with_tree_masks, captured_with_tree_masks
+TritonAttnBackend = type("TritonAttnBackend", (), {"verify_mask": object()})
+FlashInferAttnBackend = type("FlashInferAttnBackend", (), {"verify_mask": object()})
+def _captured():
+    return [captured_with_tree_masks(du, TritonAttnBackend()), captured_with_tree_masks(du, FlashInferAttnBackend())]
+graph_masks = {"before": _captured()}
+
 eps = [(e.name, e.value, e.dist.name if e.dist else None) for e in entry_points(group="sglang.srt.plugins")]
 out["entry_points"] = eps
 from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins, load_plugins_by_group
@@ -329,6 +339,9 @@ class Bare(cls):
     def __init__(self):
         pass
 out["bare_worker_attributes"] = compat.attribute_refusal(Bare())
+
+capture_with_tree_masks(du, "triton")
+out["graph_masks"] = {**graph_masks, "after": _captured()}
 json.dump(out, sys.stdout)
 """
 
@@ -515,3 +528,12 @@ def test_another_sglang_version_is_refused_unless_the_variable_names_it(probe: d
     assert other["refused"] == f"ValueError: {refusal}"
     assert other["other_allowed"] == f"ValueError: {refusal}"
     assert other["allowed"] == "ok"
+
+
+def test_sglangs_real_policy_captures_triton_verify_graphs_with_the_mask_after_the_switch(
+    probe: dict[str, Any],
+) -> None:
+    """ddtree.sglang.graph_masks against SGLang 0.5.23's real dflash_utils (folded into this probe: one SGLang
+    import): SGLang captures DFLASH's verify graphs on triton without a mask; the switch changes that for triton
+    only (flashinfer stays mask-free under graphs, so the worker refuses it)."""
+    assert probe["graph_masks"] == {"before": [False, False], "after": [True, False]}

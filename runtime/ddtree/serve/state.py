@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,9 @@ from ddtree.serve.stats import ServerStats
 from ddtree.serve.worker import EngineWorker
 
 log = logging.getLogger("ddtree.serve")
+# A test hook: while the file this variable names exists, the server stays in its loading phase (/health 503), so
+# a lab test can look at a server that is still starting without racing its start-up (tests/lab).
+HOLD_LOADING_ENV = "DDTREE_SERVE_HOLD_LOADING_WHILE"
 
 
 class Phase(enum.StrEnum):
@@ -75,6 +79,7 @@ class AppState:
 
     def _load(self) -> None:
         try:
+            _hold_loading(os.environ.get(HOLD_LOADING_ENV, ""))
             log.info("Load weight begin. mode=%s device=%s dtype=%s", self.mode.value, self.device, self.dtype)
             t0 = time.monotonic()
             _quiet_transformers()
@@ -141,6 +146,15 @@ def _draft_tokens(mode: Mode, info: ModelInfo) -> int | None:
     if mode is Mode.BASELINE or info.block_size is None:
         return None
     return max(info.block_size - 1, 1)
+
+
+def _hold_loading(path: str, poll_s: float = 0.2) -> None:
+    """Wait while `path` exists (HOLD_LOADING_ENV; nothing when it is unset)."""
+    if path and os.path.exists(path):
+        log.info("Loading held while %s exists (%s)", path, HOLD_LOADING_ENV)
+        while os.path.exists(path):
+            time.sleep(poll_s)
+        log.info("Loading released")
 
 
 def _quiet_transformers() -> None:

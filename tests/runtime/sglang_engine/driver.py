@@ -2,6 +2,7 @@
 in CI").
 
     python driver.py JOB.json RESULT.json
+    python driver.py --serve
 
 JOB: {"engine": {ServerArgs keyword arguments}, "batches": [[input_ids, ...], ...], "max_new_tokens": N,
 "overrides": {"<batch index>": [{sampling params of request i}, ...]}} ("overrides" optional).
@@ -9,15 +10,26 @@ Each batch is one `Engine.generate` call (several requests in one call run batch
 `ignore_eos`, unless overridden per request. RESULT: {"startup_s", "generate_s", "batches": [[{"prompt_ids",
 "output_ids", "meta_info"}, ...], ...]}.
 
-Started by tests/runtime/test_sglang_engine.py with this directory on PYTHONPATH, so sitecustomize.py has already
-installed the torchvision stub and the SGLang patches here and in every process SGLang spawns.
+`--serve` is the engine host the tests share (tests/runtime/sglang_host.py): it imports SGLang and the modules its
+scheduler and detokenizer need once, then reads one request per stdin line, {"job", "result", "log", "env"}, and
+runs each job in a child forked from it (its own session, its stdout and stderr into "log", "env" added to its
+environment), SGLang's own processes forked from that child instead of spawned: no process re-imports SGLang
+(about 50 s of every Engine launch on a loaded 2-core machine). It answers {"pid": N} when a child starts and
+{"rc": N} when it ends, one line each.
+
+Started by the runtime tests (tests/runtime/sglang_host.py) with this directory on PYTHONPATH, so sitecustomize.py
+has already installed the torchvision stub and the SGLang patches here (and so in every process forked from here,
+or spawned by a one-job driver).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -51,10 +63,84 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     return {"startup_s": startup_s, "generate_s": generate_s, "batches": batches}
 
 
-def main() -> None:
-    job_path, result_path = sys.argv[1:3]
+def run_to_file(job_path: str, result_path: str) -> None:
     result = run(json.loads(Path(job_path).read_text()))
     Path(result_path).write_text(json.dumps(result, default=str))
+
+
+# What SGLang's scheduler and detokenizer import at start (the model registry imports every model module),
+# imported once in the host so that forked children find them loaded.
+PRELOAD = [
+    "sglang.srt.entrypoints.engine",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.managers.detokenizer_manager",
+    "sglang.srt.managers.tokenizer_manager",
+    "sglang.srt.model_executor.model_runner",
+    "sglang.srt.speculative.dflash_worker_v2",
+    "sglang.srt.layers.attention.triton_backend",
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend",
+    "sglang.srt.models.qwen3",
+    "sglang.srt.models.qwen3_5",
+]
+
+
+def fork_instead_of_spawn() -> None:
+    """SGLang sets the start method to spawn (CUDA cannot be forked); on a CPU a fork keeps the imports."""
+    from sglang.srt.entrypoints import engine
+
+    original = engine._set_envs_and_config
+
+    def set_envs_and_config(server_args: Any) -> None:
+        original(server_args)
+        multiprocessing.set_start_method("fork", force=True)
+
+    engine._set_envs_and_config = set_envs_and_config
+
+
+def run_child(request: dict[str, Any]) -> int:
+    """In the forked child: its own session (a timeout kills its process group), its own log, its env."""
+    os.setsid()
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    os.environ.update(request.get("env", {}))
+    try:
+        run_to_file(request["job"], request["result"])
+        return 0
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def serve() -> None:
+    import importlib
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in PRELOAD:
+            importlib.import_module(name)
+    fork_instead_of_spawn()
+    reply = sys.stdout
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(run_child(request))
+        print(json.dumps({"pid": pid}), file=reply, flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), file=reply, flush=True)
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        run_to_file(*sys.argv[1:3])
 
 
 if __name__ == "__main__":
