@@ -13,12 +13,14 @@ when the final path already carries the same manifest (a unit restart rather tha
 Models whose source is on the control machine cannot be restored by the host alone: `opsctl status` reports
 them after a reboot with the command that restores them (provision). A restore unit on the host that no
 service needs any more (its model's source moved to the control machine, or its services went) is disabled and
-removed with its state dir (`plan_removal`): left enabled, it would copy an old source over the model at boot.
+removed with its restore files (`plan_removal`; the accepted manifest stays): left enabled, it would
+copy an old source over the model at boot.
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 
 from opsctl import layout, systemd
@@ -171,7 +173,16 @@ def plan_removal(installed: list[str], wanted: set[str]) -> tuple[list[Action], 
         actions += [
             Cmd.of("systemctl", "disable", "--quiet", "--", unit, sudo=True),
             Cmd.of("rm", "-f", "--", f"{layout.UNIT_DIR}/{unit}", sudo=True),
-            Cmd.of("rm", "-rf", "--", f"{STATE_ROOT}/{name}", sudo=True),
+            # the restore's own files only: the state dir also holds the model's accepted manifest
+            # (model_trust's trusted.json), which outlives where the model's source lives
+            Cmd.of(
+                "rm",
+                "-f",
+                "--",
+                f"{model_trust.STATE_ROOT}/{name}/manifest.json",
+                f"{model_trust.STATE_ROOT}/{name}/sha256sums",
+                sudo=True,
+            ),
         ]
     if stale:
         actions.append(systemd.daemon_reload_cmd())

@@ -24,7 +24,8 @@ def test_plan_removal_disables_before_removing_and_stops_last() -> None:
     assert shown == [
         "systemctl disable --quiet -- opsctl-model-Old.service",
         "rm -f -- /etc/systemd/system/opsctl-model-Old.service",
-        "rm -rf -- /var/lib/opsctl/models/Old",
+        # the accepted manifest (trusted.json) stays: only the restore's own files go
+        "rm -f -- /var/lib/opsctl/models/Old/manifest.json /var/lib/opsctl/models/Old/sha256sums",
         "systemctl daemon-reload",
         "sh -c 'systemctl stop -- opsctl-model-Old.service 2>/dev/null || true'",
     ]
