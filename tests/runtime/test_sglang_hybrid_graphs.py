@@ -110,13 +110,14 @@ def backends(wrap):
     linear.init_cuda_graph_state(MAX_BS, MAX_BS * S)
     hybrid = object.__new__(HybridLinearAttnBackend)
     hybrid.attn_backend_list = [linear]
+    state = None
     if wrap:
-        replay_tree_links(hybrid, linear)
-        replay_tree_links(hybrid, linear)  # idempotent
-    return linear, hybrid
+        state = replay_tree_links(hybrid, linear)
+        assert replay_tree_links(hybrid, linear) is state  # idempotent
+    return linear, hybrid, state
 
 
-def verify(linear, hybrid, real_bs, links=None, in_capture=False):
+def verify(linear, hybrid, state, real_bs, links=None, in_capture=False):
     spec_info = SimpleNamespace(draft_token_num=S, ragged_verify_layout=None)
     if links is not None:
         spec_info.retrieve_next_token, spec_info.retrieve_next_sibling = (torch.tensor(t) for t in links)
@@ -136,6 +137,7 @@ for name, wrap in (("wrapped", True), ("plain", False)):
     pair = backends(wrap)
     out[name] = {"capture": verify(*pair, MAX_BS, in_capture=True), "tree": verify(*pair, 3, TREE),
                  "chain": verify(*pair, MAX_BS)}
+    out[name]["counts"] = [pair[2].captures, pair[2].replays] if wrap else None
 print(json.dumps(out))
 """
 
@@ -168,6 +170,7 @@ def test_hybrid_verify_graphs_take_the_tree_path_and_never_replay_stale_links(
     # previous round's tree
     assert result["chain"]["tree_path"]
     assert result["chain"]["next"] == CHAIN[0] * 4 and result["chain"]["sibling"] == CHAIN[1] * 4
+    assert result["counts"] == [1, 2]  # what the worker's start-up check and log line read
 
 
 def test_without_the_wrapper_sglang_captures_the_chain_path(probe: dict[str, dict[str, dict[str, object]]]) -> None:

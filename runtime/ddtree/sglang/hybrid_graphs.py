@@ -24,6 +24,7 @@ capture too: a graph keeps the buffers it was captured with.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -60,12 +61,28 @@ def fill_verify_links(
     static_sibling[n:].copy_(chain_sibling)
 
 
-def replay_tree_links(attn_backend: Any, linear_backend: Any) -> None:
+@dataclass
+class TreeLinks:
+    """What the wrapper saw: target-verify graphs captured on the tree path, replays whose links it filled."""
+
+    captures: int = 0
+    replays: int = 0
+
+
+def tree_links(attn_backend: Any) -> TreeLinks | None:
+    """The wrapper's counters on this backend, None when `replay_tree_links` did not wrap it."""
+    state = getattr(attn_backend.init_forward_metadata_out_graph, "_ddtree_tree_links", None)
+    return state if isinstance(state, TreeLinks) else None
+
+
+def replay_tree_links(attn_backend: Any, linear_backend: Any) -> TreeLinks:
     """Wrap the target's out-of-graph metadata step (graph capture and replays): a target verify runs it with
     the GDN backend's top-k raised, then its static links are filled (`fill_verify_links`). Idempotent."""
     original = attn_backend.init_forward_metadata_out_graph
-    if getattr(original, "_ddtree_tree_links", False):
-        return
+    existing = tree_links(attn_backend)
+    if existing is not None:
+        return existing
+    state = TreeLinks()
 
     @functools.wraps(original)
     def with_tree_links(forward_batch: Any, in_capture: bool = False) -> Any:
@@ -87,7 +104,12 @@ def replay_tree_links(attn_backend: Any, linear_backend: Any) -> None:
             getattr(spec_info, "retrieve_next_token", None),
             getattr(spec_info, "retrieve_next_sibling", None),
         )
+        if in_capture:
+            state.captures += 1
+        else:
+            state.replays += 1
         return result
 
-    with_tree_links._ddtree_tree_links = True  # type: ignore[attr-defined]
+    with_tree_links._ddtree_tree_links = state  # type: ignore[attr-defined]
     attn_backend.init_forward_metadata_out_graph = with_tree_links
+    return state

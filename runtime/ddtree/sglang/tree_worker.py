@@ -356,7 +356,7 @@ def tree_worker_class() -> type:
         graph_backend_refusal,
         mask_unmasked_verifies,
     )
-    from ddtree.sglang.hybrid_graphs import replay_tree_links
+    from ddtree.sglang.hybrid_graphs import replay_tree_links, tree_links
 
     class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
         def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
@@ -456,15 +456,17 @@ def tree_worker_class() -> type:
                     raise ValueError(f"DDTREE: {exc} ({why})") from None
                 if hybrid is HybridMode.EXACT and graphs:
                     target_backend = self.target_worker.model_runner.attn_backend
-                    if not getattr(target_backend.init_forward_metadata_out_graph, "_ddtree_tree_links", False):
+                    links = tree_links(target_backend)
+                    if links is None or links.captures == 0:
                         raise ValueError(
                             "DDTREE: SGLang captured the hybrid target's verify CUDA graphs without the tree links; "
                             "pass --disable-cuda-graph"
                         )
                     if self._ddtree_rank == 0:
                         logger.info(
-                            "DDTREE: the hybrid target's verify CUDA graphs run SGLang's GDN tree kernels; their "
-                            "links are filled before every replay (chain links for DFLASH's own verifies)"
+                            "DDTREE: the hybrid target's verify CUDA graphs (%d capture steps) run SGLang's GDN tree "
+                            "kernels; their links are filled before every replay (chains for DFLASH's own verifies)",
+                            links.captures,
                         )
                 if hybrid is HybridMode.UNSAFE:
                     logger.warning("DDTREE HYBRID UNSAFE: tree verify in flat order (%s); outputs may differ", why)
