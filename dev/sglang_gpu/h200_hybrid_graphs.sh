@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=${OUT:-/tmp}
 W=/tmp/h27
-mkdir -p "$W"
+rm -rf "$W" && mkdir -p "$W"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$R/summary.log"
 # install once through run.sh (its --prepare-only run checks the cache), then run harnesses side by side with
@@ -34,8 +34,8 @@ harness() {  # harness <name> <port> <env...> -- <harness flags...>
     shift
     mkdir -p "$W/$name"
     local start=$SECONDS
-    env "${envs[@]}" timeout 280 python3 dev/sglang_gpu/harness.py --models hybrid --extra-prompts 40 \
-        --port-base "$port" --parallel 3 --timeout 250 --json "$W/$name/sglang_gpu.json" --log-dir "$W/$name/logs" \
+    env "${envs[@]}" timeout 230 python3 dev/sglang_gpu/harness.py --models hybrid --extra-prompts 40 \
+        --port-base "$port" --parallel 3 --timeout 200 --json "$W/$name/sglang_gpu.json" --log-dir "$W/$name/logs" \
         "$@" > "$W/$name/run.log" 2>&1
     echo "== $name: rc=$? in $((SECONDS - start))s" >> "$W/done.log"
 }
@@ -43,7 +43,7 @@ harness() {  # harness <name> <port> <env...> -- <harness flags...>
 mixed() {  # mixed <name> <port> <graphs 0|1>
     local start=$SECONDS
     MIXED_MODEL=hybrid MIXED_EXTRA_PROMPTS=40 MIXED_GRAPHS=$3 MIXED_PORT=$2 MIXED_NAME=$1 OUT=$W \
-        timeout 280 python3 dev/sglang_gpu/mixed_batch.py > "$W/$1.log" 2>&1
+        timeout 230 python3 dev/sglang_gpu/mixed_batch.py > "$W/$1.log" 2>&1
     echo "== $1: rc=$? in $((SECONDS - start))s" >> "$W/done.log"
 }
 
