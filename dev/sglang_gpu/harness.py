@@ -416,6 +416,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cuda-graph", action="store_true", help="enable CUDA graphs (off by default)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per Engine (GPUs 0 .. tp - 1)")
     p.add_argument("--parallel", type=int, default=4, help="Engine launches at once on the GPU")
+    p.add_argument("--port-base", type=int, default=31000, help="first Engine port (harness runs side by side)")
     p.add_argument("--mem-fraction", type=float, default=0.08, help="mem_fraction_static per Engine")
     p.add_argument("--timeout", type=int, default=420, help="seconds per Engine launch")
     p.add_argument("--tie-margin-fp32", type=float, default=0.05, help="top-2 logit gap below which fp32 may flip")
@@ -485,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             # a fixed Mamba state pool: auto-sizing from free memory would race the other Engines starting at once
             extra = {**hybrid_override(pairs[model] / "target"), "max_mamba_cache_size": 256}
         for si, mode in enumerate(args.modes):
-            port = 31000 + 200 * (mi * len(MODES) + si)
+            port = args.port_base + 200 * (mi * len(MODES) + si)
             base = engine_kwargs(pairs[model], dtype, args, max(len(b) for b in batches), port)
             mode_engine, env = mode_spec(mode, pairs[model], args)
             specs.append(RunSpec(model, mode, {**base, **extra, **mode_engine}, env, batches, names, args.new_tokens))

@@ -5,10 +5,13 @@ get the causal mask, or it reads the previous tree's. The greedy requests of the
 baseline token for token.
 
     OUT=/tmp bash dev/sglang_gpu/run.sh mixed      # on the GPU host; logs and results under $OUT/mixed
+    MIXED_MODEL=hybrid OUT=/tmp bash dev/sglang_gpu/run.sh mixed   # the hybrid pair (bf16): GDN tree links too
 
-Batches (dense tiny pair, fp32, triton, graphs on, 48 tokens): the 6 harness prompts greedy (tree rounds), then
-the same 6 with request 0 sampled (temperature 0.8): every round of that batch is DFLASH's. Exit 1 on any
-greedy difference or failed run.
+Batches (the dense tiny pair in fp32 or the hybrid one in bf16, triton, graphs on, 48 tokens): the 6 harness
+prompts greedy (tree rounds), then the same 6 with request 0 sampled (temperature 0.8): every round of that
+batch is DFLASH's, whose chain verify on a hybrid target replays graphs captured on the GDN tree path (it must
+get chain links, not the previous tree's; ddtree.sglang.hybrid_graphs). `MIXED_GRAPHS=0` runs it eagerly.
+Exit 1 on any greedy difference or failed run.
 """
 
 from __future__ import annotations
@@ -49,16 +52,22 @@ def run(name: str, engine: dict[str, Any], env: dict[str, str], batches: list[li
 
 
 def main() -> int:
-    args = h.parse_args(["--models", "dense", "--cuda-graph", "--extra-prompts", "20"])
+    model = os.environ.get("MIXED_MODEL", "dense")
+    extra = int(os.environ.get("MIXED_EXTRA_PROMPTS", "20"))  # the prepared reference set (only 6 are used)
+    graphs = ["--cuda-graph"] if os.environ.get("MIXED_GRAPHS", "1") == "1" else []
+    args = h.parse_args(["--models", model, *graphs, "--extra-prompts", str(extra)])
     out = Path(os.environ.get("OUT", "/tmp")) / os.environ.get("MIXED_NAME", "mixed")
-    pair = h.ensure_pair(args.cache, "dense", 1)
-    refs = h.cached_reference(args.cache, "dense", pair, h.prompt_texts(20), 48)[: len(h.PROMPTS)]
+    pair = h.ensure_pair(args.cache, model, 1)
+    refs = h.cached_reference(args.cache, model, pair, h.prompt_texts(extra), 48)[: len(h.PROMPTS)]
     ids = [r.prompt_ids for r in refs]
     batches = [ids, ids]
-    base = h.engine_kwargs(pair, "float32", args, len(ids), 33000)
+    base = h.engine_kwargs(pair, h.MODELS[model][1], args, len(ids), int(os.environ.get("MIXED_PORT", "33000")))
+    if model == "hybrid":
+        base |= {**h.hybrid_override(pair / "target"), "max_mamba_cache_size": 256}
     tree_engine, tree_env = h.mode_spec("tree", pair, args)
     baseline, _ = run("baseline", base, {}, batches, out)
-    tree, log = run("tree", {**base, **tree_engine, "port": 33400, "nccl_port": 33401}, tree_env, batches, out)
+    port = base["port"] + 400
+    tree, log = run("tree", {**base, **tree_engine, "port": port, "nccl_port": port + 1}, tree_env, batches, out)
     if baseline is None or tree is None:
         return 1
     bad = 0
@@ -70,7 +79,7 @@ def main() -> int:
             ok = a == t
             bad += not ok
             print(f"  batch {b} ({label}) request {i}: {'equal' if ok else 'DIFFERENT'}")
-    for needle in ("graphs read the tree mask", "take DFLASH's chain verify", "cuda graph: True"):
+    for needle in ("graphs read the tree mask", "GDN tree kernels", "take DFLASH's chain verify", "cuda graph: True"):
         print(f"  tree log lines with {needle!r}: {log.count(needle)}")
     print(f"{bad} greedy difference(s)")
     return 1 if bad else 0

@@ -458,11 +458,9 @@ def _service(
                 "them in a 2 * block window without CUDA graphs (opsctl adds --disable-cuda-graph); compare with a "
                 f"budget <= {block - 1} using `opsctl bench --sweep`"
             )
-    if service.sglang_hybrid_tree:
+    if service.sglang_hybrid_tree and knobs.allow_hybrid_unsafe:
         warnings.append(
-            f"{path}: tree mode on hybrid target {model.name} with sglang runs its verify without CUDA graphs "
-            "(opsctl adds --disable-cuda-graph); compare it with mode shadow using `opsctl bench`"
-            + ("; ddtree.allow_hybrid_unsafe has no effect (the verify is exact)" if knobs.allow_hybrid_unsafe else "")
+            f"{path}.ddtree.allow_hybrid_unsafe has no effect: sglang's tree verify on a hybrid target is exact"
         )
     if knobs.selfcheck_every and not (service.engine is Engine.SGLANG and service.mode is Mode.TREE):
         warnings.append(

@@ -161,8 +161,8 @@ class Service:
 
     @property
     def sglang_hybrid_tree(self) -> bool:
-        """SGLang tree verify on a hybrid target: exact through SGLang's GDN tree kernels, which the verify
-        runs eagerly (its CUDA graphs hold chain metadata)."""
+        """SGLang tree verify on a hybrid target: exact through SGLang's GDN tree kernels, replayed from the
+        target's verify CUDA graphs like DFLASH's (ddtree.sglang.hybrid_graphs; docs/sglang.md)."""
         return self.engine is Engine.SGLANG and self.mode is Mode.TREE and self.model.hybrid
 
     @property
@@ -173,13 +173,12 @@ class Service:
 
     @property
     def sglang_eager_verify(self) -> bool:
-        """The unit passes --disable-cuda-graph where SGLang's verify CUDA graphs cannot take a tree: hybrid and
-        wide trees (the plugin refuses both with graphs), and a backend other than triton, the one whose graphs
-        the plugin captures reading the tree mask (ddtree.sglang.graph_masks; docs/sglang.md, "CUDA graphs")."""
-        return (
-            self.sglang_hybrid_tree
-            or self.sglang_wide_tree
-            or (self.engine is Engine.SGLANG and self.mode is Mode.TREE and self.attention_backend != "triton")
+        """The unit passes --disable-cuda-graph where SGLang's verify CUDA graphs cannot take a tree: wide trees
+        (the plugin refuses them with graphs), and a backend other than triton, the one whose graphs the plugin
+        captures reading the tree mask (ddtree.sglang.graph_masks; docs/sglang.md, "CUDA graphs"). Hybrid trees
+        keep their graphs: measured exact on the H200 (docs/sglang.md, "Hybrid targets under CUDA graphs")."""
+        return self.sglang_wide_tree or (
+            self.engine is Engine.SGLANG and self.mode is Mode.TREE and self.attention_backend != "triton"
         )
 
 

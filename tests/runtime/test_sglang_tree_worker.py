@@ -104,12 +104,11 @@ class Pool:
 
 
 def test_hybrid_tree_refusal_names_what_blocks_the_exact_path() -> None:
-    assert hybrid_tree_refusal(GDNAttnBackend(), Pool(replayssm_spec_fold=False), cuda_graphs=False) == ""
-    assert hybrid_tree_refusal(GDNAttnBackend(), None, cuda_graphs=False) == ""
-    assert "--disable-cuda-graph" in hybrid_tree_refusal(GDNAttnBackend(), None, cuda_graphs=True)
-    assert "ReplaySSM" in hybrid_tree_refusal(GDNAttnBackend(), Pool(replayssm_spec_fold=True), cuda_graphs=False)
-    assert "ReplaySSM" in hybrid_tree_refusal(GDNAttnBackend(), Pool(replayssm_cache_base=3), cuda_graphs=False)
-    assert "KDAAttnBackend" in hybrid_tree_refusal(type("KDAAttnBackend", (), {"topk": 0})(), None, cuda_graphs=False)
+    assert hybrid_tree_refusal(GDNAttnBackend(), Pool(replayssm_spec_fold=False)) == ""
+    assert hybrid_tree_refusal(GDNAttnBackend(), None) == ""  # CUDA graphs or not (ddtree.sglang.hybrid_graphs)
+    assert "ReplaySSM" in hybrid_tree_refusal(GDNAttnBackend(), Pool(replayssm_spec_fold=True))
+    assert "ReplaySSM" in hybrid_tree_refusal(GDNAttnBackend(), Pool(replayssm_cache_base=3))
+    assert "KDAAttnBackend" in hybrid_tree_refusal(type("KDAAttnBackend", (), {"topk": 0})(), None)
 
 
 def test_verify_slots_widen_to_dflash_reservation_then_refuse() -> None:

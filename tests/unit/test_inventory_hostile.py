@@ -346,12 +346,10 @@ def test_ssl_keyfile_is_not_a_secret_flag(tmp_path: Path) -> None:
 
 
 def test_mode_override_goes_through_the_same_rules_and_warnings(tmp_path: Path) -> None:
-    hybrid = copy.deepcopy(SERVICE)
-    hybrid["model"]["hybrid"] = True
-    text = doc(**{k: v for k, v in hybrid.items()}, ddtree={"budget": 15})
+    text = doc(**{k: v for k, v in copy.deepcopy(SERVICE).items()}, ddtree={"budget": 24})
     inv = _load(tmp_path, text, [Override("mode", "tree", "--mode tree")])
     assert inv.hosts[0].services[0].mode.value == "tree"
-    assert any("runs its verify without CUDA graphs" in w for w in inv.warnings)
+    assert any("2 * block window without CUDA graphs" in w for w in inv.warnings)
     assert not _load(tmp_path, text).warnings  # the same file in its own mode warns of nothing
 
 

@@ -189,6 +189,36 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "self",
         "mamba_indices",
     ),  # private
+    # the hybrid tree verify under CUDA graphs (ddtree.sglang.hybrid_graphs): the worker's hook before the target's
+    # capture, the replay step it wraps, the GDN backend's static links (allocated whatever the top-k) and the
+    # replay copy into them (`topk`, `forward_metadata.retrieve_*`: read and raised by name)
+    "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2.init_attention_backends": ("self",),
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend:HybridLinearAttnBackend.init_forward_metadata_out_graph": (
+        "self",
+        "forward_batch",
+        "in_capture",
+    ),
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend:MambaAttnBackendBase.init_forward_metadata_out_graph": (
+        "self",
+        "forward_batch",
+        "in_capture",
+    ),
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend:MambaAttnBackendBase.init_cuda_graph_state": (
+        "self",
+        "max_bs",
+        "max_num_tokens",
+    ),
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend:MambaAttnBackendBase._replay_metadata": (  # private
+        "self",
+        "bs",
+        "req_pool_indices",
+        "forward_mode",
+        "spec_info",
+        "seq_lens_cpu",
+        "num_padding",
+        "in_capture",
+        "mamba_track_indices",
+    ),
 }
 
 # Dataclass / msgspec fields read or passed by name.
@@ -250,6 +280,11 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "org_vocab_end_index",
         "added_vocab_start_index",
         "added_vocab_end_index",
+    ),
+    "sglang.srt.layers.attention.mamba.mamba2_metadata:ForwardMetadata": (
+        "retrieve_next_token",
+        "retrieve_next_sibling",
+        "retrieve_parent_token",
     ),
     "sglang.srt.speculative.dflash_info:DFlashVerifyInput": (
         "draft_token",

@@ -254,19 +254,17 @@ def dense_conv_windows(state: Any) -> Any | None:
     return dataclasses.replace(state, intermediate_conv_window=dense)
 
 
-def hybrid_tree_refusal(linear_backend: Any, mamba_pool: Any, cuda_graphs: bool) -> str:
+def hybrid_tree_refusal(linear_backend: Any, mamba_pool: Any) -> str:
     """Why SGLang's linear-attention backend cannot run the exact tree verify; "" when it can.
 
     The exact path is the GDN backend's recurrent target-verify branch fed the tree's links: it needs the
-    per-step snapshots (`intermediate_ssm`, which --enable-linear-replayssm-spec does not allocate), and eager
-    verify forwards (CUDA graphs are captured with chain metadata while DFLASH's top-k is 0)."""
+    per-step snapshots (`intermediate_ssm`, which --enable-linear-replayssm-spec does not allocate). Under CUDA
+    graphs the links are the backend's static buffers, filled before each replay (`ddtree.sglang.hybrid_graphs`)."""
     if type(linear_backend).__name__ != "GDNAttnBackend" or not hasattr(linear_backend, "topk"):
         return f"its linear-attention backend is {type(linear_backend).__name__}, not SGLang's GDN backend"
     for flag in ("replayssm_spec_fold", "replayssm_cache_base", "replayssm_is_kda"):
         if getattr(mamba_pool, flag, None) not in (None, False):
             return "ReplaySSM speculative verify (--enable-linear-replayssm-spec) keeps no per-node states"
-    if cuda_graphs:
-        return "its verify CUDA graphs hold chain metadata (pass --disable-cuda-graph)"
     return ""
 
 
@@ -358,6 +356,7 @@ def tree_worker_class() -> type:
         graph_backend_refusal,
         mask_unmasked_verifies,
     )
+    from ddtree.sglang.hybrid_graphs import replay_tree_links, tree_links
 
     class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
         def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
@@ -395,10 +394,30 @@ def tree_worker_class() -> type:
                 self._ddtree_slots, config.budget, config.topk, max_batch=config.round_graphs_max_bs
             )
             # SGLang captures the target's verify graphs after this constructor: have them read the tree mask
-            # (graph_masks; a policy only, inert without graphs; hybrid targets refuse graphs in init_cuda_graphs)
+            # (graph_masks; a policy only, inert without graphs)
             self._ddtree_backend = server_args.decode_attention_backend or server_args.attention_backend
-            if not self._ddtree_hybrid and not graph_backend_refusal(self._ddtree_backend):
+            self._ddtree_graphs_requested = not server_args.disable_cuda_graph
+            self._ddtree_hybrid_why: str | None = None  # why the exact hybrid tree path is out; "" when it is not
+            if not graph_backend_refusal(self._ddtree_backend):
                 capture_with_tree_masks(dflash_utils, self._ddtree_backend)
+
+        def init_attention_backends(self) -> None:
+            """After the target's memory pools and attention backend exist, before SGLang captures the target's
+            CUDA graphs: on a hybrid target with the exact tree path, the dense per-step conv windows, and (with
+            graphs) the GDN backend's verify metadata captured on the tree path, its static links filled before
+            every replay (ddtree.sglang.hybrid_graphs). A graph keeps the buffers it was captured with."""
+            super().init_attention_backends()
+            if not self._ddtree_hybrid:
+                return
+            target_runner = self.target_worker.model_runner
+            self._ddtree_linear = getattr(target_runner.attn_backend, "linear_attn_backend", None)
+            mamba_pool = getattr(target_runner.req_to_token_pool, "mamba_pool", None)
+            self._ddtree_hybrid_why = hybrid_tree_refusal(self._ddtree_linear, mamba_pool)
+            if self._ddtree_hybrid_why:
+                return
+            self._ddtree_dense_conv_windows(mamba_pool)
+            if self._ddtree_graphs_requested:
+                replay_tree_links(target_runner.attn_backend, self._ddtree_linear)
 
         def init_cuda_graphs(self) -> None:
             """After the target's attention backend and CUDA graphs exist (SGLang initializes the target's before
@@ -414,7 +433,7 @@ def tree_worker_class() -> type:
                     f"request, more than the {int(self.block_size)} SGLang's verify CUDA graphs are captured for; "
                     "pass --disable-cuda-graph, or DDTREE_BUDGET <= block size - 1"
                 )
-            if graphs and not self._ddtree_hybrid:
+            if graphs:
                 target_backend = self.target_worker.model_runner.attn_backend
                 if not captured_with_tree_masks(dflash_utils, target_backend):
                     why = graph_backend_refusal(self._ddtree_backend) or "pass --disable-cuda-graph"
@@ -428,19 +447,27 @@ def tree_worker_class() -> type:
                                 "the causal one")  # fmt: skip
             hybrid = HybridMode.NONE
             if self._ddtree_hybrid:
-                target_runner = self.target_worker.model_runner
-                self._ddtree_linear = getattr(target_runner.attn_backend, "linear_attn_backend", None)
-                why = hybrid_tree_refusal(
-                    self._ddtree_linear,
-                    getattr(target_runner.req_to_token_pool, "mamba_pool", None),
-                    cuda_graphs=graphs,
-                )
+                why = self._ddtree_hybrid_why
+                if why is None:
+                    raise ValueError("DDTREE: CUDA graphs before attention backends (SGLang's start-up order changed)")
                 try:
                     hybrid = hybrid_mode(self._ddtree_config, is_hybrid=True, exact_tree_path=not why)
                 except GateError as exc:
                     raise ValueError(f"DDTREE: {exc} ({why})") from None
-                if hybrid is HybridMode.EXACT:
-                    self._ddtree_dense_conv_windows(target_runner.req_to_token_pool.mamba_pool)
+                if hybrid is HybridMode.EXACT and graphs:
+                    target_backend = self.target_worker.model_runner.attn_backend
+                    links = tree_links(target_backend)
+                    if links is None or links.captures == 0:
+                        raise ValueError(
+                            "DDTREE: SGLang captured the hybrid target's verify CUDA graphs without the tree links; "
+                            "pass --disable-cuda-graph"
+                        )
+                    if self._ddtree_rank == 0:
+                        logger.info(
+                            "DDTREE: the hybrid target's verify CUDA graphs (%d capture steps) run SGLang's GDN tree "
+                            "kernels; their links are filled before every replay (chains for DFLASH's own verifies)",
+                            links.captures,
+                        )
                 if hybrid is HybridMode.UNSAFE:
                     logger.warning("DDTREE HYBRID UNSAFE: tree verify in flat order (%s); outputs may differ", why)
             self._ddtree_exact_hybrid = hybrid is HybridMode.EXACT
