@@ -40,7 +40,7 @@ class PairSettings:
     full_attention_interval: int  # hybrid: 3 Gated DeltaNet layers per attention layer, as Qwen3.5
     prompt_chars: int = 256
     completion_chars: int = 512
-    distill_prompts: int = 1024
+    distill_prompts: int = 768
     distill_new_tokens: int = 128
     eval_passages: int = 256  # held-out perplexity
     eval_prompts: int = 8  # held-out tau and greedy samples
@@ -54,8 +54,8 @@ SCALES: dict[str, PairSettings] = {
     # ~1-2 min per pair on an H200 (both pairs at once), bf16 autocast
     "gpu": PairSettings(
         target_shape=_GPU_SHAPE,
-        target_train=TrainSettings(steps=1200, batch_size=32, seq_len=512, lr=2e-3, warmup=50),
-        drafter=DrafterSettings(num_layers=2, block_size=16, steps=1200, batch_size=32, anchors_per_seq=8, lr=1e-3),
+        target_train=TrainSettings(steps=800, batch_size=32, seq_len=512, lr=2e-3, warmup=50),
+        drafter=DrafterSettings(num_layers=2, block_size=16, steps=800, batch_size=32, anchors_per_seq=8, lr=1e-3),
         target_layer_ids=(1, 3, 4),
         full_attention_interval=3,
     ),
