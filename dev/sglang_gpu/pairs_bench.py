@@ -86,7 +86,7 @@ def inventory_yaml(pairs: dict[str, dict[str, Any]], budgets: list[int], args: a
                 lines.append(f"        draft_model: {{source: {d}/draft, source_on: host, path: {d}/draft}}")
             if budget is not None:
                 lines.append(f"        ddtree: {{budget: {budget}, topk: {args.topk}}}")
-            lines.append(f"        extra_args: {json.dumps(host_args(mode, args))}")
+            lines.append(f"        extra_args: {json.dumps(host_args(mode, pair == 'hybrid', args))}")
             if args.radix_core:
                 lines.append(f"        extra_env: {{SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND: {args.radix_core}}}")
             port, gpu = port + 1, gpu + 1
@@ -98,18 +98,20 @@ def inventory_yaml(pairs: dict[str, dict[str, Any]], budgets: list[int], args: a
             f"        port: {port}",
             "        mode: baseline",
             f"        model: {{source: {d}/target, source_on: host, path: {d}/target, hybrid: false}}",
-            f"        extra_args: {json.dumps(host_args('baseline', args))}",
+            f"        extra_args: {json.dumps(host_args('baseline', False, args))}",
         ]
     return "\n".join(lines) + "\n"
 
 
-def host_args(mode: str, args: argparse.Namespace) -> list[str]:
+def host_args(mode: str, hybrid: bool, args: argparse.Namespace) -> list[str]:
     """What this host adds to the rendered flags: SGLang's flashinfer samplers and FA3 are absent (the torch
     stand-in), several servers share the one GPU; baseline and linear get the backend, page size and schedule
     opsctl renders for tree, so every arm agrees on them (opsctl bench's bias keys)."""
     extra = ["--sampling-backend", "pytorch", "--mem-fraction-static", str(args.mem_fraction)]
-    extra += ["--max-running-requests", str(max(args.concurrency)), "--cuda-graph-max-bs-decode", "32"]
-    extra += ["--skip-server-warmup"]
+    extra += ["--max-total-tokens", str(args.max_total_tokens), "--max-running-requests", str(max(args.concurrency))]
+    extra += ["--cuda-graph-max-bs-decode", "32", "--skip-server-warmup"]
+    if hybrid:  # the Mamba state pool is otherwise sized from the (large) memory left over
+        extra += ["--max-mamba-cache-size", str(2 * max(args.concurrency) + 8)]
     if mode in ("baseline", "linear"):
         extra += ["--attention-backend", "triton", "--page-size", "1", "--disable-overlap-schedule"]
     return extra
@@ -163,18 +165,13 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def start_staggered(servers: list[Server], timeout_each: float = 90) -> None:
-    """Start each server once the one before has sized its KV pool: SGLang sizes it as the free memory minus
-    (1 - mem_fraction_static) of the free memory it saw at start, so servers that start together all count
-    on the same free memory and the later ones find none left ("Not enough memory")."""
+def start_all(servers: list[Server]) -> None:
+    """Every server at once. SGLang sizes its KV pool as the free memory now minus (1 - mem_fraction_static) of
+    the free memory it saw at start, so servers that start together all count on the same free memory: with a
+    small fraction the later ones find none left ("Not enough memory", docs/sglang.md). A large fraction with
+    an explicit pool size (`host_args`) leaves every server room and keeps what each takes small."""
     for s in servers:
         s.start()
-        deadline = time.monotonic() + timeout_each
-        while time.monotonic() < deadline and s.proc is not None and s.proc.poll() is None:
-            if "max_total_num_tokens=" in s.log_path.read_text(errors="replace"):
-                break
-            time.sleep(0.5)
-        print(f"{s.name}: started ({time.monotonic() - deadline + timeout_each:.0f}s to its KV pool)", flush=True)
 
 
 def wait_healthy(servers: list[Server], base: dict[str, str], timeout: float) -> dict[str, str]:
@@ -290,7 +287,8 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=8, help="held-out prompts per level (requests: max(this, 2c))")
     p.add_argument("--check-prompts", type=int, default=32, help="held-out prompts of the greedy check")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--mem-fraction", type=float, default=0.1)
+    p.add_argument("--mem-fraction", type=float, default=0.85)
+    p.add_argument("--max-total-tokens", type=int, default=131072, help="KV pool tokens per server")
     p.add_argument("--radix-core", default="python", help="SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND ('' = SGLang's)")
     p.add_argument("--rust-probe", type=int, default=1, help="also start a dense baseline on SGLang's Rust core")
     p.add_argument("--tie-margin", type=float, default=0.5)
@@ -309,6 +307,10 @@ def main() -> int:
         raise SystemExit(f"signal {signum}")  # run the finally below: stop the servers, write what was measured
 
     signal.signal(signal.SIGTERM, on_term)
+
+    standin_needs = REPO / "tests" / "runtime" / "sglang_cpu.py"  # the stand-in's sitecustomize loads it
+    if os.environ.get("SGLANG_GPU_STANDIN", "1") == "1" and not standin_needs.is_file():
+        raise SystemExit(f"{standin_needs} is missing: carry it (without it no stand-in patch applies, docs)")
 
     from opsctl.bench.load import bench_levels, level_json
     from opsctl.bench.prompts import BenchPrompt
@@ -334,7 +336,7 @@ def main() -> int:
         result["rendered"][svc.name] = {"exec_start": srv.argv, "flags": list(rendered.flags), "env": srv.rendered_env}
     try:
         t1 = time.monotonic()
-        start_staggered(servers)
+        start_all(servers)
         health = wait_healthy(servers, base, args.start_timeout)
         health = probe(servers, base, health)
         result["health_first"] = dict(health)
@@ -353,7 +355,7 @@ def main() -> int:
             for s in retry:
                 s.stop()
                 s.argv.append("--disable-radix-cache")
-            start_staggered(retry)
+            start_all(retry)
             health |= probe(retry, base, wait_healthy(retry, base, args.start_timeout))
             result["radix_off"] = [s.name for s in retry]
         result["health"], result["start_s"] = health, round(time.monotonic() - t1, 1)
@@ -375,9 +377,12 @@ def main() -> int:
                 if s.name.startswith(f"{pair}-") and s.mode.speculative and health[s.name] == "ok"
             }
             if health.get(f"{pair}-base") == "ok" and spec:
-                result["greedy"][pair] = greedy_check(
-                    base[f"{pair}-base"], spec, chat, args.max_tokens, args.tie_margin
-                )
+                try:
+                    result["greedy"][pair] = greedy_check(
+                        base[f"{pair}-base"], spec, chat, args.max_tokens, args.tie_margin
+                    )
+                except Exception as exc:  # a failed request is a finding: written, the benchmark goes on
+                    result["greedy"][pair] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         result["levels"] = {}
         for svc in services:
             if health[svc.name] != "ok":
@@ -389,16 +394,21 @@ def main() -> int:
                 if time.monotonic() - t0 > args.deadline:
                     result["skipped"].append(f"{svc.name}@t{temp:g}")
                     continue
-                levels = bench_levels(
-                    host,
-                    svc,
-                    bench_prompts,
-                    args.concurrency,
-                    1,
-                    args.max_tokens,
-                    temp,
-                    progress=lambda m: print(m, flush=True),
-                )
+                try:
+                    levels = bench_levels(
+                        host,
+                        svc,
+                        bench_prompts,
+                        args.concurrency,
+                        1,
+                        args.max_tokens,
+                        temp,
+                        progress=lambda m: print(m, flush=True),
+                    )
+                except Exception as exc:  # one line per failed service, the others still measured
+                    result.setdefault("errors", {})[f"{svc.name}@t{temp:g}"] = f"{type(exc).__name__}: {exc}"[:400]
+                    print(f"{svc.name}@t{temp:g}: {type(exc).__name__}: {exc}"[:400], flush=True)
+                    continue
                 result["levels"][f"{svc.name}@t{temp:g}"] = {
                     "service": svc.name,
                     "pair": pair,
@@ -417,7 +427,7 @@ def main() -> int:
         with tarfile.open(out_dir / "pairs_logs.tar.gz", "w:gz") as tar:
             tar.add(log_dir, arcname="pairs_logs")
     failed = [k for k, v in result.get("health", {}).items() if v != "ok"]
-    diffs = [k for g in result.get("greedy", {}).values() for k, v in g.items() if v["diffs"]]
+    diffs = [k for g in result.get("greedy", {}).values() for k, v in g.items() if isinstance(v, dict) and v["diffs"]]
     print(f"done in {result['total_s']}s; failed services: {failed or 'none'}; greedy diffs: {diffs or 'none'}")
     return 1 if failed or diffs else 0
 
