@@ -18,13 +18,13 @@ import yaml
 from opsctl.errors import SmokeError
 
 
-def chat_body(model: str, prompt: str, max_tokens: int, stream: bool = False) -> dict[str, Any]:
-    """One user turn, greedy, thinking off (Qwen3.x answers in a thinking block by default); streamed with
-    usage in the last event when `stream`."""
+def chat_body(model: str, prompt: str, max_tokens: int, stream: bool = False, temperature: float = 0) -> dict[str, Any]:
+    """One user turn, greedy unless `temperature`, thinking off (Qwen3.x answers in a thinking block by
+    default); streamed with usage in the last event when `stream`."""
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
-        "temperature": 0,
+        "temperature": temperature,
         "max_tokens": max_tokens,
         "chat_template_kwargs": {"enable_thinking": False},
     }

@@ -64,6 +64,10 @@ if [ "${1:-}" = cost ]; then  # issue 18's cost at real shapes: cost_bench.py (r
     shift
     exec "$PY" dev/sglang_gpu/cost_bench.py --json "$RESULTS/cost.json" --log-dir "${LOG_DIR:-/tmp/cost_logs}" "$@"
 fi
+if [ "${1:-}" = pairs ]; then  # issue 28: the small pairs on real text, every mode against concurrency (pairs_bench.py)
+    shift
+    exec "$PY" dev/sglang_gpu/pairs_bench.py "$@"
+fi
 if [ "${1:-}" = mixed ]; then  # greedy requests batched with a sampling one on a tree server with graphs
     shift
     exec "$PY" dev/sglang_gpu/mixed_batch.py "$@"

@@ -52,10 +52,33 @@ def parse_stream(lines: list[tuple[float, str]]) -> tuple[float | None, int | No
     return first, tokens, finish
 
 
+def verify_rounds(lines: list[tuple[float, str]]) -> int | None:
+    """SGLang's verify rounds for the request (`sglext.spec_tokens_details.spec_verify_ct`, sent when the body
+    asks for `return_spec_tokens_details`), None when the stream carries none."""
+    for _, line in lines:
+        if not line.startswith("data:") or "spec_verify_ct" not in line:
+            continue
+        try:
+            details = (json.loads(line[5:].strip()).get("sglext") or {}).get("spec_tokens_details")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(details, dict) and isinstance(details.get("spec_verify_ct"), int):
+            return int(details["spec_verify_ct"]) or None
+    return None
+
+
 def stream_chat(
     client: httpx.Client, url: str, body: dict[str, object], headers: dict[str, str], timeout: float
 ) -> tuple[float, float, int, str]:
     """POST a streaming chat completion; returns (wall_s, ttft_s, completion_tokens, finish_reason)."""
+    wall, ttft, tokens, finish, _ = stream_chat_rounds(client, url, body, headers, timeout)
+    return wall, ttft, tokens, finish
+
+
+def stream_chat_rounds(
+    client: httpx.Client, url: str, body: dict[str, object], headers: dict[str, str], timeout: float
+) -> tuple[float, float, int, str, int | None]:
+    """`stream_chat` plus the server's verify rounds for the request (`verify_rounds`)."""
     start = time.perf_counter()
     lines: list[tuple[float, str]] = []
     try:
@@ -71,4 +94,4 @@ def stream_chat(
     first, tokens, finish = parse_stream(lines)
     if tokens is None:
         raise OpsctlError(f"{url}: the stream carried no usage", "the server must honour stream_options.include_usage")
-    return wall, first if first is not None else wall, tokens, finish or "unknown"
+    return wall, first if first is not None else wall, tokens, finish or "unknown", verify_rounds(lines)

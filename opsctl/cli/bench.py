@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,8 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from opsctl.bench.chart import write_chart
+from opsctl.bench.load import bench_levels, level_json, parse_levels
 from opsctl.bench.measure import Sample
-from opsctl.bench.prompts import load_prompts
+from opsctl.bench.prompts import BenchPrompt, load_prompts
 from opsctl.bench.report import TABLE_HEADER, Report, summarize, table_rows
 from opsctl.bench.run import BenchSettings, bench_router, bench_service
 from opsctl.bench.sweep import parse_sweep, run_sweep
@@ -27,6 +29,7 @@ from opsctl.cli.common import (
     split_selector,
 )
 from opsctl.errors import OpsctlError
+from opsctl.inventory.model import Host, Service
 from opsctl.inventory.select import select, select_routers
 
 
@@ -47,11 +50,19 @@ def register(app: typer.Typer) -> None:
         repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions per prompt.")] = 3,
         max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, max=8192)] = 128,
         chart: Annotated[Path | None, typer.Option("--chart", help="Write a PNG chart of tok/s and tau.")] = None,
+        concurrency: Annotated[
+            str | None,
+            typer.Option("--concurrency", help="Requests in flight per level, e.g. 1,4,8,16,32 (tok/s per level)."),
+        ] = None,
+        temperature: Annotated[
+            float, typer.Option("--temperature", min=0.0, max=2.0, help="With --concurrency; default greedy.")
+        ] = 0.0,
         router: RouterOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
         """Benchmark services: warm-up, N repeats of a prompt set at temperature 0, medians and min-max.
-        `--router NAME`: also (or, alone, only) through that router."""
+        `--router NAME`: also (or, alone, only) through that router. `--concurrency 1,4,8`: per service and
+        level, tok/s per request and in all, TTFT, inter-token latency and tau."""
         inv = load_inventory(inventory)
         wanted = split_selector(services)
         routers = select_routers(inv, split_selector(router)) if router is not None else []
@@ -65,6 +76,20 @@ def register(app: typer.Typer) -> None:
         settings = BenchSettings(repeat=repeat, max_tokens=max_tokens)
         prompt_set = load_prompts(prompts)
         progress = console.print if not as_json else (lambda _: None)
+        if concurrency is not None or temperature:
+            if concurrency is None or sweep or routers or chart is not None:
+                raise OpsctlError(
+                    "--temperature needs --concurrency, which works on services alone (no --sweep, --router, --chart)",
+                    "run the sweep or router benchmark separately",
+                )
+            levels = parse_levels(concurrency)
+            curves = [_curve(h, s, prompt_set, levels, repeat, max_tokens, temperature, progress) for h, s in picked]
+            settings_json = {"repeat": repeat, "max_tokens": max_tokens, "temperature": temperature}
+            if as_json:
+                emit_json({"settings": settings_json | {"concurrency": list(levels)}, "services": curves})
+            else:
+                _print_levels(curves)
+            return
         if sweep:
             if len(picked) != 1 or routers:
                 raise OpsctlError("--sweep works on exactly one service", "select it with --services NAME")
@@ -82,6 +107,46 @@ def register(app: typer.Typer) -> None:
             _print_table(report)
         for warning in report.warnings:
             console.print(f"[bold yellow]WARNING:[/] {warning}")
+
+
+def _curve(
+    host: Host,
+    service: Service,
+    prompts: Sequence[BenchPrompt],
+    levels: Sequence[int],
+    repeat: int,
+    max_tokens: int,
+    temperature: float,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    results = bench_levels(host, service, prompts, levels, repeat, max_tokens, temperature, progress=progress)
+    return {
+        "host": host.name,
+        "service": service.name,
+        "mode": service.mode.value,
+        "gpus": len(service.gpus),
+        "budget": service.ddtree.budget if service.mode.ddtree else None,
+        "levels": [level_json(r, len(service.gpus)) for r in results],
+    }
+
+
+def _print_levels(curves: list[dict[str, Any]]) -> None:
+    header = ("service", "mode", "conc.", "tok/s/req", "tok/s/GPU", "TTFT ms", "ITL ms", "tau")
+    table = Table(*header, title="opsctl bench --concurrency (medians over requests; tok/s/GPU: all tokens / wall)")
+    for curve in curves:
+        for lv in curve["levels"]:
+            tau = f"{lv['tau']:.2f}" if lv["tau"] is not None else "-"
+            table.add_row(
+                f"{curve['host']}/{curve['service']}",
+                curve["mode"],
+                str(lv["concurrency"]),
+                f"{lv['tok_s_per_request']:.1f}",
+                f"{lv['tok_s_per_gpu']:.1f}",
+                f"{lv['ttft_s'] * 1000:.1f}",
+                f"{lv['itl_s'] * 1000:.2f}",
+                tau,
+            )
+    Console(stderr=True, highlight=False, width=max(console.width, 140)).print(table)
 
 
 def _print_table(report: Report) -> None:

@@ -112,3 +112,53 @@ def test_one_prompt_file_serves_smoke_and_bench(tmp_path) -> None:
     typo.write_text("prompts: [{prompt: x, max_token: 8}]")
     with pytest.raises(OpsctlError, match="unknown keys"):
         load_prompts(typo)
+
+
+def test_concurrency_levels_are_validated_whole() -> None:
+    from opsctl.bench.load import parse_levels
+
+    assert parse_levels("1,4, 8,16,32") == (1, 4, 8, 16, 32)
+    for bad in ("", "0,4", "4,4", "1,x", "257"):
+        with pytest.raises(OpsctlError, match="--concurrency"):
+            parse_levels(bad)
+
+
+def test_verify_rounds_come_from_sglangs_spec_details() -> None:
+    from opsctl.bench.measure import verify_rounds
+
+    details = '{"spec_accept_length":3.2,"spec_verify_ct":20}'
+    lines = [
+        (0.1, 'data: {"choices":[{"delta":{"content":"x"}}]}'),
+        (0.2, 'data: {"choices":[],"sglext":{"spec_tokens_details":' + details + "}}"),
+        (0.3, "data: [DONE]"),
+    ]
+    assert verify_rounds(lines) == 20
+    assert verify_rounds(lines[:1]) is None
+
+
+def test_a_level_keeps_n_requests_in_flight_and_sums_them() -> None:
+    import threading
+
+    from opsctl.bench.load import run_level
+    from opsctl.bench.prompts import BenchPrompt
+
+    prompts = [BenchPrompt(f"p{i}", "user", f"prompt {i}") for i in range(3)]
+    lock, in_flight, peak, calls = threading.Lock(), [0], [0], [0]
+    gate = threading.Barrier(4, timeout=10)  # four requests must be in flight at once, or this times out
+
+    def send(prompt: BenchPrompt, rep: int) -> tuple[Sample, int | None]:
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+            calls[0] += 1
+            first_four = calls[0] <= 4
+        if first_four:
+            gate.wait()  # the first four requests meet here
+        with lock:
+            in_flight[0] -= 1
+        return Sample(prompt.id, rep, 11, 2.0, 0.5, "length"), 4
+
+    result = run_level(send, prompts, concurrency=4, requests=8)
+    assert peak[0] == 4 and len(result.samples) == 8
+    assert result.completion_tokens == 88 and result.verify_rounds == 32 and result.tau == pytest.approx(88 / 32)
+    assert result.itl_s == pytest.approx((2.0 - 0.5) / 10) and result.tok_s_request == pytest.approx(5.5)

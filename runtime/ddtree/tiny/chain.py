@@ -60,7 +60,8 @@ def greedy_chain(
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
     layer_ids = drafter.target_layer_ids
     ctx = drafter.new_context()
-    first = target(input_ids=torch.tensor([prompt]), output_hidden_states=True)
+    dev = target.device
+    first = target(input_ids=torch.tensor([prompt], device=dev), output_hidden_states=True)
     drafter.extend_context(ctx, extract_context_feature(first.hidden_states, layer_ids))  # positions 0..P-1
     bonus = int(first.logits[0, -1].argmax())
     committed = list(prompt)
@@ -71,10 +72,10 @@ def greedy_chain(
         if bonus in stop or len(out) >= max_new_tokens:
             break
         # draft the chain after the bonus (bonus at position len(committed))
-        logprobs = drafter.draft_logprobs_cached(ctx, torch.tensor([bonus]), embed, head)  # [1, D, V]
+        logprobs = drafter.draft_logprobs_cached(ctx, torch.tensor([bonus], device=dev), embed, head)  # [1, D, V]
         chain = logprobs[0].argmax(-1).tolist()  # [D]
         block = [bonus, *chain]
-        res = target(input_ids=torch.tensor([committed + block]), output_hidden_states=True)
+        res = target(input_ids=torch.tensor([committed + block], device=dev), output_hidden_states=True)
         pred = res.logits[0, len(committed) :].argmax(-1).tolist()  # target's token after each block slot
         n_acc = 0
         while n_acc < len(chain) and chain[n_acc] == pred[n_acc]:

@@ -78,6 +78,7 @@ def collect_greedy(
             eos_token_id=list(stop_token_ids),
             pad_token_id=pad_token_id,
         )
+        ids, mask = ids.to(target.device), mask.to(target.device)
         out = target.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)  # [b, width+n]
         for p, row in zip(part, out[:, width:].tolist(), strict=True):
             gen: list[int] = []
@@ -96,10 +97,10 @@ def collect_greedy(
     prompt_lengths = torch.tensor([len(p) for p in prompts])
     feats: list[Tensor] = []
     for i in range(0, len(seqs), chunk):
-        out = target(input_ids=tokens[i : i + chunk], output_hidden_states=True)  # right pad: causal, exact
-        feats.append(extract_context_feature(out.hidden_states, layer_ids))
+        out = target(input_ids=tokens[i : i + chunk].to(target.device), output_hidden_states=True)  # right pad
+        feats.append(extract_context_feature(out.hidden_states, layer_ids).cpu())  # the data stays on the CPU
         # keep only the prefix the full forward agrees with (left padding in generate may flip near-ties)
-        pred = out.logits.argmax(-1)  # [b, width]
+        pred = out.logits.argmax(-1).cpu()  # [b, width]
         for j in range(pred.shape[0]):
             r = i + j
             start, end = int(prompt_lengths[r]), int(lengths[r])
@@ -158,7 +159,8 @@ def train_drafter(
     head = target.get_output_embeddings()
     for p in target.parameters():
         p.requires_grad_(False)
-    weights = position_decay_weights(s, settings.gamma)  # [S-1]
+    device = next(drafter.parameters()).device  # batches are drawn on the CPU, then moved
+    weights = position_decay_weights(s, settings.gamma).to(device)  # [S-1]
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(drafter.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(
@@ -169,19 +171,19 @@ def train_drafter(
     for step in range(settings.steps):
         rows = usable[torch.randint(len(usable), (settings.batch_size,), generator=gen)]  # [B]
         width = int(data.lengths[rows].max())
-        toks = data.tokens[rows, :width]  # [B, T]
-        anchors = _sample_anchors(data, rows, settings.anchors_per_seq, gen)  # [B, m]
+        toks = data.tokens[rows, :width].to(device)  # [B, T]
+        anchors = _sample_anchors(data, rows, settings.anchors_per_seq, gen).to(device)  # [B, m]
         b, m = anchors.shape
-        offs = torch.arange(s)
+        offs = torch.arange(s, device=device)
         pos = (anchors.unsqueeze(-1) + offs).reshape(b, m * s)  # [B, m*S]
-        block_ids = torch.full((b, m, s), drafter.mask_token_id, dtype=torch.long)
+        block_ids = torch.full((b, m, s), drafter.mask_token_id, dtype=torch.long, device=device)
         block_ids[:, :, 0] = toks.gather(1, anchors)
         label_pos = anchors.unsqueeze(-1) + offs[1:]  # [B, m, S-1]
-        valid = label_pos < data.lengths[rows].view(b, 1, 1)
+        valid = label_pos < data.lengths[rows].to(device).view(b, 1, 1)
         labels = toks.gather(1, label_pos.clamp_max(width - 1).reshape(b, -1)).reshape(b, m, s - 1)
         labels = labels.masked_fill(~valid, -100)
 
-        kv = drafter.context_kv(data.features[rows, :width])
+        kv = drafter.context_kv(data.features[rows, :width].to(device))
         mask = block_attention_mask(width, anchors, s)  # [B, m*S, T+m*S]
         hidden = drafter(embed(block_ids.reshape(b, m * s)), pos, kv, mask)  # [B, m*S, H]
         logits = head(hidden.reshape(b, m, s, -1)[:, :, 1:])  # [B, m, S-1, V]

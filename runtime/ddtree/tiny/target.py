@@ -50,7 +50,9 @@ class TrainSettings:
     weight_decay: float = 0.01
 
 
-def make_target(arch: Arch, shape: TargetShape) -> PreTrainedModel:
+def make_target(arch: Arch, shape: TargetShape, full_attention_interval: int | None = None) -> PreTrainedModel:
+    """`full_attention_interval` (hybrid only): every Nth layer attention, the others Gated DeltaNet; default
+    one attention layer last."""
     common: dict[str, Any] = dict(
         vocab_size=shape.vocab_size,
         hidden_size=shape.hidden_size,
@@ -68,7 +70,8 @@ def make_target(arch: Arch, shape: TargetShape) -> PreTrainedModel:
     )
     if arch is Arch.QWEN3:
         return Qwen3ForCausalLM(Qwen3Config(**common))
-    layer_types = ["linear_attention"] * (shape.num_layers - 1) + ["full_attention"]
+    every = full_attention_interval or shape.num_layers
+    layer_types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(shape.num_layers)]
     config = Qwen3_5TextConfig(
         **common,
         layer_types=layer_types,
@@ -114,10 +117,11 @@ def train_target(
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    device = next(model.parameters()).device  # windows are drawn on the CPU (same draws on every device)
     model.train()
     losses: list[float] = []
     for step in range(settings.steps):
-        batch = _windows(stream, starts, settings.batch_size, settings.seq_len, gen)  # [B, L+1]
+        batch = _windows(stream, starts, settings.batch_size, settings.seq_len, gen).to(device)  # [B, L+1]
         logits = model(input_ids=batch[:, :-1]).logits  # [B, L, V]
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
