@@ -67,12 +67,13 @@ SCALES: dict[str, PairSettings] = {
         target_shape=TargetShape(
             hidden_size=32, intermediate_size=64, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16
         ),
-        target_train=TrainSettings(steps=3, batch_size=2, seq_len=64, warmup=1),
+        # a whole conversation (template + prompt + completion) within seq_len, or nothing is measured
+        target_train=TrainSettings(steps=3, batch_size=2, seq_len=128, warmup=1),
         drafter=DrafterSettings(num_layers=1, block_size=4, steps=3, batch_size=2, anchors_per_seq=2),
         target_layer_ids=(0, 1),
         full_attention_interval=3,
-        prompt_chars=64,
-        completion_chars=64,
+        prompt_chars=24,
+        completion_chars=32,
         distill_prompts=4,
         distill_new_tokens=8,
         eval_passages=4,
@@ -110,7 +111,9 @@ def heldout_perplexity(
         labels = torch.tensor(ids[len(prompt) :], device=logp.device)
         nll -= float(logp.gather(1, labels.unsqueeze(1)).sum())
         count += len(labels)
-    return math.exp(nll / max(1, count))
+    if count == 0:  # every completion fell outside the window: exp(0) = 1 would read as a perfect model
+        raise ValueError(f"held-out perplexity: no completion byte within the {max_len}-position window")
+    return math.exp(nll / count)
 
 
 @torch.no_grad()
