@@ -9,8 +9,6 @@ reuses the one already cached under its content hash (`build.cache_key`), and pr
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 from .build import PAIRS_VERSION, SCALES, PairSettings, build, cache_key
@@ -30,6 +28,7 @@ def ensure(
 ) -> tuple[Path, bool]:
     """(the pair's directory, whether it was built now): reused when cache/<key>/build.json exists, else built
     into a sibling temporary directory and renamed into place, so the directory is absent or complete."""
+    from ddtree.tiny.atomic_dir import build_into
     from ddtree.tiny.target import Arch
 
     settings = SCALES[scale]
@@ -37,14 +36,5 @@ def ensure(
     report = out / "build.json"
     if report.is_file() and json.loads(report.read_text()).get("pairs_version") == PAIRS_VERSION:
         return out, False
-    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    partial.mkdir(parents=True)
-    try:
-        build(Arch(arch), partial, wheels, seed, settings, device, manifest)
-        if out.exists():
-            shutil.rmtree(out)
-        partial.rename(out)
-    finally:
-        if partial.exists():
-            shutil.rmtree(partial)
+    build_into(out, lambda partial: build(Arch(arch), partial, wheels, seed, settings, device, manifest))
     return out, True

@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from . import Arch, build
+from .atomic_dir import build_into
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,16 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()  # the GDN "falling back to torch" notices are expected on CPU
     hf_logging.disable_progress_bar()
-    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    partial.mkdir(parents=True)
-    try:
-        report = build(Arch(args.arch), partial, seed=args.seed)
-        if out.exists():
-            shutil.rmtree(out)
-        partial.rename(out)
-    finally:
-        if partial.exists():
-            shutil.rmtree(partial)
+    report = build_into(out, lambda partial: build(Arch(args.arch), partial, seed=args.seed))
     summary = {k: report[k] for k in ("arch", "seed", "heldout_tau_linear", "seconds")}
     print(json.dumps(summary))
     return 0
