@@ -9,6 +9,7 @@ different sources never overwrite each other, and provision's push is the copy d
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 import shutil
 import subprocess
@@ -99,7 +100,10 @@ def runtime_wheel(explicit: Path | None = None, src: Path = RUNTIME_SRC) -> Runt
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
                 raise DeployError(f"building the runtime wheel failed: {tail[0]}", f"try: pip wheel --no-deps {src}")
             target.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(built[0], target / built[0].name)
+            # beside, then renamed: a concurrent caller's glob sees the whole wheel or none (never half a file)
+            partial = target / f".{built[0].name}.{os.getpid()}.partial"
+            shutil.copy2(built[0], partial)
+            os.replace(partial, target / built[0].name)
         found = sorted(target.glob("ddtree_runtime-*.whl"))
     return RuntimeWheel.of(found[-1])
 

@@ -8,6 +8,7 @@ interpreter (CPython 3.11 on the lab); a host with another Python needs a wheelh
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import shutil
@@ -124,10 +125,40 @@ def ensure(
     every package index is probed (opsctl.pip_index): unreachable ones are skipped with a line on stderr;
     with none left the download stops at once with one line."""
     target = directory
+    reused = _reusable(target, lock)
+    if reused is not None:
+        return reused
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One download per directory at a time (two provisions, or two test runs, sharing CACHE_DIR): the staging
+    # dir is shared, so a second caller waits, then looks again and reuses what the first one built.
+    with (target.parent / f".{target.name}.lock").open("w") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            out(f"wheelhouse {lock.name}: waiting for another download into {target}")
+            fcntl.flock(held, fcntl.LOCK_EX)  # released when the file closes
+        reused = _reusable(target, lock)
+        if reused is not None:
+            return reused
+        return _build(lock, target, pip, indexes, out)
+
+
+def _reusable(target: Path, lock: Lock) -> Wheelhouse | None:
+    """A wheelhouse stamped for this lock, or a user's directory of wheels (no stamp): used as is."""
     if stamp_matches(target, lock):
         return Wheelhouse(target, False, wheel_files(target))
     if target.is_dir() and not (target / STAMP).exists() and wheel_files(target):
         return Wheelhouse(target, False, wheel_files(target))
+    return None
+
+
+def _build(
+    lock: Lock,
+    target: Path,
+    pip: Sequence[str] | None,
+    indexes: Callable[[str], Choice] | None,
+    out: Callable[[str], None],
+) -> Wheelhouse:
     choice = (indexes or pip_index.decide)(lock.text)
     for note in choice.notes():
         out(f"wheelhouse {lock.name}: {note}")

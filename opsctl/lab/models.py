@@ -1,8 +1,13 @@
 """The lab's tiny models: built once on the control machine (`python -m ddtree.tiny`) and cached, so
-`opsctl provision -i inventory/lab.yaml` finds the sources that inventory/lab.yaml names."""
+`opsctl provision -i inventory/lab.yaml` finds the sources that inventory/lab.yaml names.
+
+One build per arch at a time: a caller takes <root>/.<arch>.lock (the lock the runtime tests' tiny cache,
+tests/runtime/tiny_cache.py, takes on the same root) and looks again once it holds it, so two labs coming up
+at once, or a lab and a test run, share one build instead of training the same model twice."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -29,6 +34,25 @@ def ensure_tiny_models(
     if _is_current(out):
         return False
     out.parent.mkdir(parents=True, exist_ok=True)
+    with (root / f".{arch}.lock").open("w") as lock:
+        if not _try_lock(lock.fileno()):
+            progress(f"tiny {arch} models: waiting for the build another process runs")
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if _is_current(out):
+            return False
+        _build(out, arch, builder, progress)
+    return True
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _build(out: Path, arch: str, builder: Sequence[str], progress: Callable[[str], None]) -> None:
     argv = [*builder, "--arch", arch, "--out", str(out)]
     if out.exists():
         argv.append("--force")  # an incomplete earlier build
@@ -41,7 +65,6 @@ def ensure_tiny_models(
                 raise LabError("the lab's tiny models need ddtree-runtime", "pip install -e ./runtime")
             last = (done.tail or ("no output",))[-1]
             raise LabError(f"building the lab's tiny models failed: {last}", f"run `{' '.join(argv)}` to see why")
-    return True
 
 
 def _on_line(ticker: Ticker, line: str) -> None:

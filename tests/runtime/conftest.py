@@ -2,10 +2,8 @@
 engine host every SGLang Engine test shares.
 
 `tiny_dense` / `tiny_hybrid` return a directory DIR with DIR/target (model + tokenizer) and DIR/draft (DFlash
-drafter), cached under <repo>/.cache/tiny/<arch> (git-ignored; override the root with DDTREE_TINY_CACHE) and
-built on first use. A file lock per arch keeps parallel sessions from building the same model twice; the build
-itself runs in a subprocess (its own thread settings and memory) and lands by rename, so a reader never sees a
-half-written directory. A cache whose build.json carries another BUILD_VERSION is rebuilt.
+drafter), from the one tiny-model cache of the run (tests/runtime/tiny_cache.py: DDTREE_TINY_CACHE, else
+/var/cache/opsctl/tiny as root, shared with the lab, else <repo>/.cache/tiny), built on first use under a lock.
 
 `sglang_engine` (tests/runtime/sglang_host.py) runs SGLang's real Engine on CPU: a new engine test asks it for
 its run instead of launching its own subprocess, e.g.
@@ -20,44 +18,12 @@ existing run where only the tokens matter, rather than starting another Engine.
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from sglang_cpu import sglang_skip_reason
 from sglang_host import EngineHost
-
-REPO = Path(__file__).resolve().parents[2]
-CACHE_ROOT = Path(os.environ.get("DDTREE_TINY_CACHE", REPO / ".cache" / "tiny"))
-
-
-def _is_current(model_dir: Path, version: int) -> bool:
-    report = model_dir / "build.json"
-    if not report.is_file():
-        return False
-    return bool(json.loads(report.read_text()).get("build_version") == version)
-
-
-def ensure_tiny(arch: str) -> Path:
-    """Return the cached tiny model directory for `arch`, building it (once, under a lock) if missing."""
-    from ddtree.tiny import BUILD_VERSION
-
-    model_dir = CACHE_ROOT / arch
-    if _is_current(model_dir, BUILD_VERSION):
-        return model_dir
-    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
-    with (CACHE_ROOT / f".{arch}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not _is_current(model_dir, BUILD_VERSION):
-            cmd = [sys.executable, "-m", "ddtree.tiny", "--arch", arch, "--out", str(model_dir), "--force"]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return model_dir
+from tiny_cache import ensure_tiny
 
 
 @pytest.fixture(scope="session")

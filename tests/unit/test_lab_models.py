@@ -65,3 +65,41 @@ def test_a_failed_slow_build_ends_with_failed(tmp_path: Path, monkeypatch: pytes
     with pytest.raises(LabError, match="tiny models failed: some other line"):
         ensure_tiny_models(tmp_path, "qwen3", builder=SLOW_BUILD, progress=lines.append)
     assert re.fullmatch(r"tiny qwen3 models \(once\): failed after \d+s", lines[-1]), lines
+
+
+def _complete(out: Path) -> None:
+    from ddtree.tiny_version import BUILD_VERSION
+
+    for part in ("target", "draft"):
+        (out / part).mkdir(parents=True)
+        (out / part / "config.json").write_text("{}")
+    (out / "build.json").write_text(f'{{"build_version": {BUILD_VERSION}}}')
+
+
+def test_a_build_another_process_holds_is_waited_for_not_repeated(tmp_path: Path) -> None:
+    """The per-arch lock (the one tests/runtime/tiny_cache.py takes): a caller that finds it held waits, then
+    uses what the holder built; its own builder (here one that fails) never runs."""
+    import fcntl
+    import threading
+
+    lines: list[str] = []
+    waiting = threading.Event()
+    result: list[bool] = []
+
+    def progress(line: str) -> None:
+        lines.append(line)
+        if "waiting for the build" in line:
+            waiting.set()
+
+    failing = (sys.executable, "-c", "raise SystemExit('must not build')")
+    with (tmp_path / ".qwen3.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        caller = threading.Thread(
+            target=lambda: result.append(ensure_tiny_models(tmp_path, "qwen3", builder=failing, progress=progress))
+        )
+        caller.start()
+        assert waiting.wait(timeout=30), lines
+        _complete(tmp_path / "qwen3")
+    caller.join(timeout=30)
+    assert result == [False], lines
+    assert lines == ["tiny qwen3 models: waiting for the build another process runs"]

@@ -50,7 +50,7 @@ def test_build_then_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     argv = json.loads(log.read_text())["argv"]
     assert argv[:6] == ["download", "--only-binary=:all:", "--progress-bar", "raw", "--dest", str(target) + ".partial"]
     assert (target / "requirements.txt").read_text() == LOCK.text
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake-pip.json", "wh"]  # no staging dir left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".wh.lock", "fake-pip.json", "wh"]  # no staging dir
     log.unlink()
     again = ensure(LOCK, target)
     assert not again.built and not log.exists()  # stamp matches: no download
@@ -82,7 +82,7 @@ def test_download_failure_is_one_line(tmp_path: Path, monkeypatch: pytest.Monkey
     assert info.value.message == (
         "pip download for reference-cpu.txt failed: ERROR: No matching distribution found for torch==2.13.0"
     )
-    assert [p.name for p in tmp_path.iterdir()] == ["fake-pip.json"]  # neither the target nor the staging dir
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".wh.lock", "fake-pip.json"]  # no target, no staging
 
 
 def test_a_slow_download_shows_progress_per_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,3 +151,38 @@ def test_no_reachable_index_is_one_line_at_once(tmp_path: Path, monkeypatch: pyt
         "refused) (fix the control machine's pip configuration (pip config list), or pass --wheelhouse DIR)"
     )
     assert not log.exists() and not (tmp_path / "wh.partial").exists()
+
+
+def test_a_download_another_caller_runs_is_waited_for_not_repeated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two callers on one directory (two test runs sharing wheelhouse.CACHE_DIR): the second waits on the lock,
+    then reuses what the first built; it never downloads into the staging dir the first one is filling."""
+    import fcntl
+    import threading
+
+    log = fake_pip(monkeypatch, tmp_path, [TORCH, UVICORN])
+    target = tmp_path / "wh"
+    lines: list[str] = []
+    waiting = threading.Event()
+    got: list[wheelhouse.Wheelhouse] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if "waiting for another download" in line:
+            waiting.set()
+
+    def second() -> None:
+        got.append(wheelhouse.ensure(LOCK, target, pip=FAKE_PIP, indexes=reachable, out=say))
+
+    with (tmp_path / ".wh.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        caller = threading.Thread(target=second)
+        caller.start()
+        assert waiting.wait(timeout=30), lines
+        wheelhouse._build(LOCK, target, FAKE_PIP, reachable, lambda _: None)  # what the holder does
+        log.unlink()
+    caller.join(timeout=30)
+    assert len(got) == 1 and not got[0].built and got[0].files == tuple(sorted([TORCH, UVICORN]))
+    assert not log.exists()  # the waiter ran no pip download of its own
+    assert lines == [f"wheelhouse reference-cpu.txt: waiting for another download into {target}"]

@@ -1,0 +1,74 @@
+"""The one tiny-model cache of a test run: `python -m ddtree.tiny` builds, once per arch, under a lock.
+
+The root is DDTREE_TINY_CACHE when set; else, as root, /var/cache/opsctl/tiny (where `opsctl lab up` keeps the
+lab's tiny qwen3, so the lab tier and the runtime tiers share one build); else <repo>/.cache/tiny (git-ignored).
+A file lock per arch (<root>/.<arch>.lock, the one opsctl.lab.models takes too) keeps parallel sessions and
+tiers from building the same model twice; the build runs in a subprocess (its own thread settings and memory)
+and lands by rename, so a reader never sees a half-written directory. A cache whose build.json carries another
+BUILD_VERSION is rebuilt.
+
+`python tests/runtime/tiny_cache.py ARCH...` builds the given archs in order (scripts/check starts it first, in
+the background, so no tier waits on a build it would otherwise start itself).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_ROOT = Path("/var/cache/opsctl/tiny")  # opsctl.lab.inventory.TINY_DIR
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("DDTREE_TINY_CACHE")
+    if explicit:
+        return Path(explicit)
+    return SHARED_ROOT if os.geteuid() == 0 else REPO / ".cache" / "tiny"
+
+
+def _is_current(model_dir: Path, version: int) -> bool:
+    report = model_dir / "build.json"
+    if not report.is_file():
+        return False
+    try:
+        return bool(json.loads(report.read_text()).get("build_version") == version)
+    except ValueError:
+        return False
+
+
+def ensure_tiny(arch: str, root: Path | None = None) -> Path:
+    """Return the cached tiny model directory for `arch`, building it (once, under a lock) if missing."""
+    from ddtree.tiny_version import BUILD_VERSION  # no torch: the build itself runs in a subprocess
+
+    root = cache_root() if root is None else root
+    model_dir = root / arch
+    if _is_current(model_dir, BUILD_VERSION):
+        return model_dir
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / f".{arch}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not _is_current(model_dir, BUILD_VERSION):
+            cmd = [sys.executable, "-m", "ddtree.tiny", "--arch", arch, "--out", str(model_dir), "--force"]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return model_dir
+
+
+def main(archs: list[str]) -> int:
+    for arch in archs:
+        try:
+            print(f"tiny_cache: {arch}: {ensure_tiny(arch)}", file=sys.stderr)
+        except RuntimeError as exc:
+            print(f"tiny_cache: {arch}: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
