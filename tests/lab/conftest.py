@@ -8,8 +8,6 @@ first: its hosts carry releases and half-finished states of some earlier run, an
 
 from __future__ import annotations
 
-import dataclasses
-import ipaddress
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,27 +18,36 @@ from opsctl.inventory.load import load_inventory
 from opsctl.inventory.model import Inventory
 from opsctl.lab import LabConfig, LabReport, down, remove_host, status, up
 from opsctl.remote import SshHost, connect
+from tests.lab import lab_parts
 
-REPO = Path(__file__).resolve().parents[2]
 LAB_HOSTS = 2
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """OPSCTL_LAB_PART=1|2: this pytest runs only its part's lab modules (tests/lab/lab_parts.py)."""
+    try:
+        lab_parts.part()
+    except lab_parts.LabEnvError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    here = Path(__file__).parent
+    keep, drop = [], []
+    for item in items:
+        path = item.path
+        mine = path.parent != here or lab_parts.in_part(path.name)
+        (keep if mine else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
 def lab_config() -> LabConfig:
-    """OPSCTL_LAB_SLOT=N (1-9): a lab of its own (names, subnet, dirs), so two checkouts can run this tier at once."""
-    config = LabConfig(inventory_path=REPO / "inventory" / "lab.yaml")
-    slot = os.environ.get("OPSCTL_LAB_SLOT", "")
-    if not slot:
-        return config
-    if slot not in {str(n) for n in range(1, 10)}:
-        raise pytest.UsageError(f"OPSCTL_LAB_SLOT must be one digit 1-9, got {slot[:20]!r}")
-    return dataclasses.replace(
-        config,
-        subnet=ipaddress.IPv4Network(f"10.{220 + int(slot)}.0.0/24"),
-        root_dir=config.root_dir.with_name(f"lab-{slot}"),
-        state_dir=config.state_dir.with_name(f"opsctl-lab-{slot}"),
-        prefix=f"olab{slot}",
-    )
+    """A lab of this pytest's own (tests/lab/lab_parts.py): OPSCTL_LAB_SLOT=N (1-9) for a second checkout that
+    runs this tier at once, OPSCTL_LAB_PART=1|2 for the two halves of the tier that scripts/check runs at once."""
+    try:
+        return lab_parts.lab_config()
+    except lab_parts.LabEnvError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture(scope="session")

@@ -32,11 +32,13 @@ import yaml
 from opsctl.commands import Cmd, sh
 from opsctl.inventory.load import load_inventory
 from opsctl.remote import connect
+from tests.lab import lab_parts
 
 REPO = Path(__file__).resolve().parents[2]
 # Knobs for running these tests against another base inventory (e.g. baseline-only while the tiny drafter is
 # being built): the base inventory, the mode the fault tests deploy, and whether to provision first.
-LAB_INVENTORY = Path(os.environ.get("OPSCTL_DEPLOY_TEST_INVENTORY", REPO / "inventory" / "lab.yaml"))
+# The base inventory: the one this pytest's lab writes (inventory/lab.yaml, or its part's: tests/lab/lab_parts.py).
+LAB_INVENTORY = Path(os.environ.get("OPSCTL_DEPLOY_TEST_INVENTORY", "") or lab_parts.inventory_path())
 MODE = os.environ.get("OPSCTL_DEPLOY_TEST_MODE", "shadow")
 SKIP_PROVISION = os.environ.get("OPSCTL_DEPLOY_TEST_SKIP_PROVISION") == "1"
 OPSCTL = [sys.executable, "-c", "from opsctl.cli.app import main; main()"]

@@ -1,0 +1,70 @@
+"""The lab tier's two halves (tests/lab/lab_parts.py) never share a lab: names, subnets, dirs, inventory."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from tests.lab import lab_parts
+
+# Subnets the lab tests use besides the session's lab: test_lab's second labs and test_pip_index's namespace.
+OTHER_NETS = {"10.214.0.0/24", "10.215.0.0/24", "10.218.0.0/24", *(f"10.{240 + n}.0.0/24" for n in range(10))}
+
+
+def _config(monkeypatch: pytest.MonkeyPatch, slot: str, part: str) -> lab_parts.LabConfig:
+    monkeypatch.setenv("OPSCTL_LAB_SLOT", slot)
+    monkeypatch.setenv("OPSCTL_LAB_PART", part)
+    return lab_parts.lab_config()
+
+
+def _names(cfg: lab_parts.LabConfig) -> set[str]:
+    return {
+        str(cfg.subnet),
+        str(cfg.inventory_path),
+        str(cfg.root_dir),
+        str(cfg.state_dir),
+        cfg.bridge,
+        cfg.netns("lab1"),
+    }
+
+
+def test_the_two_parts_of_every_slot_share_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    configs = {(s, p): _config(monkeypatch, s, p) for s in ["", *map(str, range(1, 10))] for p in ("1", "2")}
+    seen: dict[str, tuple[str, str]] = {}
+    for key, cfg in configs.items():
+        assert len(cfg.netns("lab9")) <= 15 and len(cfg.bridge) <= 15  # Linux interface names
+        assert str(cfg.subnet) not in OTHER_NETS
+        for name in _names(cfg):
+            assert name not in seen, f"{key} and {seen[name]} share {name}"
+            seen[name] = key
+    nets = [ipaddress.IPv4Network(str(c.subnet)) for c in configs.values()]
+    assert not any(a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1 :])
+
+
+def test_part_1_is_the_whole_tiers_lab_with_its_own_inventory(monkeypatch: pytest.MonkeyPatch) -> None:
+    whole, one = _config(monkeypatch, "", ""), _config(monkeypatch, "", "1")
+    assert whole.inventory_path.name == "lab.yaml" and one.inventory_path.name == "lab-p1.yaml"
+    assert (whole.subnet, whole.prefix, whole.state_dir) == (one.subnet, one.prefix, one.state_dir)
+    assert whole.prefix == lab_parts.LabConfig().prefix  # `opsctl lab status` (test_lab) looks at this one
+
+
+def test_each_module_is_in_exactly_one_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    modules = sorted(p.name for p in (lab_parts.REPO / "tests" / "lab").glob("test_*.py"))
+    assert set(lab_parts.PART_2) < set(modules)
+    picked = {}
+    for part in ("1", "2"):
+        monkeypatch.setenv("OPSCTL_LAB_PART", part)
+        picked[part] = {m for m in modules if lab_parts.in_part(m)}
+    assert picked["1"] | picked["2"] == set(modules) and not picked["1"] & picked["2"]
+    monkeypatch.setenv("OPSCTL_LAB_PART", "")
+    assert all(lab_parts.in_part(m) for m in modules)
+
+
+def test_a_bad_part_or_slot_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPSCTL_LAB_PART", "3")
+    with pytest.raises(lab_parts.LabEnvError, match=r"^OPSCTL_LAB_PART must be 1 or 2, got '3'$"):
+        lab_parts.part()
+    monkeypatch.setenv("OPSCTL_LAB_SLOT", "10")
+    with pytest.raises(lab_parts.LabEnvError, match=r"^OPSCTL_LAB_SLOT must be one digit 1-9, got '10'$"):
+        lab_parts.slot()
