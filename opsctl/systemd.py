@@ -131,6 +131,8 @@ def parse_unit(text: str) -> list[Directive]:
 
 def expand_specifiers(value: str, line: int = 0) -> str:
     """`%%` -> `%`; any other specifier is an error (opsctl never means one)."""
+    if "%" not in value:
+        return value  # the common case, without the walk below
     out = []
     i = 0
     while i < len(value):
@@ -164,7 +166,29 @@ def exec_argv(value: str, line: int = 0) -> tuple[str, ...]:
     """The argv systemd runs for an ExecStart= value (after %-expansion): words split on whitespace,
     quotes removed, C escapes decoded (extract_first_word), then `$$` -> `$` (replace_env). Errors for a
     command prefix (-@:+!|), `;` command separators, unbalanced quotes, unknown escapes and `$VAR`s."""
+    if _QUOTED.search(value) is None:
+        words = [word for word in _WORDS.split(value) if word]  # no quote or escape: words are what whitespace splits
+    else:
+        words = _exec_words(value, line)
     argv: list[str] = []
+    for text in words:
+        if not argv and text[:1] in tuple("-@:+!|"):
+            raise SystemdSyntaxError(f"unit line {line}: ExecStart starts with a command prefix opsctl did not mean")
+        if text == ";":
+            raise SystemdSyntaxError(f"unit line {line}: ExecStart holds a second command (';')")
+        argv.append(_replace_env(text, line))
+    if not argv:
+        raise SystemdSyntaxError(f"unit line {line}: ExecStart is empty")
+    return tuple(argv)
+
+
+_QUOTED = re.compile(r"[\\'\"]")  # a backslash or a quote: exec_argv walks the value character by character
+_WORDS = re.compile(f"[{_WHITESPACE}]+")
+
+
+def _exec_words(value: str, line: int) -> list[str]:
+    """extract_first_word over the whole value: the words with quotes removed and escapes decoded."""
+    words: list[str] = []
     i, n = 0, len(value)
     while True:
         while i < n and value[i] in _WHITESPACE:
@@ -195,15 +219,8 @@ def exec_argv(value: str, line: int = 0) -> tuple[str, ...]:
                 i += 1
         if quote:
             raise SystemdSyntaxError(f"unit line {line}: ExecStart has an unbalanced quote")
-        text = "".join(word)
-        if not argv and text[:1] in tuple("-@:+!|"):
-            raise SystemdSyntaxError(f"unit line {line}: ExecStart starts with a command prefix opsctl did not mean")
-        if text == ";":
-            raise SystemdSyntaxError(f"unit line {line}: ExecStart holds a second command (';')")
-        argv.append(_replace_env(text, line))
-    if not argv:
-        raise SystemdSyntaxError(f"unit line {line}: ExecStart is empty")
-    return tuple(argv)
+        words.append("".join(word))
+    return words
 
 
 def _cunescape(value: str, i: int, line: int) -> tuple[str, int]:
@@ -228,6 +245,8 @@ def _cunescape(value: str, i: int, line: int) -> tuple[str, int]:
 
 def _replace_env(word: str, line: int) -> str:
     """`$$` -> `$`; a `$` starting a variable reference is an error (opsctl never means one)."""
+    if "$" not in word:
+        return word  # the common case, without the walk below
     out = []
     i = 0
     while i < len(word):
@@ -252,6 +271,31 @@ def parse_env_file(text: str) -> list[tuple[str, str]]:
     comment lines, KEY=VALUE with whitespace trimmed, single quotes literal, double quotes with \\ before
     " \\ ` $ (other backslashes kept), backslash-newline continuations. Assignments with an invalid name
     are dropped, as systemd drops them."""
+    if _QUOTED.search(text) is None:
+        return _parse_plain_env_file(text)
+    return _parse_env_file_chars(text)
+
+
+def _parse_plain_env_file(text: str) -> list[tuple[str, str]]:
+    """parse_env_file for a text without quotes or backslashes, a line at a time: what the character walk
+    below does there (tests/unit/test_systemd.py compares the two on generated texts)."""
+    pairs: list[tuple[str, str]] = []
+    for line in _LINE_ENDS.split(text):
+        line = line.lstrip(" \t")
+        if not line or line[0] in "#;":
+            continue
+        name, eq, value = line.partition("=")
+        name = name.rstrip(" \t")
+        if eq and _ENV_NAME.fullmatch(name):
+            pairs.append((name, value.strip(" \t")))
+    return pairs
+
+
+_LINE_ENDS = re.compile("[\r\n]")
+
+
+def _parse_env_file_chars(text: str) -> list[tuple[str, str]]:
+    """parse_env_file, one character at a time as env-file.c does (quotes and escapes)."""
     pairs: list[tuple[str, str]] = []
     state = "pre_key"
     key: list[str] = []

@@ -91,6 +91,10 @@ def parse_text(text: str, shown: str = "<inventory>", libyaml: bool = LIBYAML) -
     syntax errors differently): the data and every message are PyYAML's (tests/unit/test_inventory_reader.py)."""
     if libyaml and yamlload.agrees(text):
         try:
+            return _Direct(text).document()
+        except _Unsure:
+            pass  # the node reading below decides, and words any refusal
+        try:
             node = _compose(text, shown, libyaml=True)
             return None if node is None else _Builder().value(node, "", 0)
         except InventoryError:
@@ -128,6 +132,135 @@ def _compose(text: str, shown: str, libyaml: bool) -> yaml.Node | None:
         if loader is not None:
             loader.dispose()  # type: ignore[attr-defined]
     return node
+
+
+class _Unsure(Exception):
+    """The direct reading stopped: the node reading decides (it accepts or refuses with the message)."""
+
+
+_DIRECT_DEPTH = MAX_DEPTH // 2  # deeper texts are left to the node reading, which owns the depth limits
+_SCALAR_EVENT, _MAPPING_START, _SEQUENCE_START = yaml.ScalarEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent
+_MAPPING_END, _SEQUENCE_END = yaml.MappingEndEvent, yaml.SequenceEndEvent
+
+
+class _Direct:
+    """libyaml's events straight to values, with no nodes (a 1 MiB inventory's read in a third of the node
+    reading's time, docs/inventory.md). Only for the common case: a text with an anchor, alias, merge key, tag,
+    duplicate key, non-word key, a scalar the builder would refuse or any other doubt raises `_Unsure`, and the
+    node reading (`_compose` + `_Builder`) gives the data or the message. So every refusal and every message
+    stays the node reading's; this path only accepts texts the node reading accepts, with the same data
+    (tests/unit/test_inventory_reader.py compares both on the fuzzed texts). Each distinct scalar text is
+    resolved and checked once (an inventory repeats the same few hundred words)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.count = 0
+        self.kinds: dict[tuple[str, bool], str] = {}  # (text, plain) -> "str" | "int" | "float" | "null" | "bool"
+        self.words: set[str] = set()  # key texts already checked for token shapes
+
+    def document(self) -> Any:
+        loader = yaml.CSafeLoader(self.text)
+        try:
+            self.next = loader.get_event
+            self.resolve: Any = loader.resolve
+            events = [type(self.next()) for _ in range(2)]
+            if events != [yaml.StreamStartEvent, yaml.DocumentStartEvent]:
+                raise _Unsure  # an empty text, or something before the document
+            value = self.value(self.next(), 0)
+            if type(self.next()) is not yaml.DocumentEndEvent or type(self.next()) is not yaml.StreamEndEvent:
+                raise _Unsure  # a second document: the node reading refuses it
+            return value
+        except yaml.YAMLError:
+            raise _Unsure from None
+        finally:
+            loader.dispose()
+
+    def value(self, event: Any, depth: int) -> Any:
+        self.count += 1
+        if self.count > MAX_VALUES or depth >= _DIRECT_DEPTH or event.anchor is not None:
+            raise _Unsure
+        kind = type(event)
+        if kind is _SCALAR_EVENT:
+            return self.scalar(event)
+        if event.tag is not None:
+            raise _Unsure
+        if kind is _MAPPING_START:
+            mapping: dict[str, Any] = {}
+            while True:
+                key = self.next()
+                if type(key) is _MAPPING_END:
+                    return mapping
+                word = self.key(key)
+                if word in mapping:
+                    raise _Unsure  # duplicate key
+                mapping[word] = self.value(self.next(), depth + 1)
+        if kind is _SEQUENCE_START:
+            items: list[Any] = []
+            while True:
+                item = self.next()
+                if type(item) is _SEQUENCE_END:
+                    return items
+                items.append(self.value(item, depth + 1))
+        raise _Unsure  # an alias
+
+    def key(self, event: Any) -> str:
+        if type(event) is not _SCALAR_EVENT or event.anchor is not None or event.tag is not None:
+            raise _Unsure
+        word: str = event.value
+        if word not in self.words:
+            if self.kind(event) not in ("str", "int", "float", "null", "bool") or token_kind(word) is not None:
+                raise _Unsure  # a merge key `<<`, or a token-shaped key
+            self.words.add(word)
+        return word
+
+    def kind(self, event: Any) -> str:
+        """What the builder makes of this scalar; "" when it would refuse it or the direct reading cannot say."""
+        text: str = event.value
+        plain = bool(event.implicit[0])
+        found = self.kinds.get((text, plain))
+        if found is None:
+            tag: str = self.resolve(yaml.ScalarNode, text, event.implicit)
+            found = self.kinds[(text, plain)] = _scalar_kind(text, tag)
+        return found
+
+    def scalar(self, event: Any) -> Any:
+        if event.tag is not None:
+            raise _Unsure
+        found = self.kind(event)
+        text: str = event.value
+        if found == "str":
+            return text
+        if found == "int":
+            number = PlainInt(text)
+            number.source = text
+            return number
+        if found == "float":
+            real = PlainFloat(text)
+            real.source = text
+            return real
+        if found == "null":
+            return None
+        if found == "bool":
+            return _BOOL[text]
+        raise _Unsure
+
+
+def _scalar_kind(text: str, tag: str) -> str:
+    """The builder's reading of a scalar with this text and resolved tag ("" where it refuses or would need a
+    closer look: `_Builder.scalar` is the reference)."""
+    if tag in (_TAG + "str", _TAG + "value"):
+        return "str" if token_kind(text) is None else ""
+    if tag == _TAG + "null":
+        return "null"
+    if tag == _TAG + "bool":
+        return "bool" if text in _BOOL else ""
+    if tag in (_TAG + "int", _TAG + "float") and len(text) > MAX_NUMBER_TEXT:
+        return ""
+    if tag == _TAG + "int":
+        return "int" if _DECIMAL.fullmatch(text) else ""
+    if tag == _TAG + "float":
+        return "float" if _FLOAT.fullmatch(text) else ""
+    return ""  # merge (`<<` as a value), timestamp, anything else
 
 
 class _TooDeep(Exception):

@@ -90,3 +90,46 @@ def test_rendered_server_yaml_is_read_the_same(monkeypatch: pytest.MonkeyPatch) 
         for svc in host.services:
             text = render_service(host, svc, "20260101T000000Z-abc123abc123").server_config
             assert yamlload.agrees(text) and yamlload.safe_load(text) == yaml.safe_load(text)
+
+
+def _direct(text: str) -> tuple[str, Any]:
+    try:
+        return "data", _typed(reader._Direct(text).document())
+    except reader._Unsure:
+        return "unsure", None
+
+
+@settings(max_examples=400, derandomize=True, deadline=None, database=None)
+@given(st.one_of(_mutated(), st.lists(YAML_BITS, max_size=30).map("".join)))
+def test_the_direct_reading_accepts_only_what_the_node_reading_accepts_with_its_data(text: str) -> None:
+    if not yamlload.agrees(text):
+        return  # parse_text never tries it there
+    direct = _direct(text)
+    if direct[0] == "data":
+        assert direct == _read(text, libyaml=False)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: &x {b: 1}\nc: *x\n",  # anchors and aliases
+        "base: {p: 1}\nh: {<<: {q: 2}}\n",  # a merge key
+        "a: 1\na: 2\n",  # a duplicate key (the message names both lines)
+        "[1]: 2\n",  # a key that is not a word
+        "port: 030000\n",  # YAML 1.1's octal
+        "ok: yes\n",  # YAML 1.1's boolean
+        "k: sk-" + "a1" * 20 + "\n",  # a token-shaped value
+        "a: 1\n---\nb: 2\n",  # two documents
+        "",  # nothing
+        "a: [[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]\n",  # deeper than the direct reading goes
+    ],
+)
+def test_the_direct_reading_leaves_every_doubt_to_the_node_reading(text: str) -> None:
+    assert _direct(text) == ("unsure", None)
+    assert _read(text, libyaml=True) == _read(text, libyaml=False)
+
+
+def test_a_generated_inventory_is_read_directly() -> None:
+    text = big_inventory(40)
+    assert _direct(text) == _read(text, libyaml=False)
+    assert _direct(text)[0] == "data"

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from opsctl import systemd
 from opsctl.inventory.load import load_inventory
 from opsctl.inventory.model import Mode
 from opsctl.render import render_service, server_env
@@ -143,3 +144,25 @@ def test_render_refuses_a_file_systemd_would_read_otherwise(ct200, change, relea
     host, svc = ct200
     with pytest.raises(SystemdSyntaxError, match=problem):
         render_service(host, replace(svc, **change), release)
+
+
+# The line-at-a-time and whole-value fast paths (issue 30: rendering 2,200 services) read as the character walks.
+_PLAIN = st.text(st.sampled_from(list("AB_z9=#; \t\r\n\x00$%-/.é")), max_size=60)
+
+
+@settings(max_examples=500, derandomize=True, deadline=None, database=None)
+@given(_PLAIN)
+def test_a_plain_env_file_reads_as_the_character_walk_reads_it(text: str) -> None:
+    assert systemd._parse_plain_env_file(text) == systemd._parse_env_file_chars(text)
+
+
+@settings(max_examples=500, derandomize=True, deadline=None, database=None)
+@given(_PLAIN)
+def test_a_plain_exec_start_splits_as_the_character_walk_splits_it(text: str) -> None:
+    assert [w for w in systemd._WORDS.split(text) if w] == systemd._exec_words(text, 1)
+
+
+def test_the_fast_paths_are_taken_only_without_quotes_or_backslashes() -> None:
+    assert systemd.parse_env_file("A='x  y'\nB=1 \n") == [("A", "x  y"), ("B", "1")]
+    assert systemd.exec_argv("/bin/x 'a b' c\\x41") == ("/bin/x", "a b", "cA")
+    assert systemd.exec_argv("/bin/x  a\tb") == ("/bin/x", "a", "b")
