@@ -69,6 +69,11 @@ CHAT, TREE, TREE_BATCH = [0, 1, 2], [3, 4], [3, 4, 0]
 # Wide trees: a budget beyond the block verifies in the 2 * block window DFLASH reserves per request.
 WIDE_BUDGET = 2 * DRAFT_BLOCK - 1
 WIDE_ENV = {**TREE_ENV, "DDTREE_BUDGET": str(WIDE_BUDGET)}
+# The shape policy (issue 29), made to switch within one short request: DDTREE_TEST_POLICY=phased feeds it
+# synthetic costs (the chain cheap for the first rounds, the trees after) and fast hysteresis; the acceptances,
+# the decisions and the rounds run (tree7, tree3, DFLASH's chain) are the real ones.
+POLICY_ENV = {**TREE_ENV, "DDTREE_POLICY": "auto", "DDTREE_TEST_POLICY": "phased", "DDTREE_SELFCHECK_EVERY": "0"}
+POLICY_NOTE = re.compile(r"DDTREE policy batch (\S+): (\w+) -> (\w+) \(tok/ms")
 METRICS = re.compile(r"DDTREE metrics ((?:\w+=\S+ ?)+)")
 # The hybrid target (`tiny_hybrid`: 3 Gated DeltaNet layers + 1 gated attention layer, the Qwen3.6 layout that
 # ct200's gpu1 serves with DDTREE shadow): two prompts for baseline and shadow (shadow returns DFLASH's tokens),
@@ -205,6 +210,7 @@ def engine_runs(tiny_dense: Path, dense_reference: Reference, sglang_engine: Eng
             {"2": mixed},
         ),
         "wide": ({"speculative_algorithm": "DDTREE", **draft}, [tree], NEW_TOKENS, WIDE_ENV, {}),
+        "policy": ({"speculative_algorithm": "DDTREE", **draft}, [tree], NEW_TOKENS, POLICY_ENV, {}),
     }
     return launcher("", engine_kwargs(tiny_dense / "target"), modes, sglang_engine)
 
@@ -423,6 +429,32 @@ def test_ddtree_wide_tree_engine_matches_baseline_and_transformers(
     print("\n".join(m.group(0) for m in METRICS.finditer(log)))
     assert any(float(fields["nodes"]) > DRAFT_BLOCK for fields in lines)  # wider than the draft block
     assert all(1 <= float(fields["tau"]) <= DRAFT_BLOCK for fields in lines)
+
+
+@needs_sglang
+def test_ddtree_tree_policy_switches_shape_mid_request_and_keeps_the_baseline_tokens(
+    engine_runs: Launcher, dense_reference: Reference
+) -> None:
+    """DDTREE_POLICY=auto in the SGLang tree worker: while both requests of the batch run, the policy moves from
+    the configured tree to DFLASH's chain round and back to a tree (forced by DDTREE_TEST_POLICY's costs); the
+    greedy tokens stay the baseline's exactly (and transformers'), and the metrics lines carry the choice."""
+    result, log = engine_runs("policy")
+    (batched,) = result["batches"]
+    assert_matches_reference(batched, dense_reference.pick(TREE), NEW_TOKENS)
+    assert_equals_baseline(batched, baseline_outputs(engine_runs))
+    assert "has no effect" not in log and "does not run the shape policy" not in log
+    notes = POLICY_NOTE.findall(log)
+    print("\n".join(m.group(0) for m in re.finditer(r"DDTREE policy .*", log)))
+    to_chain = [i for i, (_, old, new) in enumerate(notes) if old.startswith("tree") and new == "chain"]
+    back = [i for i, (_, old, new) in enumerate(notes) if old == "chain" and new.startswith("tree")]
+    assert to_chain and back and to_chain[0] < back[-1], notes
+    assert all(span == "2" for span, _, _ in notes[: back[-1] + 1]), notes  # both requests still running
+    lines = metrics_lines(log)
+    assert lines and all(fields["policy"] == "auto" for fields in lines), log[-4000:]
+    assert list(lines[-1])[-6:] == ["policy", "shape", "choice", "est", "switches", "probes"]
+    assert int(lines[-1]["switches"]) >= 2 and int(lines[-1]["probes"]) >= 1
+    assert any(float(fields["nodes"]) == DRAFT_BLOCK - 1 and float(fields["width"]) == 1 for fields in lines)
+    print("\n".join(m.group(0) for m in METRICS.finditer(log)))
 
 
 # --- tensor parallelism: TP 2 on SGLang's CPU engine (gloo between the two scheduler processes) -----------------

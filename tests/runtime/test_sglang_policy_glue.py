@@ -10,7 +10,7 @@ from ddtree.config import DDTreeConfig
 from ddtree.policy import CHAIN, PolicySetting, Shape, counterfactual_accepts
 from ddtree.sglang.batch_round import commit_batch, plan_batch
 from ddtree.sglang.devcheck import random_path_verify
-from ddtree.sglang.policy_glue import PolicyGlue, RoundReport, RoundTimer, round_accepts
+from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger, RoundReport, round_accepts
 from ddtree.sglang.tree_worker import commit_round, plan_round
 from test_batch_tree import KINDS
 from test_sglang_batch_round import random_round
@@ -84,11 +84,93 @@ def test_unknown_and_bad_reports_are_ignored() -> None:
     assert glue.policy.estimate(2, Shape(16)) is None
 
 
-def test_round_timer_on_the_host() -> None:
-    timer = RoundTimer(torch.device("cpu"))
-    for rid in range(3):
-        timer.start()
-        timer.stop(rid)
-    done = timer.done()
-    assert [rid for rid, _ in done] == [0, 1, 2] and all(ms >= 0 for _, ms in done)
-    assert timer.done() == []
+def _accepts(bs: int, committed: int, chain: int, *smaller: int) -> torch.Tensor:
+    return torch.tensor([[committed, chain, *smaller]] * bs, dtype=torch.int64)
+
+
+class FakeClock:
+    """The ledger's host clock: each round takes `ms[i]` milliseconds."""
+
+    def __init__(self, ms: list[float]) -> None:
+        self.ms, self.now, self.calls = ms, 0.0, 0
+
+    def __call__(self) -> float:
+        if self.calls % 2:  # an end: the round's time later
+            self.now += self.ms[self.calls // 2] / 1e3
+        self.calls += 1
+        return self.now
+
+
+def test_the_ledger_reports_each_round_lag_rounds_later_with_sums_and_reduced_costs() -> None:
+    reduced: list[list[float]] = []
+
+    def reduce_max(costs: torch.Tensor) -> torch.Tensor:
+        reduced.append(costs.tolist())
+        return costs * 2  # what the other rank would have made of it
+
+    ledger = RoundLedger(torch.device("cpu"), lag=2, reduce_max=reduce_max, clock=FakeClock([3.0, 5.0, 7.0]))
+    assert ledger.due() == []
+    ledger.open()
+    ledger.close(10, 3, _accepts(3, 4, 2, 3), budgets=(8,))
+    assert ledger.due() == []  # one round back: not yet
+    ledger.open()
+    ledger.close(11, 2, _accepts(2, 2, 2))  # a chain round
+    (first,) = ledger.due()
+    assert first == RoundReport(10, 3, tree_accepted=12, spine_accepted=6, smaller={8: 9}, cost_ms=6.0)
+    assert reduced == [[3.0]] and ledger.due() == []
+    ledger.open()
+    ledger.close(12, 1, _accepts(1, 5, 1, 4, 2), budgets=(8, 4))
+    (second,) = ledger.due()
+    assert (second.round_id, second.tree_accepted, second.spine_accepted, second.smaller) == (11, 4, 4, {})
+    assert second.cost_ms == 10.0 and reduced[-1] == [5.0]
+    with pytest.raises(ValueError, match=r"accepts must be \[bs, 3\]"):
+        ledger.close(13, 1, _accepts(1, 5, 1), budgets=(8,))
+
+
+def test_the_ledger_reuses_its_host_rows_without_mixing_rounds() -> None:
+    ledger = RoundLedger(torch.device("cpu"), lag=3)
+    got = []
+    for rid in range(20):
+        got += ledger.due()
+        ledger.open()
+        ledger.close(rid, 1, _accepts(1, rid + 1, 1))
+    assert [r.round_id for r in got] == list(range(17))
+    assert [r.tree_accepted for r in got] == [rid + 1 for rid in range(17)]
+
+
+def _phased(rounds: int, bs: int, clock_ms: list[float], lag: int = 2) -> tuple[list[Shape], list[str]]:
+    """The worker's loop on the phased test policy: glue + ledger, a tree commits more than the chain."""
+    glue = PolicyGlue(DDTreeConfig(budget=7, topk=8, policy=PolicySetting.parse("auto")), test="phased")
+    ledger = RoundLedger(torch.device("cpu"), lag=lag, clock=FakeClock(clock_ms))
+    shapes, notes = [], []
+    for _ in range(rounds):
+        s = glue.next_shape(bs, ledger.due())
+        notes.append(glue.switch_note(bs))
+        shapes.append(s.shape)
+        ledger.open()
+        smaller = glue.smaller(s.shape)
+        committed = 2 if s.is_chain else 4
+        ledger.close(s.round_id, bs, _accepts(bs, committed, 2, *(3 for _ in smaller)), smaller)
+    return shapes, [n for n in notes if n]
+
+
+def test_the_phased_test_policy_leaves_the_tree_for_the_chain_and_comes_back() -> None:
+    shapes, notes = _phased(12, bs=2, clock_ms=[1.0] * 12)
+    assert shapes[0] == Shape(7) and CHAIN in shapes and shapes[-1] != CHAIN
+    assert notes[0].startswith("batch 2: tree7 -> chain (tok/ms tree7 ")
+    assert any(n.startswith("batch 2: chain -> tree") for n in notes[1:]), notes
+    # the real costs do not matter to it (synthetic), so ranks with different clocks agree
+    assert _phased(12, bs=2, clock_ms=[9.0] * 12)[0] == shapes
+    with pytest.raises(ValueError, match="DDTREE_TEST_POLICY='fast': expected phased"):
+        PolicyGlue(_cfg("auto"), test="fast")
+
+
+def test_smaller_budgets_and_notes() -> None:
+    glue = PolicyGlue(_cfg("auto"))
+    assert glue.smaller(Shape(16)) == (8, 4) and glue.smaller(Shape(8)) == (4,) and glue.smaller(CHAIN) == ()
+    assert glue.switch_note(4) == ""  # before the bucket's first round
+    glue.next_shape(4)
+    assert glue.switch_note(4) == ""  # still the configured tree
+    pinned = PolicyGlue(_cfg("chain"))
+    pinned.next_shape(40)
+    assert pinned.switch_note(40) == ""  # pinned from the start: no change to report

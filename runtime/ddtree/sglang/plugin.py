@@ -124,13 +124,8 @@ def worker_factory(server_args: Any) -> type:
     if refusal:
         raise ValueError(refusal)
     config = DDTreeConfig.from_env(os.environ)
-    if config.policy.mode is not PolicyMode.OFF:
-        # issue 29: ddtree.sglang.policy_glue is ready; until the worker calls it, say so rather than pretend
-        logger.warning(
-            "DDTREE_POLICY=%s: the SGLang tree worker does not run the shape policy yet; every round verifies "
-            "the DDTREE_BUDGET tree",
-            config.policy.text,
-        )
+    if config.policy.mode is not PolicyMode.OFF and config.verify is not VerifyMode.TREE:
+        logger.warning("DDTREE_POLICY=%s has no effect: the shape policy picks tree rounds' shapes", config.policy.text)
     if config.verify is VerifyMode.TREE:
         from ddtree.sglang.tree_worker import tree_worker_class
 

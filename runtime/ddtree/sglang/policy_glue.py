@@ -1,29 +1,36 @@
 """The SGLang tree worker's side of the shape policy (`ddtree.policy`), kept apart from the worker class.
 
-Per decode round the worker makes one call, before it drafts:
+Per greedy decode round the worker makes one call, before it drafts:
 
-    shape = glue.next_shape(batch_size, reports)
+    shape = glue.next_shape(batch_size, ledger.due())
 
-`reports` are the `RoundReport`s of earlier rounds whose numbers have reached the host since the last call
-(none most rounds: statistics stay on the device until a DDTREE line reads them, CUDA events are read once they
-have completed; see `round_accepts` and `RoundTimer`). The answer is a `RoundShape`: run DFLASH's own chain round
+`ledger.due()` are the `RoundReport`s of the round `RoundLedger.lag` rounds back: its acceptance row
+(`round_accepts`, summed over the batch on the device and copied to pinned host memory without blocking) and its
+time between two CUDA events, both read once that round's end event is long complete (a fixed lag, so every TP
+rank reads the same rounds at the same call). The answer is a `RoundShape`: run DFLASH's own chain round
 (`is_chain`) or a tree round with `budget` nodes (<= the configured budget, so the verify window the worker
 sized at start fits), and tag the round with `round_id` so its report can find it later.
 
-Nothing here syncs the device: `round_accepts` is a few tensor ops on the round's own tensors, `RoundTimer.done`
-reads only events whose `query()` says they are complete.
+Nothing here syncs the device inside a round: `round_accepts` is a few tensor ops on the round's own tensors,
+`RoundLedger.close` enqueues a copy and an event, `RoundLedger.due` waits only on an event `lag` rounds old
+(complete by then: the scheduler read that round's tokens).
 
 TP > 1: every rank runs its own glue, and the ranks agree as long as their reports agree. The acceptances do
 (every rank verifies the same trees); per-rank times do not, so the worker must report costs that are the same
 on every rank (e.g. rank 0's, or a MAX all-reduce of the lagged event times done with the round's statistics),
-or no cost at all (acceptances only: then the policy never measures a cost and keeps the configured tree).
+or no cost at all (acceptances only: then the policy never measures a cost and keeps the configured tree). The
+worker passes `RoundLedger` a `reduce_max` over its TP group's gloo group: the slowest rank's time, everywhere.
+
+`DDTREE_TEST_POLICY=phased` (tests only, docs/metrics.md): the policy switches fast (dwell 1, a probe while any
+shape is unmeasured, explore 0.25) on synthetic costs, the chain cheap for the first `PHASED_FLIP` rounds and
+the trees after, so a short CPU run changes shape mid-request both ways; the acceptances stay the real ones.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,18 +73,59 @@ class RoundReport:
     cost_ms: float | None = None  # the round's device time, the same on every TP rank
 
 
+TEST_POLICY_KEY = "DDTREE_TEST_POLICY"
+PHASED_FLIP = 4  # DDTREE_TEST_POLICY=phased: rounds (ids) during which the chain is the cheap shape
+
+
 class PolicyGlue:
     """One per worker: the policy over the worker's candidates (the configured tree, two halvings, the chain)."""
 
-    def __init__(self, config: DDTreeConfig, seed: int = 0) -> None:
+    def __init__(self, config: DDTreeConfig, seed: int = 0, test: str = "") -> None:
         shapes = candidate_shapes(config.budget)
         pin = config.policy.pinned
         if pin is not None and pin not in shapes:
             shapes = (*shapes[:-1], pin, CHAIN)
+        if test not in ("", "phased"):
+            raise ValueError(f"{TEST_POLICY_KEY}={test!r}: expected phased (or unset)")
+        self.phased = test == "phased"
+        knobs: dict[str, Any] = {}
+        if self.phased:
+            knobs = {"dwell": 1, "warmup_every": 2, "explore": 0.25, "alpha_cost": 0.5, "alpha_accept": 0.5}
         self.enabled = config.policy.mode is not PolicyMode.OFF
-        self.policy = ShapePolicy(PolicyConfig(shapes=shapes, seed=seed), config.policy)
+        self.policy = ShapePolicy(PolicyConfig(shapes=shapes, seed=seed, **knobs), config.policy)
         self.configured = shapes[0]
         self._ran: dict[int, Shape] = {}
+        self._shown: dict[int, Shape] = {}  # bucket -> the current shape last reported by `switch_note`
+
+    @classmethod
+    def from_env(cls, config: DDTreeConfig, env: Mapping[str, str]) -> PolicyGlue:
+        return cls(config, test=env.get(TEST_POLICY_KEY, ""))
+
+    def smaller(self, shape: Shape) -> tuple[int, ...]:
+        """The candidate budgets below a tree `shape`'s, whose acceptances its round also measures."""
+        if shape.is_chain:
+            return ()
+        return tuple(s.budget for s in self.policy.config.shapes if not s.is_chain and s.budget < shape.budget)
+
+    def switch_note(self, batch_size: int) -> str:
+        """`batch 9-16: tree16 -> chain (tok/ms tree16 0.210, tree8 -, tree4 -, chain 0.390)` when the bucket of
+        `batch_size` changed its current shape since the last call for it, else "" (the worker logs it: at most
+        one line per bucket per `dwell` rounds)."""
+        index = self.policy.bucket_of(batch_size)
+        now = self.policy.current(batch_size)
+        if now is None:
+            return ""
+        before = self._shown.setdefault(index, now if self.policy.setting.pinned else self.configured)
+        if now == before:
+            return ""
+        self._shown[index] = now
+        lo, hi = self.policy.bucket_range(index)
+        span = f"{lo}-" if hi is None else (f"{lo}" if lo == hi else f"{lo}-{hi}")
+        rates = []
+        for s in self.policy.config.shapes:
+            r = self.policy.estimate(batch_size, s)
+            rates.append(f"{s.label} {'-' if r is None else f'{r:.3f}'}")
+        return f"batch {span}: {before.label} -> {now.label} (tok/ms {', '.join(rates)})"
 
     def next_shape(self, batch_size: int, reports: Iterable[RoundReport] = ()) -> RoundShape:
         """The shape of this round; feeds `reports` (earlier rounds, in any order) to the policy first."""
@@ -104,7 +152,11 @@ class PolicyGlue:
                 accepted[ran] = r.tree_accepted / n
             if not ran.is_chain:
                 accepted.update({Shape(b): t / n for b, t in r.smaller.items() if 0 < b <= ran.budget})
-        self.policy.observe(r.round_id, accepted=accepted, cost_ms=r.cost_ms)
+        cost = r.cost_ms
+        if self.phased and cost is not None:  # DDTREE_TEST_POLICY=phased: synthetic costs, real acceptances
+            cheap = ran.is_chain == (r.round_id < PHASED_FLIP)
+            cost = float(r.batch_size) * (1.0 if cheap else 40.0)
+        self.policy.observe(r.round_id, accepted=accepted, cost_ms=cost)
 
     def log_fields(self) -> str:
         """The keys appended to the DDTREE metrics line (what MetricsLog(policy=glue.policy) appends)."""
@@ -130,37 +182,95 @@ def round_accepts(plan: BatchPlan, commit: BatchCommit, budgets: Sequence[int], 
     return torch.stack(cols, dim=1)
 
 
-class RoundTimer:
-    """Round times from CUDA events without host syncs: `start`/`stop` record events on the current stream,
-    `done` returns the rounds whose end event has completed (query() is True), oldest first. On a CPU the
-    host's clock stands in (immediately done)."""
+@dataclass
+class _Entry:
+    round_id: int
+    batch_size: int
+    budgets: tuple[int, ...]  # the smaller budgets of the row, after (committed, chain)
+    row: Tensor  # [2 + len(budgets)] int64 on the host (pinned on CUDA; filled when `end` completes)
+    start: Any  # CUDA event, or the host clock
+    end: Any
 
-    def __init__(self, device: torch.device, keep: int = 64) -> None:
+
+class RoundLedger:
+    """Each policy round's acceptance row and cost, read `lag` rounds later without a sync inside any round.
+
+    `open()` before the round (a CUDA event), `close(...)` after it: the batch's `round_accepts` summed on the
+    device and copied to pinned host memory (non-blocking), then the end event. `due()`, called before the next
+    decision, returns the reports of the rounds at least `lag` rounds old: their end events are complete by then
+    (the scheduler has read those rounds' tokens; `synchronize()` on such an event returns at once), so only
+    host memory is read. `reduce_max` (TP > 1) replaces the due rounds' costs by their MAX over the ranks, in one
+    call per `due()` (the ranks call it at the same rounds: a fixed lag, not `query()`). On a CPU the host's
+    clock (`clock`, seconds) stands in for the events."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        lag: int = 2,
+        reduce_max: Callable[[Tensor], Tensor] | None = None,
+        width: int = 8,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if lag < 1:
+            raise ValueError("RoundLedger.lag must be >= 1")
         self.cuda = device.type == "cuda"
+        self.lag, self.reduce_max, self.width, self.clock = lag, reduce_max, width, clock
+        ring = lag + 2  # host rows in flight: `lag` closed rounds, the one being read, the one being written
+        self._rows = torch.zeros((ring, width), dtype=torch.int64, pin_memory=self.cuda)
+        self._next_row = 0
         self._open: Any = None
-        self._pending: deque[tuple[int, Any, Any]] = deque(maxlen=keep)  # (round id, start, end)
+        self._entries: deque[_Entry] = deque()
+        self.reads = 0  # reports returned so far
 
-    def start(self) -> None:
+    def open(self) -> None:
         if self.cuda:
             self._open = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self._open.record()
         else:
-            self._open = time.perf_counter()
+            self._open = self.clock()
 
-    def stop(self, round_id: int) -> None:
+    def close(self, round_id: int, batch_size: int, accepts: Tensor, budgets: Sequence[int] = ()) -> None:
+        """accepts: [bs, 2 + len(budgets)] (`round_accepts`, or a chain round's committed lengths twice)."""
+        cols = 2 + len(budgets)
+        if accepts.dim() != 2 or int(accepts.shape[1]) != cols or cols > self.width:
+            raise ValueError(f"accepts must be [bs, {cols}] (<= {self.width} columns), got {tuple(accepts.shape)}")
+        row = self._rows[self._next_row, :cols]
+        self._next_row = (self._next_row + 1) % len(self._rows)
+        row.copy_(accepts.sum(dim=0), non_blocking=self.cuda)  # on CUDA: enqueued before the end event
         if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end: Any = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             end.record()
-            self._pending.append((round_id, self._open, end))
         else:
-            self._pending.append((round_id, self._open, time.perf_counter()))
+            end = self.clock()
+        self._entries.append(_Entry(round_id, batch_size, tuple(budgets), row, self._open, end))
 
-    def done(self) -> list[tuple[int, float]]:
-        out: list[tuple[int, float]] = []
-        while self._pending:
-            round_id, start, end = self._pending[0]
-            if self.cuda and not end.query():
-                break  # later rounds finish later on one stream
-            self._pending.popleft()
-            out.append((round_id, float(start.elapsed_time(end)) if self.cuda else (end - start) * 1e3))
-        return out
+    def due(self) -> list[RoundReport]:
+        out: list[_Entry] = []
+        while len(self._entries) >= self.lag:  # the newest lag - 1 rounds stay
+            out.append(self._entries.popleft())
+        if not out:
+            return []
+        costs = []
+        for e in out:
+            if self.cuda:
+                e.end.synchronize()  # `lag` rounds old: complete already
+                costs.append(float(e.start.elapsed_time(e.end)))
+            else:
+                costs.append((e.end - e.start) * 1e3)
+        if self.reduce_max is not None:
+            costs = self.reduce_max(torch.tensor(costs, dtype=torch.float64)).tolist()
+        reports = []
+        for e, cost in zip(out, costs, strict=True):
+            vals = e.row.tolist()
+            reports.append(
+                RoundReport(
+                    e.round_id,
+                    e.batch_size,
+                    tree_accepted=int(vals[0]),
+                    spine_accepted=int(vals[1]),
+                    smaller={b: int(v) for b, v in zip(e.budgets, vals[2:], strict=True)},
+                    cost_ms=cost,
+                )
+            )
+        self.reads += len(reports)
+        return reports

@@ -48,6 +48,17 @@ causal), a dense LM head (vocab-parallel at TP > 1: each rank's top-k is gathere
 log-prob or grammar-constrained request takes DFLASH's own round (chain verify, exact for sampling) instead of
 a tree round (WARNING once).
 
+The shape policy (DDTREE_POLICY, `ddtree.sglang.policy_glue`): with it on, each greedy decode round first asks
+the policy for its shape, from the batch size and what the rounds `RoundLedger.lag` back measured: a tree of the
+configured budget, a smaller one (the same best-first tree cut at fewer nodes, padded into the same verify slots,
+so the captured CUDA graphs still apply; a wide tree's smaller ones that fit the block take B slots), or
+DFLASH's own chain round (`super().forward_batch_generation`). The round's acceptances (what it committed, what
+the chain and each smaller tree would have: `round_accepts`) are summed on the device and its cost is two CUDA
+events; neither is read before `lag` rounds later, so the round itself gains no sync. At TP > 1 the costs are
+the MAX over the ranks (one gloo all-reduce of a few floats per round, on the lagged values), so every rank
+decides the same shapes. A change of a bucket's shape is logged (INFO, rank 0), and the DDTREE metrics lines
+carry the policy's choice and estimates.
+
 sglang is imported only inside `tree_worker_class()`.
 """
 
@@ -58,7 +69,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +90,7 @@ from ddtree.sglang.batch_round import (
     stats_tensor,
 )
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
+from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger, round_accepts
 from ddtree.sglang.round_graphs import RoundGraphs, clone_result
 from ddtree.sglang.selfcheck import (
     STATE_TOLERANCE,
@@ -223,6 +235,20 @@ def verify_slots(budget: int, block: int) -> int:
     )
 
 
+def cost_max(head: HeadShard) -> Callable[[Tensor], Tensor] | None:
+    """At TP > 1, the policy ledger's reduction of round costs: their MAX over the TP group, on its gloo (CPU)
+    group, so every rank feeds its policy the same numbers (the slowest rank's) and decides the same shapes."""
+    if head.tp_size == 1 or head.group is None:
+        return None
+    group = head.group.cpu_group
+
+    def reduce(costs: Tensor) -> Tensor:  # [n] float64 on the host
+        torch.distributed.all_reduce(costs, op=torch.distributed.ReduceOp.MAX, group=group)
+        return costs
+
+    return reduce
+
+
 def folded_draft_head_warning(draft_sampler: Any) -> str:
     """A warning when DFLASH's greedy draft head is folded into the drafter's CUDA graph ("" otherwise). A tree
     round builds its trees from the drafter's hidden states and never reads that head's tokens, so every replay
@@ -301,6 +327,7 @@ class PlannedRound:
     custom_mask: Tensor  # SGLang's FULL_MASK, [sum_b S * (prefix_b + S)] bool
     window: KVWindow  # W = S: the draft's window, or twice as wide
     graphed: bool  # plan (hence commit) replayed from the worker's RoundGraphs
+    budget: int  # the trees' nodes (the configured budget, or the policy's smaller one)
 
 
 @dataclass(frozen=True)
@@ -390,9 +417,9 @@ def tree_worker_class() -> type:
             self._ddtree_warned_sampling = False
             self._ddtree_rounds = 0
             self._ddtree_fallback = ""  # set by a failed self-check: DFLASH's rounds from then on
-            self._ddtree_graphs = RoundGraphs(
-                self._ddtree_slots, config.budget, config.topk, max_batch=config.round_graphs_max_bs
-            )
+            self._ddtree_graphs: dict[int, RoundGraphs] = {}  # budget -> its plan / commit graphs
+            self._ddtree_glue = PolicyGlue.from_env(config, os.environ)  # DDTREE_POLICY (off: the configured tree)
+            self._ddtree_ledger = RoundLedger(self.device, reduce_max=cost_max(head))
             # SGLang captures the target's verify graphs after this constructor: have them read the tree mask
             # (graph_masks; a policy only, inert without graphs)
             self._ddtree_backend = server_args.decode_attention_backend or server_args.attention_backend
@@ -471,7 +498,8 @@ def tree_worker_class() -> type:
                 if hybrid is HybridMode.UNSAFE:
                     logger.warning("DDTREE HYBRID UNSAFE: tree verify in flat order (%s); outputs may differ", why)
             self._ddtree_exact_hybrid = hybrid is HybridMode.EXACT
-            self._ddtree_log = MetricsLog(self._ddtree_config, int(self.block_size), hybrid)
+            policy = self._ddtree_glue.policy if self._ddtree_glue.enabled else None
+            self._ddtree_log = MetricsLog(self._ddtree_config, int(self.block_size), hybrid, policy=policy)
             if self._ddtree_rank == 0:
                 self._ddtree_log.start()
             self._ddtree_stats = StatsQueue(self._ddtree_log)
@@ -504,7 +532,41 @@ def tree_worker_class() -> type:
                 return super().forward_batch_generation(
                     batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
                 )
-            return self._ddtree_round(batch, on_publish)
+            glue = self._ddtree_glue
+            if not glue.enabled:
+                return self._ddtree_round(batch, on_publish, self._ddtree_config.budget)[0]
+            bs = len(batch.seq_lens)
+            shape = glue.next_shape(bs, self._ddtree_ledger.due())  # the rounds `lag` back: host memory only
+            note = glue.switch_note(bs)
+            if note and self._ddtree_rank == 0:
+                logger.info("DDTREE policy %s", note)
+            self._ddtree_ledger.open()
+            if shape.is_chain:
+                result, accepts = self._ddtree_chain_round(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+            else:
+                result, accepts = self._ddtree_round(batch, on_publish, shape.budget, glue.smaller(shape.shape))
+            self._ddtree_ledger.close(shape.round_id, bs, accepts, glue.smaller(shape.shape))
+            return result
+
+        def _ddtree_chain_round(
+            self, batch: Any, on_publish: Any, grammar_barrier: Any, pp_proxy_tensors: Any
+        ) -> tuple[Any, Tensor]:
+            """The policy chose the chain: DFLASH's own decode round, unchanged. Its statistics join the DDTREE
+            lines (a chain of B - 1 nodes) so the lines keep coming while the chain is chosen. -> (SGLang's result,
+            [bs, 2] what it committed, twice: the chain's own acceptance)."""
+            t0 = time.perf_counter()
+            result = super().forward_batch_generation(
+                batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
+            )
+            committed = result.accept_lens.to(torch.int64)  # [bs], bonus included
+            if self._ddtree_stats is None:
+                raise RuntimeError("DDTREE: a decode round before init_cuda_graphs (SGLang's start-up order changed)")
+            if self._ddtree_rank == 0:
+                chain = torch.full_like(committed, int(self.block_size) - 1)
+                zeros, ones = torch.zeros_like(committed), torch.ones_like(committed)
+                stats = torch.stack([committed, chain, chain, zeros, ones, zeros], dim=1)
+                self._ddtree_stats.push(stats, {"verify": (time.perf_counter() - t0) * 1e3})
+            return result, torch.stack([committed, committed], dim=1)
 
         @staticmethod
         def _needs_dflash_round(batch: Any) -> str:
@@ -652,18 +714,21 @@ def tree_worker_class() -> type:
 
         # -- one decode round: draft -> plan -> verify -> commit (contracts: the step dataclasses above) --
 
-        def _ddtree_round(self, batch: Any, on_publish: Any) -> Any:
-            """One tree round of a greedy decode batch. Device-to-host syncs of the round's own code (SGLang's
-            forwards may add theirs), at most 2: in `_plan`, the prefix-length sum that sizes FULL_MASK when the
-            batch has no host copy of seq_lens; in `StatsQueue.push`, the statistics read on a round that
-            completes a DDTREE log line (the first round, then once per DDTREE_LOG_INTERVAL request-rounds)."""
+        def _ddtree_round(
+            self, batch: Any, on_publish: Any, budget: int, smaller: Sequence[int] = ()
+        ) -> tuple[Any, Tensor]:
+            """One tree round of `budget` nodes of a greedy decode batch. Device-to-host syncs of the round's own
+            code (SGLang's forwards may add theirs), at most 2: in `_plan`, the prefix-length sum that sizes
+            FULL_MASK when the batch has no host copy of seq_lens; in `StatsQueue.push`, the statistics read on a
+            round that completes a DDTREE log line (the first round, then once per DDTREE_LOG_INTERVAL
+            request-rounds). -> (SGLang's result, [bs, 2 + len(smaller)] `round_accepts` on the device)."""
             draft_input = batch.spec_info
             if not isinstance(draft_input, DFlashDraftInputV2):
                 raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch")
             t0 = time.perf_counter()
             draft = self._draft(batch, draft_input)
             t1 = time.perf_counter()
-            planned = self._plan(batch, draft_input, draft)
+            planned = self._plan(batch, draft_input, draft, budget)
             t2 = time.perf_counter()
             verified = self._verify(batch, draft_input, planned, check=self._self_check_due())
             t3 = time.perf_counter()
@@ -677,7 +742,8 @@ def tree_worker_class() -> type:
             if self._ddtree_rank == 0:  # sync 2, on a round that completes a line
                 self._ddtree_stats.push(stats_tensor(planned.plan, commit), ms)
             block = int(self.block_size)
-            return GenerationBatchResult(
+            accepts = round_accepts(planned.plan, commit, smaller, block - 1)  # [bs, 2 + len(smaller)], no sync
+            result = GenerationBatchResult(
                 logits_output=kept.logits_output,
                 next_token_ids=kept.out_tokens[:, :block].reshape(-1),
                 accept_lens=kept.commit_lens,
@@ -688,6 +754,7 @@ def tree_worker_class() -> type:
                 routed_experts_output=verified.output.routed_experts_output,
                 indexer_topk_output=verified.output.indexer_topk_output,
             )
+            return result, accepts
 
         def _ddtree_head(self) -> HeadShard:
             """The target's LM head rows on this rank (all of them at TP 1), or a start-up error."""
@@ -764,11 +831,12 @@ def tree_worker_class() -> type:
                 raise RuntimeError("DFLASH draft model returned no hidden states")
             return DraftBlock(prefix_lens=prefix_lens, window=window, hidden=hidden.view(bs, block, -1)[:, 1:, :])
 
-        def _plan(self, batch: Any, draft_input: Any, draft: DraftBlock) -> PlannedRound:
+        def _plan(self, batch: Any, draft_input: Any, draft: DraftBlock, budget: int) -> PlannedRound:
             """Step 2. The target's LM head on the drafter's hidden states gives log-probs [bs, B - 1, V]; every
-            request's tree, in SGLang's layout and S slots, with FULL_MASK and the verify's KV window."""
+            request's tree of `budget` nodes (the configured one, or the policy's smaller one: the same best-first
+            tree cut, padded), in SGLang's layout and S slots, with FULL_MASK and the verify's KV window."""
             head, config = self._ddtree_head(), self._ddtree_config
-            slots, prefix_lens = self._ddtree_slots, draft.prefix_lens
+            slots, prefix_lens = verify_slots(budget, int(self.block_size)), draft.prefix_lens
             bs = int(prefix_lens.shape[0])
             window = draft.window  # a tree that fits the draft block's window, or twice as wide
             if slots != int(self.block_size):
@@ -776,7 +844,7 @@ def tree_worker_class() -> type:
             graphed = False
             if head.tp_size > 1:  # a vocab-parallel head: each rank's top-k, gathered (the same trees everywhere)
                 vals, ids = head_topk(draft.hidden, head, config.topk)  # [bs, B - 1, k]
-                plan = plan_batch_topk(vals, ids, draft_input.bonus_tokens, prefix_lens, slots, config.budget)
+                plan = plan_batch_topk(vals, ids, draft_input.bonus_tokens, prefix_lens, slots, budget)
             else:
                 with torch.inference_mode():
                     # one [bs * (B - 1), H] GEMM: draft.hidden is a strided view, and a 3-D matmul on it becomes a
@@ -785,23 +853,30 @@ def tree_worker_class() -> type:
                     flat = draft.hidden.reshape(-1, draft.hidden.shape[-1]).to(head.weight.dtype)
                     logits = (flat @ head.weight.T).view(bs, draft.hidden.shape[1], -1)  # [bs, B - 1, V]
                     logprobs = torch.log_softmax(logits.float(), dim=-1)
-                graphed = self._ddtree_graphs.applies(bs, logprobs.device)  # small batches: replayed from graphs
+                graphs = self._ddtree_round_graphs(budget)
+                graphed = graphs.applies(bs, logprobs.device)  # small batches: replayed from graphs
                 if graphed:
-                    plan = self._ddtree_graphs.plan(logprobs, draft_input.bonus_tokens, prefix_lens)
+                    plan = graphs.plan(logprobs, draft_input.bonus_tokens, prefix_lens)
                 else:
-                    plan = plan_batch(
-                        logprobs, draft_input.bonus_tokens, prefix_lens, slots, config.budget, config.topk
-                    )
+                    plan = plan_batch(logprobs, draft_input.bonus_tokens, prefix_lens, slots, budget, config.topk)
             host_lens = batch.seq_lens_cpu  # None: sync 1, the sum of the device's prefix lengths
             prefix_sum = int((host_lens if host_lens is not None else prefix_lens).sum())
             custom_mask = full_mask_batched(plan.tree_mask, prefix_lens, full_mask_numel(prefix_sum, bs, slots))
-            return PlannedRound(plan=plan, custom_mask=custom_mask, window=window, graphed=graphed)
+            return PlannedRound(plan=plan, custom_mask=custom_mask, window=window, graphed=graphed, budget=budget)
+
+        def _ddtree_round_graphs(self, budget: int) -> RoundGraphs:
+            """The plan / commit graphs of trees of `budget` nodes (one set per budget the policy runs)."""
+            graphs = self._ddtree_graphs.get(budget)
+            if graphs is None:
+                slots, most = verify_slots(budget, int(self.block_size)), self._ddtree_config.round_graphs_max_bs
+                graphs = self._ddtree_graphs[budget] = RoundGraphs(slots, budget, self._ddtree_config.topk, most)
+            return graphs
 
         def _verify(self, batch: Any, draft_input: Any, planned: PlannedRound, check: bool) -> VerifiedRound:
             """Step 3. One target forward (TARGET_VERIFY) over every tree, writing the verify window's KV; SGLang's
             verify_tree_greedy walks the target's argmax over the tree links."""
-            plan, slots = planned.plan, self._ddtree_slots
-            bs = int(plan.tokens.shape[0])
+            plan = planned.plan
+            bs, slots = (int(n) for n in plan.tokens.shape)
             # a verify forward slides each request's conv state in place (the commit overwrites it from the
             # accepted step's window); a self-check's chain re-verify must start from the committed one
             conv_snapshot = self._snapshot_conv_states(batch) if check and self._ddtree_hybrid else None
@@ -855,7 +930,10 @@ def tree_worker_class() -> type:
             the statistics), what was kept, and the new sequence lengths."""
             args = (planned.plan, verified.accept_index, verified.accept_num, verified.target_predict)
             # a graph's results are copied out of its buffers: they outlive the round
-            commit = clone_result(self._ddtree_graphs.commit(*args)) if planned.graphed else commit_batch(*args)
+            if planned.graphed:  # the graphs `_plan` replayed
+                commit = clone_result(self._ddtree_round_graphs(planned.budget).commit(*args))
+            else:
+                commit = commit_batch(*args)
             if verified.check:
                 kept = self._keep_chain(batch, draft_input, draft, planned, verified, commit)
             else:
