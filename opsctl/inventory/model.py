@@ -230,8 +230,9 @@ class CanaryConfig:
     of the rest) or rolls the canary back (opsctl.router.canary; docs/deploy.md, "Canary")."""
 
     workers: int = 1  # canary workers (the router keeps at least one worker on the old release)
-    window: float = 300.0  # seconds of live traffic compared
-    min_requests: int = 20  # per group in the window; fewer: no verdict, the canary is rolled back
+    window: float = 300.0  # seconds of live traffic compared (a hard failure rolls back sooner)
+    max_window: float = 900.0  # too little traffic at `window`: measure on up to this long, then roll back
+    min_requests: int = 20  # per group before a verdict; still fewer at `max_window`: rolled back
     max_error_rate: float = 0.01  # canary's aborted requests per request, above the old group's
     max_ttft_ratio: float = 1.5  # canary p95 time to first token / the old group's
     max_itl_ratio: float = 1.5  # canary p95 inter-token latency / the old group's

@@ -135,9 +135,16 @@ def _canary(value: Any, fronted: int, path: str) -> CanaryConfig:
             f"{workers} of the router's {fronted} workers leaves none on the old release to compare with",
             f"at most {fronted - 1}",
         )
+    window = num("window", 1, 86400)
+    longest = s.number(d.get("max_window", 3 * window), s.join(path, "max_window"), 1, 3 * 86400)
+    if longest < window:
+        raise InventoryError(
+            s.join(path, "max_window"), f"{longest:g} is shorter than window ({window:g})", f"at least {window:g}"
+        )
     return CanaryConfig(
         workers=workers,
-        window=num("window", 1, 86400),
+        window=window,
+        max_window=longest,
         min_requests=count("min_requests", 1, 1_000_000),
         max_error_rate=num("max_error_rate", 0, 1),
         max_ttft_ratio=num("max_ttft_ratio", 1, 100),

@@ -12,6 +12,7 @@ back with Ctrl-C ignored until that is done.
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -89,7 +90,9 @@ def plan_lines(router: Router, selection: Selection) -> list[str]:
     return [
         f"canary behind router {router.name}: {', '.join(map(str, canary))} first (drain-aware deploy); "
         f"{', '.join(map(str, old))} stay on the old release",
-        f"compare for {config.window:g}s of live traffic: >= {config.min_requests} requests each, error rate <= "
+        f"compare for {config.window:g}s of live traffic (a look every {tick_s(config.window):g}s; a self-check "
+        f"failure, a restart or differing tokens roll back at once; on up to {config.max_window:g}s while "
+        f"traffic is short): >= {config.min_requests} requests each, error rate <= "
         f"old + {config.max_error_rate:.2%}, TTFT/ITL p95 <= {config.max_ttft_ratio:g}x/{config.max_itl_ratio:g}x, "
         f"tok/s >= {config.min_tok_s_ratio:g}x, tau >= {config.min_tau_ratio:g}x, self-check failures <= "
         f"{config.max_selfcheck_failures}, restarts <= {config.max_restarts}"
@@ -198,27 +201,44 @@ class Canary:
         except OpsctlError:
             return ()
 
-    def measure(self, cancelled: Callable[[], bool] = lambda: False) -> tuple[judge.GroupStats, judge.GroupStats]:
-        """Both groups over the window (interruptible by KeyboardInterrupt / `cancelled`)."""
-        refs = [*self.canary, *self.old]
-        since = int(time.time())
-        restarts = {r: self._restarts(r) for r in refs}
-        start = {r: self._scrape(r) for r in refs}
-        t0 = self.clock()
-        last_said = t0
-        while self.clock() - t0 < self.config.window and not cancelled():
-            self.sleep(min(1.0, max(0.0, self.config.window - (self.clock() - t0))))
-            if self.clock() - last_said >= 10:
-                self.say(f"canary: measuring, {self.clock() - t0:.0f}/{self.config.window:g}s")
-                last_said = self.clock()
-        self.report.window_s = round(self.clock() - t0, 1)
-        windows = {
+    def _windows(
+        self, refs: Sequence[WorkerRef], start: dict[WorkerRef, promtext.Scrape], restarts: dict[WorkerRef, int],
+        since: int,
+    ) -> dict[WorkerRef, judge.WorkerWindow]:  # fmt: skip
+        return {
             r: judge.WorkerWindow(
                 self._url(r), start[r], self._scrape(r), self._journal(r, since), restarts[r], self._restarts(r)
             )
             for r in refs
         }
-        return judge.group_stats([windows[r] for r in self.canary]), judge.group_stats([windows[r] for r in self.old])
+
+    def measure(self, replay: judge.Replay | None = None) -> judge.Verdict:
+        """Both groups sampled at `next_look` times, each look judged on everything since the start,
+        until the verdict is not `continue` (interruptible by KeyboardInterrupt)."""
+        refs = [*self.canary, *self.old]
+        since = int(time.time())
+        restarts = {r: self._restarts(r) for r in refs}
+        start = {r: self._scrape(r) for r in refs}
+        t0 = self.clock()
+        # Different tokens are known already: one look now, for the table, and the canary goes at once
+        due = -1.0 if replay is not None and replay.equal < replay.sent else 0.0
+        while True:
+            due = next_look(due, self.config)
+            while self.clock() - t0 < due:
+                self.sleep(min(1.0, max(0.0, due - (self.clock() - t0))))
+            windows = self._windows(refs, start, restarts, since)
+            elapsed = self.clock() - t0
+            verdict = judge.judge(
+                judge.group_stats([windows[r] for r in self.canary]),
+                judge.group_stats([windows[r] for r in self.old]),
+                self.config, replay, elapsed,
+            )  # fmt: skip
+            self.report.window_s = round(elapsed, 1)
+            self.report.table = judge.table(verdict)
+            if verdict.decision is not judge.Decision.CONTINUE:
+                return verdict
+            self._save("measuring", verdict.reason)
+            self.say(f"canary: {elapsed:.0f}s: {_summary(verdict)}")
 
     def _mode_changed(self, results: Sequence[ServiceResult]) -> bool:
         """A canary whose release runs another mode than the release it replaced (read from both manifests)."""
@@ -287,17 +307,18 @@ class Canary:
             return report, self._finish("rolled-back", f"canary {bad.host}/{bad.service} {bad.outcome}: {bad.message}")
         deployed = [r for r in first.results if r.outcome is Outcome.DEPLOYED]
         try:
+            replay = None
+            if self.config.replay and self._mode_changed(deployed):
+                self.say(f"canary: mode changed: replaying {self.config.replay} greedy request(s) on both groups")
+                replay = self.replay()
             self._save("measuring", f"comparing for {self.config.window:g}s")
             self.say(f"canary: comparing {names} with {', '.join(self.report.old)} for {self.config.window:g}s")
-            mine, theirs = self.measure()
-            replay = self.replay() if self.config.replay and self._mode_changed(deployed) else None
+            verdict = self.measure(replay)
         except KeyboardInterrupt:
             report.interrupted = True
             self._roll_back(report, deployed, "interrupted while measuring")
             return report, self._finish("interrupted", "interrupted: canary rolled back, the old release serves")
-        verdict = judge.judge(mine, theirs, self.config, replay)
-        self.report.table = judge.table(verdict)
-        self.report.verdict = "promote" if verdict.promote else "roll back"
+        self.report.verdict = verdict.decision.value
         for line in self.report.table:
             self.say(f"canary: {line}")
         self._audit("canary-verdict", self.report.verdict.replace(" ", "-"), verdict.reason)
@@ -381,6 +402,28 @@ def _sigint_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def tick_s(window: float) -> float:
+    """Seconds between two looks at both groups: ten looks a window, 5 s to 30 s apart."""
+    return min(30.0, max(5.0, window / 10))
+
+
+def next_look(last: float, config: CanaryConfig) -> float:
+    """When (seconds into the window) to look after the look at `last`: every tick, and exactly at `window` and
+    at `max_window`, the last one."""
+    tick = tick_s(config.window)
+    candidates = [(math.floor(last / tick + 1e-9) + 1) * tick, config.max_window]
+    if config.window > last:
+        candidates.append(config.window)
+    return min(candidates)
+
+
+def _summary(verdict: judge.Verdict) -> str:
+    """One line of the numbers so far (the full table is printed with the verdict)."""
+    shown = ("requests", "error rate", "ITL p95", "tok/s")
+    cells = [f"{r.metric} {r.canary} vs {r.old}" for r in verdict.rows if r.metric in shown]
+    return f"{verdict.reason}; " + ", ".join(cells)
 
 
 def _now() -> str:

@@ -5,6 +5,8 @@ answers. Measuring lives in opsctl.router.canary; nothing here does I/O.
 
 from __future__ import annotations
 
+import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -13,6 +15,17 @@ from opsctl.inventory.model import CanaryConfig
 from opsctl.router.api import Member
 
 SELFCHECK_FAILED = "DDTREE self-check FAILED"
+TTFT = "sglang:time_to_first_token_seconds"
+# SGLang 0.5.x's per-token decode latency; older SGLang (and vLLM-shaped exporters) call it time per output token
+ITL = ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")
+# Rules whose failure rolls back at once, whatever the traffic: they are facts, not statistics
+HARD_RULES = ("self-check failures", "restarts", "greedy replay")
+
+
+class Decision(enum.Enum):
+    PROMOTE = "promote"
+    ROLL_BACK = "roll back"
+    CONTINUE = "continue"  # the window is still open, or too little traffic so far and `max_window` not reached
 
 
 def refuse_take_out(members: Sequence[Member], url: str) -> str | None:
@@ -75,6 +88,15 @@ def _delta(w: WorkerWindow, name: str) -> float:
     return end if start is None or start > end else end - start  # a restart resets counters
 
 
+def _window_histogram(w: WorkerWindow, names: Sequence[str]) -> promtext.Histogram | None:
+    """The first of `names` the worker exports, observed over its window."""
+    for name in names:
+        end = w.end.histogram(name)
+        if end is not None:
+            return end.minus(w.start.histogram(name))
+    return None
+
+
 def group_stats(windows: Sequence[WorkerWindow]) -> GroupStats:
     ttft: promtext.Histogram | None = None
     itl: promtext.Histogram | None = None
@@ -82,18 +104,12 @@ def group_stats(windows: Sequence[WorkerWindow]) -> GroupStats:
     tau: list[float] = []
     failures = 0
     for w in windows:
-        for name, acc in (
-            ("sglang:time_to_first_token_seconds", "ttft"),
-            ("sglang:inter_token_latency_seconds", "itl"),
-        ):
-            end = w.end.histogram(name)
-            if end is None:
-                continue
-            part = end.minus(w.start.histogram(name))
-            if acc == "ttft":
-                ttft = part if ttft is None else ttft.plus(part)
-            else:
-                itl = part if itl is None else itl.plus(part)
+        part = _window_histogram(w, (TTFT,))
+        if part is not None:
+            ttft = part if ttft is None else ttft.plus(part)
+        part = _window_histogram(w, ITL)
+        if part is not None:
+            itl = part if itl is None else itl.plus(part)
         for record in metrics.parse_lines(w.journal):
             if isinstance(record, metrics.DDTreeMetrics) and record.rounds > 0:
                 tok_s.append(record.tok_s)
@@ -138,12 +154,17 @@ class Row:
 
 @dataclass(frozen=True)
 class Verdict:
-    promote: bool
-    reason: str  # the failed rules, or "every rule passed"
+    decision: Decision
+    reason: str  # the failed rules, "every rule passed", or why the window goes on
     rows: tuple[Row, ...]
     canary: GroupStats
     old: GroupStats
     replay: Replay | None
+    elapsed: float | None = None  # seconds measured; None: the final look (the window is over)
+
+    @property
+    def promote(self) -> bool:
+        return self.decision is Decision.PROMOTE
 
 
 def _f(value: float | None, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
@@ -162,8 +183,15 @@ def _ratio_row(
     return Row(metric, *shown, f"{ratio:.2f}x {'<=' if upper else '>='} {limit:g}x", ok)
 
 
-def judge(canary: GroupStats, old: GroupStats, config: CanaryConfig, replay: Replay | None) -> Verdict:
-    """Promote when every rule holds; too little traffic in either group is no verdict, and rolls back."""
+def judge(
+    canary: GroupStats, old: GroupStats, config: CanaryConfig, replay: Replay | None, elapsed: float | None = None
+) -> Verdict:
+    """The decision after `elapsed` seconds of the window (None: the last look, nothing may continue).
+
+    A hard rule (self-check failures, restarts, the greedy replay) that fails rolls back at once. Otherwise the
+    window goes on until `window`; then, with too little traffic in either group, until `max_window`, where
+    too little traffic is no verdict and rolls back; with enough, every rule must hold to promote.
+    """
     rows = [
         Row(
             "requests",
@@ -214,7 +242,19 @@ def judge(canary: GroupStats, old: GroupStats, config: CanaryConfig, replay: Rep
     reason = "; ".join(f"{r.metric} {r.canary} vs {r.old} (needs {r.rule})" for r in failed) or "every rule passed"
     if replay is not None and replay.first_difference and failed and failed[-1].metric == "greedy replay":
         reason += f": {replay.first_difference}"
-    return Verdict(not failed, reason, tuple(rows), canary, old, replay)
+    hard = [r for r in failed if r.metric in HARD_RULES]
+    until = math.inf if elapsed is None else elapsed
+    if hard:
+        decision = Decision.ROLL_BACK
+    elif until < config.window:
+        decision, reason = Decision.CONTINUE, f"window open, {until:.0f}/{config.window:g}s"
+    elif not rows[0].ok and until < config.max_window:
+        decision = Decision.CONTINUE
+        reason = f"too little traffic ({rows[0].canary} and {rows[0].old} requests, needs {config.min_requests} each)"
+        reason += f", measuring on up to {config.max_window:g}s ({until:.0f}s so far)"
+    else:
+        decision = Decision.ROLL_BACK if failed else Decision.PROMOTE
+    return Verdict(decision, reason, tuple(rows), canary, old, replay, elapsed)
 
 
 def table(verdict: Verdict) -> list[str]:
@@ -223,5 +263,5 @@ def table(verdict: Verdict) -> list[str]:
     body = [(r.metric, r.canary, r.old, r.rule, "ok" if r.ok else "FAIL") for r in verdict.rows]
     widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in (header, *body)]
-    lines.append(f"verdict: {'PROMOTE' if verdict.promote else 'ROLL BACK'} ({verdict.reason})")
+    lines.append(f"verdict: {verdict.decision.value.upper()} ({verdict.reason})")
     return lines

@@ -270,42 +270,21 @@ def test_router_release_that_cannot_start_is_rolled_back(router_inventory: Path,
     assert again.returncode == 0, again.stderr[-3000:]
 
 
-TOKEN_FAULT_MODULE = """\
-import os
-if os.environ.get("OPSCTL_FAULT_FLIP"):
-    import ddtree.serve.worker as _w
-    _init = _w.Worker.__init__
-    def _init_flipped(self, stream, stats):
-        def flipped(*args, **kwargs):
-            for chunk in stream(*args, **kwargs):
-                yield [int(t) ^ 1 for t in chunk]
-        _init(self, flipped, stats)
-    _w.Worker.__init__ = _init_flipped
-    print("OPSCTL_FAULT_FLIP: every output token id has its lowest bit flipped", flush=True)
-"""
-
-
 @contextmanager
-def token_fault_installed(inventory: Path, host: str, venv: str = "/opt/opsctl/venv") -> Iterator[None]:
-    """A server started with OPSCTL_FAULT_FLIP=1 in its environment answers other tokens than it computed:
-    a release whose greedy output differs from the baseline's, with nothing else wrong."""
+def faults_armed(inventory: Path, host: str) -> Iterator[None]:
+    """The reference server's test faults (ddtree.serve.faults) armed on `host`: a server started while the
+    marker exists honours DDTREE_SERVE_FAULT_* in its environment. The marker goes when the test ends."""
+    from ddtree.serve import faults
+
     from opsctl.commands import Cmd
-    from opsctl.inventory.load import load_inventory
-    from opsctl.remote import connect
     from tests.lab.test_deploy_support import remote_run
 
-    site = remote_run(
-        inventory, host, Cmd.of(f"{venv}/bin/python", "-c", "import site; print(site.getsitepackages()[0])")
-    ).strip()
-    with connect(load_inventory(inventory).host(host)) as conn:
-        conn.put_text(TOKEN_FAULT_MODULE, f"{site}/opsctl_test_tokens.py")
-        conn.put_text("import opsctl_test_tokens\n", f"{site}/opsctl_test_tokens.pth")
+    marker = faults.MARKER
+    remote_run(inventory, host, Cmd.of("sh", "-c", f"mkdir -p {Path(marker).parent} && touch {marker}"))
     try:
         yield
     finally:
-        remote_run(
-            inventory, host, Cmd.of("rm", "-f", f"{site}/opsctl_test_tokens.pth", f"{site}/opsctl_test_tokens.py")
-        )
+        remote_run(inventory, host, Cmd.of("rm", "-f", "--", marker))
 
 
 def _with_canary(doc: dict[str, Any]) -> None:
@@ -349,27 +328,56 @@ def test_canary_promotes_a_good_release(router_inventory: Path, tmp_path: Path) 
     assert row["canary"]["phase"] == "promoted" and row["canary"]["table"], status.stdout[-2000:]
 
 
-@pytest.mark.skip(
-    reason="the token-flip fault module did not take effect on the server (replay 1/1 equal, canary "
-    "promoted, 2026-12-02 run 2): to be debugged before this half counts"
-)
 def test_canary_rolls_back_a_release_whose_tokens_differ(router_inventory: Path, tmp_path: Path) -> None:
     """Tree -> shadow on a release whose output tokens differ (a fault that flips them), rolled back."""
     router = f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}"
 
     def flipped(doc: dict[str, Any]) -> None:
         _with_canary(doc)
-        service(doc, "lab1", "ref")["extra_env"] = {"OPSCTL_FAULT_FLIP": "1"}
+        service(doc, "lab1", "ref")["extra_env"] = {"DDTREE_SERVE_FAULT_FLIP": "1"}
 
     bad_inv = derived_inventory(tmp_path / "flipped.yaml", flipped)
     before = {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")}
-    with token_fault_installed(router_inventory, "lab1"), steady(router) as client:
+    with faults_armed(router_inventory, "lab1"), steady(router) as client:
         bad = opsctl("deploy", "-i", str(bad_inv), "--service", "ref", "--mode", "shadow", "--canary", timeout=1500)
     print(_canary_lines(bad.stderr))
     _record("canary_tokens_differ", client.report, deploy_rc=bad.returncode)
     assert bad.returncode == 1, bad.stderr[-5000:]
     assert "canary behind router front: rolled-back" in bad.stderr, bad.stderr[-5000:]
     assert re.search(r"greedy replay +0/1 equal .* FAIL", bad.stderr), _canary_lines(bad.stderr)
+    assert {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")} == before
+    assert client.report.failed == 0, client.report.summary()
+    members = _members(router_inventory)
+    assert len(members) == 2 and all(members.values()), members
+
+
+def test_canary_rolls_back_a_much_slower_release(router_inventory: Path, tmp_path: Path) -> None:
+    """Same mode (no replay), but lab1/ref's release sleeps 300 ms before every decode round's tokens: the
+    canary's inter-token latency p95 is several times the old group's, and it is rolled back by itself. The
+    client runs at 1.5 requests/s here: the reference server answers one request at a time, and at 10/s the
+    slowed canary's queue would outgrow the client's timeout before the window closes."""
+    router = f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}"
+    mode = current_mode(router_inventory, "lab2", "ref")
+
+    def slowed(doc: dict[str, Any]) -> None:
+        _with_canary(doc)
+        doc["routers"]["front"]["canary"].update(window=20, min_requests=5, max_itl_ratio=3)
+        service(doc, "lab1", "ref")["extra_env"] = {"DDTREE_SERVE_FAULT_DELAY_MS": "300"}
+
+    slow_inv = derived_inventory(tmp_path / "slowed.yaml", slowed)
+    before = {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")}
+    client = SteadyClient(router, rate=1.5, max_s=120)
+    with faults_armed(router_inventory, "lab1"):
+        client.start()
+        try:
+            bad = opsctl("deploy", "-i", str(slow_inv), "--service", "ref", "--mode", mode, "--canary", timeout=1500)
+        finally:
+            client.finish()
+    print(_canary_lines(bad.stderr))
+    _record("canary_slow", client.report, deploy_rc=bad.returncode)
+    assert bad.returncode == 1, bad.stderr[-5000:]
+    assert "canary behind router front: rolled-back" in bad.stderr, bad.stderr[-5000:]
+    assert re.search(r"canary: ITL p95 .* FAIL", bad.stderr), _canary_lines(bad.stderr)
     assert {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")} == before
     assert client.report.failed == 0, client.report.summary()
     members = _members(router_inventory)

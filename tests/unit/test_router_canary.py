@@ -19,10 +19,11 @@ from opsctl.inventory.model import Inventory, WorkerRef
 from opsctl.remote.fake import FakeHost
 from opsctl.router import canary as canary_mod
 from opsctl.router.canary import Canary, fronted_selection, plan_lines, split
+from opsctl.router.judge import Decision, Replay
 from tests.unit.test_router_inventory import BASE
 
 
-def inventory(**block: Any) -> Inventory:
+def inventory(**block: Any) -> Inventory:  # window 5 unless given
     data = copy.deepcopy(BASE)
     data["routers"]["front"].update(services=["h1/a", "h2/a"], canary={"window": 5, **block})
     return parse_inventory(data)
@@ -41,7 +42,8 @@ def test_split_and_plan() -> None:
     )  # fmt: skip
     lines = plan_lines(router, selection(inv))
     assert lines[0].startswith("canary behind router front: h1/a first (drain-aware deploy); h2/a stay")
-    assert "compare for 5s of live traffic: >= 20 requests each" in lines[1]
+    assert lines[1].startswith("compare for 5s of live traffic (a look every 5s; a self-check failure, a restart")
+    assert "on up to 15s while traffic is short): >= 20 requests each" in lines[1]
     assert lines[2] == "then promote h1/b, h2/a (rolling) or roll the canary back"
     plain = parse_inventory(copy.deepcopy(BASE))
     assert fronted_selection(plain, selection(plain)) is None
@@ -87,3 +89,121 @@ def test_ctrl_c_while_measuring_rolls_the_canary_back(monkeypatch: pytest.Monkey
     audit = (tmp_path / "opsctl" / "audit.log").read_text()
     assert "action=canary-start" in audit and "action=canary release=- result=interrupted" in audit
     assert canary_mod.state_path(router) in hosts["h1"].files
+
+
+class Fleet:
+    """Two workers under scripted traffic: each /metrics scrape is a later moment (10 requests and 40 tokens
+    more per look); the canary's tokens come `slow` times slower; its journal says what `journal` holds."""
+
+    def __init__(self, slow: float = 1.0, journal: str = "", restarts: int = 0) -> None:
+        self.slow, self.journal, self.restarts = slow, journal, restarts
+        self.scrapes: dict[str, int] = {}
+
+    def metrics(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        n = self.scrapes[host] = self.scrapes.get(host, -1) + 1
+        fast = 40 * n if host == "10.0.0.2" or self.slow == 1.0 else 0  # the canary's all past 0.01 s
+        m = 'model_name="tiny"'
+        return httpx.Response(200, text=(
+            f"sglang:num_requests_total{{{m}}} {10 * n}\nsglang:num_aborted_requests_total{{{m}}} 0\n"
+            f'sglang:inter_token_latency_seconds_bucket{{le="0.01",{m}}} {fast}\n'
+            f'sglang:inter_token_latency_seconds_bucket{{le="{0.01 * self.slow}",{m}}} {40 * n}\n'
+            f'sglang:inter_token_latency_seconds_bucket{{le="+Inf",{m}}} {40 * n}\n'
+        ))  # fmt: skip
+
+    def host(self, name: str) -> FakeHost:
+        def answer(cmd: Any) -> tuple[int, str, str] | None:
+            if "systemctl show" in cmd.display():
+                restarts = self.restarts if name == "h1" and self.scrapes.get("10.0.0.1", 0) > 0 else 0
+                return 0, f"ActiveState=active\nNRestarts={restarts}\n", ""
+            if "journalctl" in cmd.display():
+                return 0, self.journal if name == "h1" else "", ""
+            return None
+
+        return FakeHost(name, handler=answer)
+
+
+def scripted(fleet: Fleet, **block: Any) -> tuple[Canary, list[float], list[str]]:
+    inv = inventory(**{"min_requests": 10, **block})
+    now = [0.0]
+    said: list[str] = []
+    hosts: dict[str, FakeHost] = {}
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    job = Canary(inv, inv.router("front"), selection(inv), said.append,
+                 lambda h: hosts.setdefault(h.name, fleet.host(h.name)), clock=lambda: now[0], sleep=sleep)  # fmt: skip
+    job.http = httpx.Client(transport=httpx.MockTransport(fleet.metrics))
+    return job, now, said
+
+
+def test_measure_looks_every_tick_and_promotes_an_equal_canary_at_the_window() -> None:
+    job, now, said = scripted(Fleet())
+    verdict = job.measure()
+    assert verdict.decision is Decision.PROMOTE and now[0] == 5.0  # window 5 s: one look, at its end
+    assert job.report.table[-1] == "verdict: PROMOTE (every rule passed)"
+    job, now, said = scripted(Fleet(), window=20)
+    assert job.measure().promote and now[0] == 20.0
+    assert [line.split(":")[1].strip() for line in said] == ["5s", "10s", "15s"]  # three looks said on
+    assert said[0].startswith("canary: 5s: window open, 5/20s; requests 10 vs 10")
+
+
+def test_measure_rolls_back_a_slow_canary_and_a_crashing_one_at_once() -> None:
+    job, now, _ = scripted(Fleet(slow=10.0), window=20)
+    verdict = job.measure()
+    assert verdict.decision is Decision.ROLL_BACK and now[0] == 20.0
+    assert verdict.reason.startswith("ITL p95 95.5 ms vs 9.5 ms (needs 10.05x <= 1.5x)"), verdict.reason
+    job, now, _ = scripted(Fleet(restarts=1), window=300)
+    crashed = job.measure()
+    assert crashed.decision is Decision.ROLL_BACK and now[0] == 30.0  # the first look, not the window's end
+    assert crashed.reason == "restarts 1 vs 0 (needs <= 0)"
+    job, now, _ = scripted(Fleet(journal="DDTREE self-check FAILED: round 3 ...\n"), window=300)
+    assert job.measure().reason == "self-check failures 1 vs 0 (needs <= 0)" and now[0] == 30.0
+
+
+def test_differing_replay_rolls_back_without_waiting_and_quiet_traffic_measures_on() -> None:
+    job, now, _ = scripted(Fleet(), window=300)
+    verdict = job.measure(Replay(1, 0, "prompt p1 differs at token 0"))
+    assert verdict.decision is Decision.ROLL_BACK and now[0] == 0.0
+    assert (
+        verdict.reason
+        == "greedy replay 0/1 equal vs reference (needs all identical tokens): prompt p1 differs at token 0"
+    )
+    job, now, said = scripted(Fleet(), window=5, min_requests=1000, max_window=12)
+    last = job.measure()
+    assert last.decision is Decision.ROLL_BACK and now[0] == 12.0 and last.reason.startswith("requests 30 vs 30")
+    assert "too little traffic (10 and 10 requests, needs 1000 each), measuring on up to 12s" in said[0]
+
+
+def test_a_slow_canary_is_rolled_back_by_itself_and_audited(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    calls: list[tuple[str, list[str]]] = []
+
+    def deploy(sel: Any, *args: Any, **kwargs: Any) -> RunReport:
+        calls.append(("deploy", [f"{h.name}/{s.name}" for h, svcs in sel for s in svcs]))
+        return RunReport("deploy", [ServiceResult("h1", "a", Outcome.DEPLOYED, "R-new", "R-old")])
+
+    def rollback(sel: Any, *args: Any, **kwargs: Any) -> RunReport:
+        calls.append(("rollback", [f"{h.name}/{s.name}" for h, svcs in sel for s in svcs]))
+        return RunReport("rollback", [ServiceResult("h1", "a", Outcome.REVERTED, "R-old", "R-new")])
+
+    monkeypatch.setattr(runner, "deploy", deploy)
+    monkeypatch.setattr(runner, "rollback", rollback)
+    fleet = Fleet(slow=10.0)
+    job, now, said = scripted(fleet, window=10, replay=0)
+    members = {"workers": [{"id": "1", "url": "http://10.0.0.1:30000", "is_healthy": True},
+                           {"id": "2", "url": "http://10.0.0.2:30000", "is_healthy": True}]}  # fmt: skip
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return fleet.metrics(request) if request.url.path == "/metrics" else httpx.Response(200, json=members)
+
+    job.http = httpx.Client(transport=httpx.MockTransport(answer))
+    report, state = job.run(None, DeploySettings(), RolloutOptions())  # type: ignore[arg-type]
+    assert calls == [("deploy", ["h1/a"]), ("rollback", ["h1/a"])]  # the rest (h1/b, h2/a) never deployed
+    assert state.phase == "rolled-back" and state.verdict == "roll back" and now[0] == 10.0
+    assert [(r.host, r.service, r.outcome) for r in report.results] == [("h1", "a", Outcome.ROLLED_BACK)]
+    assert state.message.startswith("canary rolled back: ITL p95 95.5 ms vs 9.5 ms")
+    assert any(line.startswith("canary: ITL p95") and line.endswith("FAIL") for line in said), said
+    audit = (tmp_path / "opsctl" / "audit.log").read_text()
+    assert "action=canary-verdict release=- result=roll-back" in audit and "result=rolled-back" in audit

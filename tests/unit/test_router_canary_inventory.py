@@ -32,6 +32,8 @@ def test_defaults_and_given_values() -> None:
     (router,) = parse_inventory(inv({"workers": 2, "window": 5, "max_itl_ratio": 2})).routers
     assert router.canary is not None and (router.canary.workers, router.canary.window) == (2, 5.0)
     assert router.canary.max_itl_ratio == 2.0
+    assert router.canary.max_window == 15.0  # three windows unless given
+    assert CanaryConfig().max_window == 3 * CanaryConfig().window
     assert parse_inventory(copy.deepcopy(BASE)).routers[0].canary is None
 
 
@@ -44,6 +46,8 @@ def test_defaults_and_given_values() -> None:
         ({"max_ttft_ratio": 0.5}, {}, "routers.front.canary.max_ttft_ratio: 0.5 is out of range (1..100)"),
         ({"min_tok_s_ratio": float("nan")}, {}, "routers.front.canary.min_tok_s_ratio: nan is out of range"),
         ({"replay": True}, {}, "routers.front.canary.replay: expected an integer, got a boolean"),
+        ({"window": 60, "max_window": 30}, {}, "routers.front.canary.max_window: 30 is shorter than window (60)"),
+        ({"max_window": "1h"}, {}, "routers.front.canary.max_window: expected a number, got a string"),
         ({"windw": 5}, {}, "routers.front.canary.windw: unknown key (did you mean `window`?)"),
         ([1], {}, "routers.front.canary: expected a mapping, got a list"),
         ({}, {"services": ["h1/a"]}, "routers.front.canary: a canary needs a router with at least 2 workers"),
@@ -68,5 +72,5 @@ def test_hostile_canary_blocks_load_or_fail_in_one_line(canary: Any) -> None:
         assert "\n" not in line and line.startswith("routers.front.canary"), line
         return
     c = router.canary
-    assert c is not None and 1 <= c.workers < len(router.workers) and c.window >= 1
+    assert c is not None and 1 <= c.workers < len(router.workers) and 1 <= c.window <= c.max_window
     assert 0 <= c.min_tok_s_ratio <= 1 and c.max_ttft_ratio >= 1

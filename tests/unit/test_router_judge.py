@@ -6,10 +6,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from opsctl import promtext
 from opsctl.inventory.model import CanaryConfig
 from opsctl.router.api import parse_members
 from opsctl.router.judge import (
+    Decision,
     GroupStats,
     Replay,
     WorkerWindow,
@@ -115,3 +118,50 @@ def test_unmeasured_numbers_pass_but_are_shown() -> None:
     assert verdict.promote
     tau = next(r for r in verdict.rows if r.metric == "tau")
     assert (tau.canary, tau.rule) == ("-", ">= 0.9x (not measured)")
+
+
+def test_the_window_goes_on_until_it_closes_unless_a_hard_rule_fails() -> None:
+    config = CanaryConfig(min_requests=20, window=300, max_window=900)
+    slow = replace(OLD, itl_p95=0.055)
+    early = judge(slow, OLD, config, None, elapsed=60)
+    assert early.decision is Decision.CONTINUE and early.reason == "window open, 60/300s"
+    assert table(early)[-1] == "verdict: CONTINUE (window open, 60/300s)"
+    assert judge(slow, OLD, config, None, elapsed=300).decision is Decision.ROLL_BACK
+    crashed = judge(replace(OLD, restarts=1), OLD, config, None, elapsed=5)
+    assert crashed.decision is Decision.ROLL_BACK and crashed.reason.startswith("restarts 1 vs 0")
+    differ = judge(OLD, OLD, config, Replay(3, 2, "prompt p2 differs at token 0"), elapsed=0)
+    assert differ.decision is Decision.ROLL_BACK and differ.reason.endswith(": prompt p2 differs at token 0")
+    assert judge(OLD, OLD, config, None, elapsed=300).decision is Decision.PROMOTE
+
+
+def test_too_little_traffic_measures_on_until_max_window_then_rolls_back() -> None:
+    config = CanaryConfig(min_requests=20, window=300, max_window=900)
+    quiet = replace(OLD, requests=7)
+    more = judge(quiet, OLD, config, None, elapsed=310)
+    assert more.decision is Decision.CONTINUE
+    assert more.reason == (
+        "too little traffic (7 and 100 requests, needs 20 each), measuring on up to 900s (310s so far)"
+    )
+    last = judge(quiet, OLD, config, None, elapsed=900)
+    assert last.decision is Decision.ROLL_BACK and last.reason.startswith("requests 7 vs 100 (needs >= 20 each)")
+    assert judge(replace(OLD, requests=25), OLD, config, None, elapsed=450).decision is Decision.PROMOTE
+
+
+def test_time_per_output_token_stands_in_for_inter_token_latency() -> None:
+    """An exporter without `inter_token_latency_seconds` (older SGLang) is measured by its time per output
+    token; `_created` samples (prometheus_client's, outside multiprocess mode) are not counters to add."""
+    m = 'model_name="Qwen/Qwen3-8B"'
+
+    def tpot(fast: float, total: float) -> promtext.Scrape:
+        return promtext.parse(
+            f"sglang:num_requests_total{{{m}}} {total}\n"
+            f"sglang:num_requests_created{{{m}}} 1.7e9\n"
+            f'sglang:time_per_output_token_seconds_bucket{{le="0.01",{m}}} {fast}\n'
+            f'sglang:time_per_output_token_seconds_bucket{{le="0.1",{m}}} {total}\n'
+            f'sglang:time_per_output_token_seconds_bucket{{le="+Inf",{m}}} {total}\n'
+            f"sglang:time_per_output_token_seconds_count{{{m}}} {total}\n"
+            f"sglang:time_per_output_token_seconds_created{{{m}}} 1.7e9\n"
+        )
+
+    stats = group_stats([WorkerWindow(A, tpot(0, 0), tpot(0, 40), (), 0, 0)])
+    assert stats.requests == 40 and stats.itl_p50 == pytest.approx(0.055)  # all 40 in (0.01, 0.1]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
+from ddtree.serve import faults
 from ddtree.serve.args import Mode, ServerArgs
 from ddtree.serve.loader import ModelInfo, load_engine, stop_ids
 from ddtree.serve.stats import ServerStats
@@ -95,7 +96,7 @@ class AppState:
                 ids = list(tok.encode("The capital of France is", add_special_tokens=False)) or [0]
                 engine.generate(ids, max_new_tokens=2, temperature=0.0)
                 log.info("Warmup done. took %.2f s", time.monotonic() - t1)
-            worker = EngineWorker(engine.stream, self.stats)
+            worker = EngineWorker(faults.for_worker(engine.stream), self.stats)
             worker.start()
             self.loaded = Loaded(engine, tok, worker, stops, str(getattr(engine, "hybrid", "none")))
             if self.phase is Phase.STARTING:
