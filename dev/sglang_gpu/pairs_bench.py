@@ -37,11 +37,15 @@ sys.path.insert(0, str(REPO))  # opsctl is not installed here: its inventory, re
 ARCHES = {"dense": "qwen3", "hybrid": "qwen3_5"}
 
 
-def build_pairs(wheels: Path, cache: Path, log_dir: Path) -> dict[str, dict[str, Any]]:
+def build_pairs(
+    wheels: Path, cache: Path, log_dir: Path, names: list[str], scale: str, device: str
+) -> dict[str, dict[str, Any]]:
     procs = {}
     for pair, arch in ARCHES.items():
+        if pair not in names:
+            continue
         cmd = [sys.executable, "-m", "ddtree.pairs", "build", "--arch", arch, "--wheels", str(wheels)]
-        cmd += ["--cache", str(cache), "--device", "cuda", "--threads", "4"]
+        cmd += ["--cache", str(cache), "--device", device, "--scale", scale, "--threads", "4"]
         log = (log_dir / f"build-{pair}.log").open("w")
         procs[pair] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True), log)
     out = {}
@@ -157,12 +161,27 @@ class Server:
         )
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        stop_all([self])
+
+
+def stop_all(servers: list[Server], grace: float = 10.0) -> None:
+    """SIGTERM to every server's process group at once, then SIGKILL to what is left after `grace` seconds (a run
+    cut at its time limit must not spend it waiting for servers one by one)."""
+    running = [s.proc for s in servers if s.proc is not None and s.proc.poll() is None]
+    for proc in running:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    for proc in running:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def start_all(servers: list[Server]) -> None:
@@ -279,6 +298,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--wheels", type=Path, default=REPO / ".cache" / "pairs" / "wheels")
     p.add_argument("--cache", type=Path, default=Path("/tmp/pairs"))
+    p.add_argument("--scale", default="gpu", help="ddtree.pairs build scale (ci: seconds on a CPU, learns nothing)")
+    p.add_argument("--device", default="cuda", help="where the pairs are built")
+    p.add_argument("--dry-run", action="store_true", help="build, render and write the JSON; start no server")
     p.add_argument("--budgets", default="7,15")
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--pairs", default="dense,hybrid")
@@ -293,7 +315,8 @@ def main() -> int:
     p.add_argument("--rust-probe", type=int, default=1, help="also start a dense baseline on SGLang's Rust core")
     p.add_argument("--tie-margin", type=float, default=0.5)
     p.add_argument("--port", type=int, default=31000)
-    p.add_argument("--start-timeout", type=float, default=240)
+    p.add_argument("--start-timeout", type=float, default=180)
+    p.add_argument("--level-timeout", type=float, default=60, help="seconds one request of a level may take")
     p.add_argument("--deadline", type=float, default=520, help="seconds from start: later levels are skipped")
     p.add_argument("--json", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "pairs_bench.json")
     args = p.parse_args()
@@ -301,7 +324,12 @@ def main() -> int:
     log_dir = Path("/tmp/pairs_logs")
     log_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "skipped": []}
+    result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "skipped": [], "stage": "start"}
+
+    def save(stage: str) -> None:  # partial results as they come: a run cut at its limit still returns data
+        result["stage"], result["elapsed_s"] = stage, round(time.monotonic() - t0, 1)
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"[{result['elapsed_s']:.0f}s] {stage}", flush=True)
 
     def on_term(signum: int, _frame: object) -> None:
         raise SystemExit(f"signal {signum}")  # run the finally below: stop the servers, write what was measured
@@ -309,7 +337,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
 
     standin_needs = REPO / "tests" / "runtime" / "sglang_cpu.py"  # the stand-in's sitecustomize loads it
-    if os.environ.get("SGLANG_GPU_STANDIN", "1") == "1" and not standin_needs.is_file():
+    if not args.dry_run and os.environ.get("SGLANG_GPU_STANDIN", "1") == "1" and not standin_needs.is_file():
         raise SystemExit(f"{standin_needs} is missing: carry it (without it no stand-in patch applies, docs)")
 
     from opsctl.bench.load import bench_levels, level_json
@@ -317,24 +345,32 @@ def main() -> int:
     from opsctl.inventory.load import load_inventory
     from opsctl.render import render_service
 
-    pairs = build_pairs(args.wheels, args.cache, log_dir)
-    pairs = {k: v for k, v in pairs.items() if k in args.pairs.split(",")}
-    result["builds"] = pairs
-    result["build_s"] = round(time.monotonic() - t0, 1)
-    inv_path = log_dir / "inventory.yaml"
-    inv_path.write_text(inventory_yaml(pairs, [int(b) for b in args.budgets.split(",")], args))
-    inv = load_inventory(inv_path)
-    host = inv.hosts[0]
-    services = list(host.services)
-    servers, base = [], {}
-    result["rendered"] = {}
-    for svc in services:
-        rendered = render_service(host, svc, "h200")
-        srv = Server(svc.name, rendered, host.venv, Path("/tmp/pairs_run") / svc.name, log_dir)
-        servers.append(srv)
-        base[svc.name] = f"http://127.0.0.1:{svc.port}"
-        result["rendered"][svc.name] = {"exec_start": srv.argv, "flags": list(rendered.flags), "env": srv.rendered_env}
+    servers: list[Server] = []
     try:
+        pairs = build_pairs(args.wheels, args.cache, log_dir, args.pairs.split(","), args.scale, args.device)
+        result["builds"] = pairs
+        result["build_s"] = round(time.monotonic() - t0, 1)
+        save("built")
+        inv_path = log_dir / "inventory.yaml"
+        inv_path.write_text(inventory_yaml(pairs, [int(b) for b in args.budgets.split(",")], args))
+        inv = load_inventory(inv_path)
+        host = inv.hosts[0]
+        services = list(host.services)
+        base = {}
+        result["rendered"] = {}
+        for svc in services:
+            rendered = render_service(host, svc, "h200")
+            srv = Server(svc.name, rendered, host.venv, Path("/tmp/pairs_run") / svc.name, log_dir)
+            servers.append(srv)
+            base[svc.name] = f"http://127.0.0.1:{svc.port}"
+            result["rendered"][svc.name] = {
+                "exec_start": srv.argv,
+                "flags": list(rendered.flags),
+                "env": srv.rendered_env,
+            }
+        save("rendered")
+        if args.dry_run:
+            return 0
         t1 = time.monotonic()
         start_all(servers)
         health = wait_healthy(servers, base, args.start_timeout)
@@ -352,13 +388,14 @@ def main() -> int:
             services = [svc for svc in services if svc.name != rust.name]
         retry = [s for s in servers if health[s.name] != "ok"]
         if retry:  # once more without the radix cache, so the table has the mode; the JSON says which
+            stop_all(retry)
             for s in retry:
-                s.stop()
                 s.argv.append("--disable-radix-cache")
             start_all(retry)
             health |= probe(retry, base, wait_healthy(retry, base, args.start_timeout))
             result["radix_off"] = [s.name for s in retry]
         result["health"], result["start_s"] = health, round(time.monotonic() - t1, 1)
+        save("started")
         from transformers import AutoTokenizer
 
         result["greedy"] = {}
@@ -383,17 +420,19 @@ def main() -> int:
                     )
                 except Exception as exc:  # a failed request is a finding: written, the benchmark goes on
                     result["greedy"][pair] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            save(f"greedy {pair}")
         result["levels"] = {}
-        for svc in services:
-            if health[svc.name] != "ok":
-                continue
-            pair = svc.name.split("-")[0]
-            held = json.loads(Path(pairs[pair]["dir"], "heldout.json").read_text())
-            bench_prompts = [BenchPrompt(f"h{i}", "heldout", t) for i, t in enumerate(held[-args.prompts :])]
-            for temp in [float(t) for t in args.temperatures.split(",")]:
+        # every service greedy first, then every service at temperature 1: a run cut short keeps whole greedy rows
+        for temp in [float(t) for t in args.temperatures.split(",")]:
+            for svc in services:
+                if health[svc.name] != "ok":
+                    continue
                 if time.monotonic() - t0 > args.deadline:
                     result["skipped"].append(f"{svc.name}@t{temp:g}")
                     continue
+                pair = svc.name.split("-")[0]
+                held = json.loads(Path(pairs[pair]["dir"], "heldout.json").read_text())
+                bench_prompts = [BenchPrompt(f"h{i}", "heldout", t) for i, t in enumerate(held[-args.prompts :])]
                 try:
                     levels = bench_levels(
                         host,
@@ -403,6 +442,7 @@ def main() -> int:
                         1,
                         args.max_tokens,
                         temp,
+                        timeout_s=args.level_timeout,
                         progress=lambda m: print(m, flush=True),
                     )
                 except Exception as exc:  # one line per failed service, the others still measured
@@ -418,14 +458,16 @@ def main() -> int:
                     "eager": "--disable-cuda-graph" in result["rendered"][svc.name]["flags"],
                     "levels": [level_json(r, len(svc.gpus)) for r in levels],
                 }
-                args.json.write_text(json.dumps(result, indent=1))
+                save(f"levels {svc.name}@t{temp:g}")
+    except BaseException as exc:  # the finding goes into the JSON; the exit status still says it failed
+        result["error"] = f"{type(exc).__name__}: {str(exc)[-2000:]}"
+        raise
     finally:
-        for s in servers:
-            s.stop()
         result["total_s"] = round(time.monotonic() - t0, 1)
-        args.json.write_text(json.dumps(result, indent=1))
+        save(result["stage"] + " (final)")
         with tarfile.open(out_dir / "pairs_logs.tar.gz", "w:gz") as tar:
             tar.add(log_dir, arcname="pairs_logs")
+        stop_all(servers)
     failed = [k for k, v in result.get("health", {}).items() if v != "ok"]
     diffs = [k for g in result.get("greedy", {}).values() for k, v in g.items() if isinstance(v, dict) and v["diffs"]]
     print(f"done in {result['total_s']}s; failed services: {failed or 'none'}; greedy diffs: {diffs or 'none'}")
