@@ -25,6 +25,17 @@ REPO = Path(__file__).resolve().parents[2]
 LAB_HOSTS = 2
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's control-machine state (audit logs, the copies of the hosts' model records) in its own
+    dir, inherited by every opsctl the tests start: a lab rebuilt with the same names and addresses is never
+    judged against a record kept by an earlier session."""
+    state = tmp_path_factory.mktemp("state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(state))
+        yield state
+
+
 @pytest.fixture(scope="session")
 def lab_config() -> LabConfig:
     """OPSCTL_LAB_SLOT=N (1-9): a lab of its own (names, subnet, dirs), so two checkouts can run this tier at once."""
