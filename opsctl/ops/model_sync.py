@@ -379,7 +379,7 @@ def changed_under(ctx: Context) -> list[str]:
         for svc in ctx.spec.services
         if any(
             v.problem is modelcheck.Problem.CHANGED
-            for v in modelcheck.check(ctx.remote, svc, layout.unit_name(svc.name))
+            for v in modelcheck.check(ctx.remote, svc, layout.unit_name(svc.name), host=ctx.spec)
         )
     ]
 
