@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from opsctl.commands import Cmd, sh
-from opsctl.inventory.model import Service
+from opsctl.inventory.model import Host, Service
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -34,7 +34,7 @@ from opsctl.ops.facts.manifest import (
     parse_manifest_json,
 )
 from opsctl.ops.facts.manifest import Manifest as ModelManifest
-from opsctl.ops.model_trust import parse_trusted, trust_path
+from opsctl.ops.model_trust import parse_trusted, read_local, trust_path
 from opsctl.remote.base import Connection
 
 
@@ -186,14 +186,21 @@ def _few(names: Sequence[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def check(remote: Connection, service: Service, unit: str, deep: bool = False) -> list[ModelVerdict]:
-    """Every model of the service, judged (deep: sha256 of every file too, which reads the whole model)."""
+def check(
+    remote: Connection, service: Service, unit: str, deep: bool = False, host: Host | None = None
+) -> list[ModelVerdict]:
+    """Every model of the service, judged (deep: sha256 of every file too, which reads the whole model).
+    `host`: where the host has no record of the accepted model (lost), the control machine's copy of it
+    (model_trust.read_local) is the reference."""
     paths = model_paths(service)
     if not paths:
         return []
     started, models = parse_state(remote.run(state_cmd(unit, paths), timeout=120).stdout)
     verdicts = []
     for facts in models:
+        kept = read_local(host, facts.path) if host is not None and facts.trusted is None else None
+        if kept is not None:
+            facts = replace(facts, trusted=kept.manifest)
         if deep and facts.exists and facts.manifest is not None:
             listing = remote.run(hash_listing_cmd(facts.path), timeout=3600, check=False).stdout
             facts = replace(facts, hashed=parse_hash_listing(listing))

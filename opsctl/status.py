@@ -61,7 +61,7 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
     probe = health.probe(http, health.health_url(host, service), timeout=5.0)
     journal = conn.run(systemd.ddtree_lines_cmd(paths.unit_name), check=False).stdout
     summary = metrics.summarize(metrics.parse_lines(journal.splitlines()))
-    verdicts = modelcheck.check(conn, service, paths.unit_name, deep=deep)
+    verdicts = modelcheck.check(conn, service, paths.unit_name, deep=deep, host=host)
     held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
     return ServiceStatus(
         host=host.name,

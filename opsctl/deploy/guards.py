@@ -87,7 +87,7 @@ def check_free_space(ctx: ServiceContext, need: int = MIN_FREE_BYTES) -> None:
 def model_verdicts(ctx: ServiceContext) -> list[modelcheck.ModelVerdict]:
     """Every model of the service against the model accepted on the host; hashes only the files written since
     provision verified them (none, normally)."""
-    return modelcheck.check(ctx.conn, ctx.service, ctx.paths.unit_name)
+    return modelcheck.check(ctx.conn, ctx.service, ctx.paths.unit_name, host=ctx.host)
 
 
 def models_changed(verdicts: list[modelcheck.ModelVerdict]) -> list[modelcheck.ModelVerdict]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -193,8 +193,9 @@ def _inventory(data: Any, source: str, base_dir: Path | None) -> Inventory:
     if not hosts_data:
         raise InventoryError("hosts", "no hosts defined", "add at least one host")
     warnings: list[str] = []
+    shared: dict[str, Any] = {}  # sections read from `defaults:` alone, validated for the first host that uses them
     hosts = tuple(
-        _inherited_host(s.name(key, "hosts"), value, defaults, base_dir or Path("."), warnings)
+        _inherited_host(s.name(key, "hosts"), value, defaults, base_dir or Path("."), warnings, shared)
         for key, value in hosts_data.items()
     )
     addresses: dict[tuple[str, int], str] = {}
@@ -213,24 +214,44 @@ def _merged(defaults: dict[str, Any], own: dict[str, Any], key: str) -> Any:
     return own.get(key, defaults.get(key))
 
 
-def _inherited_host(name: str, value: Any, defaults: dict[str, Any], base_dir: Path, warnings: list[str]) -> Host:
+def _inherited_host(
+    name: str, value: Any, defaults: dict[str, Any], base_dir: Path, warnings: list[str], shared: dict[str, Any]
+) -> Host:
     """`_host`, with errors about values taken from `defaults:` reported under `defaults.` (origin.py)."""
     path = f"hosts.{name}"
     with inherited(path, value, {k: v for k, v in defaults.items() if k != "service"}, "defaults"):
-        return _host(name, value, defaults, path, base_dir, warnings)
+        return _host(name, value, defaults, path, base_dir, warnings, shared)
 
 
-def _host(name: str, value: Any, defaults: dict[str, Any], path: str, base_dir: Path, warnings: list[str]) -> Host:
+def _once(shared: dict[str, Any], key: str, own: dict[str, Any], parse: Callable[[], Any]) -> Any:
+    """`parse()`, remembered in `shared` when the host has no `key` of its own: a section taken from
+    `defaults:` alone reads the same for every host (only successes are kept, so errors are unchanged)."""
+    if key in own:
+        return parse()
+    if key not in shared:
+        shared[key] = parse()
+    return shared[key]
+
+
+def _host(
+    name: str,
+    value: Any,
+    defaults: dict[str, Any],
+    path: str,
+    base_dir: Path,
+    warnings: list[str],
+    shared: dict[str, Any],
+) -> Host:
     data = s.mapping(value, path, HOST_SCALARS | {"address", "gpus", "ssh", "services"}, {"address"})
     address = s.string(data["address"], f"{path}.address", Kind.ADDRESS)
     gpu_count = s.integer(data.get("gpus", 0), f"{path}.gpus", 0, 64)
     ssh_path = f"{path}.ssh" if "ssh" in data else "defaults.ssh"
-    ssh = _ssh(_merged(defaults, data, "ssh"), ssh_path)
+    ssh = _once(shared, "ssh", data, lambda: _ssh(_merged(defaults, data, "ssh"), ssh_path))
     venv = s.abs_path(_merged(defaults, data, "venv") or DEFAULT_VENV, f"{path}.venv")
     python = s.string(_merged(defaults, data, "python") or "python3", f"{path}.python", Kind.COMMAND)
     pin = s.string(_merged(defaults, data, "sglang_version") or DEFAULT_SGLANG, f"{path}.sglang_version", Kind.VERSION)
     cuda_raw = _merged(defaults, data, "cuda")
-    cuda = _cuda(cuda_raw, f"{path}.cuda") if cuda_raw is not None else None
+    cuda = _once(shared, "cuda", data, lambda: _cuda(cuda_raw, f"{path}.cuda") if cuda_raw is not None else None)
     wheelhouse_raw = _merged(defaults, data, "wheelhouse")
     wheelhouse = _local_path(wheelhouse_raw, f"{path}.wheelhouse", base_dir) if wheelhouse_raw else None
     service_defaults = s.mapping(defaults.get("service"), "defaults.service", SERVICE_DEFAULT_KEYS)

@@ -191,8 +191,24 @@ def clean(text: str, limit: int = 200) -> str:
     return excerpt(text, limit)[1:-1]
 
 
+_VALID: set[tuple[str, Kind]] = set()  # (text, kind) pairs that passed: an inventory repeats the same values
+_VALID_MAX = 50_000  # bounded: forgotten all at once when full
+
+
 def check(text: str, kind: Kind, path: str) -> str:
-    """`text` when it is a valid `kind`; else an InventoryError naming `path` and showing an excerpt."""
+    """`text` when it is a valid `kind`; else an InventoryError naming `path` and showing an excerpt. Each
+    distinct valid (text, kind) is checked once (only passes are remembered, so every refusal is worded
+    as before: the 1,100-host inventory checks the same few hundred values 28,600 times)."""
+    if (text, kind) in _VALID:
+        return text
+    _check(text, kind, path)
+    if len(_VALID) >= _VALID_MAX:
+        _VALID.clear()
+    _VALID.add((text, kind))
+    return text
+
+
+def _check(text: str, kind: Kind, path: str) -> str:
     rule = RULES[kind]
     if len(text) > rule.max_len:
         raise InventoryError(path, f"is {len(text)} characters; a {kind.value} may have at most {rule.max_len}")

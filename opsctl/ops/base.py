@@ -59,7 +59,25 @@ class Verify:
         return f"verify {self.what}: {shown}" if self.what else f"verify: {shown}"
 
 
-Action = Cmd | Push | PutText | Verify
+@dataclass(frozen=True)
+class KeepLocal:
+    """Write a small file atomically (temp + rename) on the control machine: a copy of what a host must
+    remember, kept where losing the host's disk cannot lose it (model_trust's control-machine records)."""
+
+    local: Path
+    text: str = field(repr=False)
+
+    def display(self) -> str:
+        return f"keep {self.local} on the control machine ({len(self.text.encode())} bytes)"
+
+    def write(self) -> None:
+        self.local.parent.mkdir(parents=True, exist_ok=True)
+        temp = self.local.with_name(f".{self.local.name}.tmp")
+        temp.write_text(self.text)
+        temp.replace(self.local)
+
+
+Action = Cmd | Push | PutText | Verify | KeepLocal
 
 
 def display(action: Action) -> str:
@@ -139,6 +157,8 @@ def execute(
             _push(remote, action, progress)
         elif isinstance(action, PutText):
             remote.put_text(action.text, action.remote, mode=action.mode)
+        elif isinstance(action, KeepLocal):
+            action.write()
         else:
             result = remote.run(action.cmd, timeout=timeout, check=False)
             action.judge(result.exit_code, result.stdout, result.stderr)

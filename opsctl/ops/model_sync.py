@@ -290,11 +290,13 @@ class ModelSync:
             manifest = manifest_for(ctx, spec)
             if not manifest.files:
                 raise ProvisionError(f"model source {spec.source} has no files", "fix models.source")
-            verdict = judge_trust(ctx, spec, manifest)  # before anything is read or copied
+            verdict, on_host = judge_trust(ctx, spec, manifest)  # before anything is read or copied
             acts, why = plan_model(spec, manifest, read_facts(ctx.remote, spec))
             if any(isinstance(a, Verify) for a in acts):  # only a copy verifies
                 replaced.append(spec)
-            acts += trust_actions(spec, manifest, verdict)
+            record = new_record(manifest, verdict)
+            acts += trust_actions(spec, record)
+            acts += model_trust.keep_local(ctx.spec, spec, record, on_host)
             actions += acts
             notes += why
             if verdict.record:
@@ -317,10 +319,24 @@ class ModelSync:
         return Plan(NAME, notes=(*plan.notes, *waited))
 
 
-def judge_trust(ctx: Context, spec: ModelSpec, manifest: Manifest) -> model_trust.SourceVerdict:
-    """The source against the model accepted on the host; raises when it differs and was not accepted."""
-    trusted = model_trust.read_trusted(ctx.remote, spec.path)
+def judge_trust(
+    ctx: Context, spec: ModelSpec, manifest: Manifest
+) -> tuple[model_trust.SourceVerdict, model_trust.Trusted | None]:
+    """The source against the model accepted on the host (or the control machine's copy of that record, when
+    the host lost it); raises when it differs and was not accepted, or when the two records differ. Returns
+    the verdict and the host's own record."""
+    on_host = model_trust.read_trusted(ctx.remote, spec.path)
+    here = model_trust.read_local(ctx.spec, spec.path)
     accept = spec.path.rstrip("/") in ctx.options.accept_models
+    settled = model_trust.reconcile(on_host, here)
+    if settled.conflict and not accept and on_host is not None and here is not None:
+        raise ModelNotTrustedError(
+            f"{ctx.spec.name}: the host's record of the model accepted for {spec.path.rstrip('/')} "
+            f"({on_host.describe()}) is not the control machine's copy ({here.describe()}, "
+            f"{model_trust.local_path(ctx.spec, spec.path)}); nothing was copied",
+            model_trust.conflict_hint(ctx.spec.name, spec),
+        )
+    trusted = settled.trusted
     verdict = model_trust.judge_source(trusted, manifest, accept)
     if verdict.trust is model_trust.Trust.REFUSED and trusted is not None:
         where = "on the host" if spec.source_on is ModelSourceKind.HOST else "on the control machine"
@@ -330,21 +346,26 @@ def judge_trust(ctx: Context, spec: ModelSpec, manifest: Manifest) -> model_trus
             f"{trusted.describe()}): corrupt or replaced; nothing was copied",
             model_trust.accept_hint(ctx.spec.name, spec),
         )
-    return verdict
+    return verdict, on_host
 
 
 def _how(verdict: model_trust.SourceVerdict) -> str:
-    """Which act records it: the first copy, an earlier provision's manifest (a host from before records), or
-    --accept-model."""
-    return "earlier manifest" if verdict.trust is model_trust.Trust.MATCHES else verdict.trust.value
+    """Which act records it: the first copy, an earlier record (an earlier provision's manifest on a host from
+    before records, or the control machine's copy of a record the host lost), or --accept-model."""
+    return "earlier record" if verdict.trust is model_trust.Trust.MATCHES else verdict.trust.value
 
 
-def trust_actions(spec: ModelSpec, manifest: Manifest, verdict: model_trust.SourceVerdict) -> list[Action]:
-    """Record the manifest as the accepted model (first use, or --accept-model), after any copy of it."""
+def new_record(manifest: Manifest, verdict: model_trust.SourceVerdict) -> model_trust.Trusted | None:
+    """The record this run writes (first use, an earlier record written down, or --accept-model), if any."""
     if not verdict.record:
+        return None
+    return model_trust.Trusted(manifest, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), _how(verdict))
+
+
+def trust_actions(spec: ModelSpec, record: model_trust.Trusted | None) -> list[Action]:
+    """Record the manifest as the accepted model on the host, after any copy of it."""
+    if record is None:
         return []
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    record = model_trust.Trusted(manifest, now, _how(verdict))
     files = model_trust.record_files(spec, record, restorable=spec.source_on is ModelSourceKind.HOST)
     mkdir: list[Action] = [Cmd.of("mkdir", "-p", model_trust.state_dir(spec), sudo=True)]
     return mkdir + [PutText(path, text, 0o644) for path, text in files.items()]
@@ -358,7 +379,7 @@ def changed_under(ctx: Context) -> list[str]:
         for svc in ctx.spec.services
         if any(
             v.problem is modelcheck.Problem.CHANGED
-            for v in modelcheck.check(ctx.remote, svc, layout.unit_name(svc.name))
+            for v in modelcheck.check(ctx.remote, svc, layout.unit_name(svc.name), host=ctx.spec)
         )
     ]
 

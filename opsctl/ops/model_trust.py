@@ -7,20 +7,28 @@ the host (it survives the reboots that empty /dev/shm). After that, only an expl
 corrupted source (host-side or on the control machine) is refused with what differs: it is never copied,
 never written into the model's manifest or the restore unit's sha256sums. Deploy, rollback and status judge
 the copy in /dev/shm against the same record (opsctl.modelcheck).
+
+The control machine keeps a copy of each host's record, `$XDG_STATE_HOME/opsctl/trust/<host>@<address>/
+<name>.json` (default ~/.local/state), written whenever the host's is: a host whose record was lost (its disk
+replaced, /var/lib wiped) still has its model remembered, a corrupt source is still refused, and the record is
+written back. A host record that differs from the control machine's copy is refused (`reconcile`) until the
+operator says which is right with the one explicit act, `--accept-model`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
+from pathlib import Path
 
 from opsctl.commands import Cmd
-from opsctl.inventory.model import ModelSpec
-from opsctl.ops.base import read
+from opsctl.inventory.model import Host, ModelSpec
+from opsctl.ops.base import KeepLocal, read
 from opsctl.ops.facts.manifest import MANIFEST_NAME, FileEntry, Manifest, compare, parse_manifest_json
 from opsctl.remote.base import Connection
 
@@ -105,6 +113,62 @@ def read_trusted(remote: Connection, model_path: str) -> Trusted | None:
         if manifest is not None and manifest.files:
             return Trusted(manifest, "", f"earlier manifest {earlier}", recorded=False)
     return None
+
+
+def local_path(host: Host, model_path: str) -> Path:
+    """The control machine's copy of the host's record of this model."""
+    state = Path(os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state"))
+    where = f"{_UNSAFE.sub('_', host.name)}@{_UNSAFE.sub('_', host.address)}"
+    return state / "opsctl" / "trust" / where / f"{model_name(model_path)}.json"
+
+
+def read_local(host: Host, model_path: str) -> Trusted | None:
+    try:
+        text = local_path(host, model_path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    record = parse_trusted(text)
+    if record is None:
+        return None
+    when = f" at {record.accepted_at}" if record.accepted_at else ""
+    return replace(record, accepted_at="", how=f"{record.how}{when}; the control machine's copy")
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    trusted: Trusted | None  # what a source is judged against
+    conflict: bool = False  # the host's record and the control machine's copy name different models
+
+
+def reconcile(on_host: Trusted | None, here: Trusted | None) -> Reconciled:
+    """The pure decision between the host's record and the control machine's copy. A host record (not an
+    earlier manifest) wins when both agree; the copy stands in when the host has lost its record (or has only
+    an earlier manifest), and is then written back (recorded=False); two records that differ conflict."""
+    if here is None:
+        return Reconciled(on_host)
+    if on_host is None or not on_host.recorded:
+        return Reconciled(replace(here, recorded=False))
+    return Reconciled(on_host, conflict=digest(on_host.manifest) != digest(here.manifest))
+
+
+def conflict_hint(host: str, spec: ModelSpec) -> str:
+    return (
+        f"if the host's record is right (accepted from another control machine): "
+        f"`opsctl provision -i INVENTORY --host {host} --accept-model {spec.path.rstrip('/')}`; "
+        f"otherwise restore the model source from a good copy and accept it the same way"
+    )
+
+
+def keep_local(host: Host, spec: ModelSpec, written: Trusted | None, on_host: Trusted | None) -> list[KeepLocal]:
+    """Bring the control machine's copy to the record the host holds after this run (the one written now, else
+    its current one): nothing when the copy already names the same model."""
+    record = written if written is not None else (on_host if on_host is not None and on_host.recorded else None)
+    if record is None:
+        return []
+    here = read_local(host, spec.path)
+    if here is not None and digest(here.manifest) == digest(record.manifest):
+        return []
+    return [KeepLocal(local_path(host, spec.path), record.to_json())]
 
 
 class Trust(StrEnum):

@@ -40,6 +40,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's control-machine state (audit logs, the copies of the hosts' model records) in its own
+    dir, inherited by every opsctl the tests start: a lab rebuilt with the same names and addresses is never
+    judged against a record kept by an earlier session."""
+    state = tmp_path_factory.mktemp("state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(state))
+        yield state
+
+
 @pytest.fixture(scope="session")
 def lab_config() -> LabConfig:
     """A lab of this pytest's own (tests/lab/lab_parts.py): OPSCTL_LAB_SLOT=N (1-9) for a second checkout that

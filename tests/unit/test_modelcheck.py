@@ -14,7 +14,7 @@ from opsctl.deploy import guards, secret_fp
 from opsctl.deploy.lock import LockInfo
 from opsctl.inventory.model import ModelSourceKind, ModelSpec
 from opsctl.ops import model_restore, model_trust
-from opsctl.ops.base import PutText
+from opsctl.ops.base import KeepLocal, PutText
 from opsctl.ops.facts.manifest import FileEntry, Manifest
 from opsctl.systemd import exec_argv, parse_unit
 
@@ -199,7 +199,7 @@ def test_provision_restarts_a_service_whose_good_model_changed_after_it_started(
 
     remote = FakeHost(host.name, handler=handler)
     plan = ModelSync().plan(Context(host, remote))
-    assert [a.display() for a in plan.actions] == [
+    assert [a.display() for a in plan.actions if not isinstance(a, KeepLocal)] == [  # KeepLocal: the record's copy
         f"systemctl reset-failed -- opsctl-{victim}.service",
         f"systemctl restart -- opsctl-{victim}.service",
     ]
@@ -293,3 +293,33 @@ def test_accept_model_must_name_a_model_of_the_selected_hosts(monkeypatch) -> No
     assert accepted_models(hosts, ["/dev/shm/Qwen3-8B/"]) == frozenset({"/dev/shm/Qwen3-8B"})
     with pytest.raises(ProvisionError, match="--accept-model /dev/shm/typo: no selected host"):
         accepted_models(hosts, ["/dev/shm/typo"])
+
+
+def test_a_host_that_lost_its_record_is_judged_against_the_control_machines_copy(monkeypatch) -> None:
+    # The host's trusted.json is gone and /dev/shm's manifest describes other bytes than the model accepted
+    # (issue 30: "nothing anywhere remembers what the model was"): the control machine's copy still does.
+    from pathlib import Path
+
+    from opsctl.commands import Cmd
+    from opsctl.inventory.load import load_inventory
+    from opsctl.remote.fake import FakeHost
+
+    monkeypatch.setenv("OPSCTL_GOLDEN_KEY", "k")
+    host = load_inventory(Path(__file__).parent / "golden" / "inventory.yaml").hosts[0]
+    svc = host.services[0]
+    path = svc.model.path
+    shm = Manifest({"w.bin": FileEntry(10, SHA_B)})
+
+    def handler(cmd: Cmd):
+        if "ExecMainStartTimestamp" in cmd.display():
+            body = f"start {STARTED}\nmodel 1 {path}\nmanifest {shm.to_json().replace(chr(10), '')}\n"
+            return (0, body + f"file 10 {T_START - 5} w.bin\n", "")
+        return (0, "", "")
+
+    unit = f"opsctl-{svc.name}.service"
+    alone = modelcheck.check(FakeHost(host.name, handler=handler), svc, unit, host=host)
+    assert [v.problem for v in alone] == [None]  # no record anywhere: /dev/shm's manifest is all there is
+    accepted = model_trust.Trusted(Manifest({"w.bin": FileEntry(10, SHA_A)}), "2026-12-01T05:00:00Z", "first use")
+    KeepLocal(model_trust.local_path(host, path), accepted.to_json()).write()
+    kept = modelcheck.check(FakeHost(host.name, handler=handler), svc, unit, host=host)
+    assert kept[0].problem is modelcheck.Problem.DAMAGED and "not the model accepted" in kept[0].detail

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -356,6 +357,7 @@ def test_a_host_from_before_records_still_refuses_a_source_corrupted_since(tmp_p
     ctx, dest = _ctx(tmp_path, source)
     _converge(ctx)
     (_trust_root / "model" / "trusted.json").unlink()
+    model_trust.local_path(ctx.spec, str(dest)).unlink()  # nor had the control machine kept a copy
     (source / "w.bin").write_bytes(b"B" * 4096)
     corrupt = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): build_local_manifest(source)}))
     with pytest.raises(ModelNotTrustedError, match=r"differ: w\.bin.*earlier manifest"):
@@ -373,3 +375,81 @@ def test_good_files_rewritten_since_verification_are_verified_again_once() -> No
     assert notes[-1] == "/dev/shm/m: model.safetensors written since the last verification: verified"
     settled = ModelFacts(True, good, MANIFEST, {}, False, ROOMY)
     assert plan_model(SPEC, MANIFEST, settled)[0] == []
+
+
+# --- the control machine's copy of the record (issue 30: "nothing anywhere remembers what the model was") -----
+
+
+def _flip(path: Path, at: int = 100) -> None:
+    with path.open("r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _fresh(ctx: Context, source: Path, accept: frozenset[str] = frozenset()) -> Context:
+    manifests = {str(source): build_local_manifest(source)}
+    return Context(ctx.spec, ctx.remote, Options(accept_models=accept), artifacts=Artifacts(manifests=manifests))
+
+
+def test_the_control_machine_keeps_a_copy_of_the_record(tmp_path: Path, _trust_root: Path) -> None:
+    source = _model(tmp_path / "src", {"w.bin": b"A" * 4096})
+    ctx, dest = _ctx(tmp_path, source)
+    plan = ModelSync().plan(ctx)
+    copy = model_trust.local_path(ctx.spec, str(dest))
+    assert copy == Path(os.environ["XDG_STATE_HOME"]) / "opsctl" / "trust" / "local@127.0.0.1" / "model.json"
+    assert f"keep {copy} on the control machine" in " ".join(plan.commands()) and not copy.exists()  # plan only
+    ModelSync().apply(ctx, plan)
+    assert copy.read_text() == (_trust_root / "model" / "trusted.json").read_text()
+    assert ModelSync().plan(ctx).actions == ()  # both records agree: nothing to do
+
+
+def test_a_host_that_lost_its_record_still_refuses_a_corrupt_source_and_gets_the_record_back(
+    tmp_path: Path, _trust_root: Path
+) -> None:
+    source = _model(tmp_path / "src", {"config.json": b"{}", "w.bin": b"A" * 4096})
+    ctx, dest = _ctx(tmp_path, source)
+    _converge(ctx)
+    accepted = (_trust_root / "model" / "trusted.json").read_text()
+    shutil.rmtree(_trust_root)  # the host's state is gone (disk replaced) ...
+    shutil.rmtree(dest)  # ... and so is /dev/shm (a reboot): the host remembers nothing
+    _flip(source / "w.bin")
+    with pytest.raises(ModelNotTrustedError) as refused:
+        ModelSync().plan(_fresh(ctx, source))
+    line = refused.value.one_line()
+    assert "differ: w.bin" in line and "the control machine's copy" in line and "nothing was copied" in line
+    assert not dest.exists() and not _trust_root.exists()  # nothing copied, nothing recorded
+    _flip(source / "w.bin")  # the source restored from a good copy
+    _converge(_fresh(ctx, source))
+    assert (dest / "w.bin").read_bytes() == b"A" * 4096
+    record = model_trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
+    assert record is not None and record.how == "earlier record"
+    assert record.manifest == model_trust.parse_trusted(accepted).manifest  # type: ignore[union-attr]
+
+
+def test_a_host_record_that_differs_from_the_control_machines_copy_is_refused_until_accepted(
+    tmp_path: Path, _trust_root: Path
+) -> None:
+    source = _model(tmp_path / "src", {"w.bin": b"A" * 4096})
+    ctx, dest = _ctx(tmp_path, source)
+    _converge(ctx)
+    copy = model_trust.local_path(ctx.spec, str(dest))
+    kept = copy.read_text()
+    # another control machine accepted a new model on this host: the host's record and the source moved on
+    (source / "w.bin").write_bytes(b"N" * 4096)
+    other = build_local_manifest(source)
+    (_trust_root / "model" / "trusted.json").write_text(
+        model_trust.Trusted(other, "2026-01-01T00:00:00Z", "accepted").to_json()
+    )
+    with pytest.raises(ModelNotTrustedError) as refused:
+        ModelSync().plan(_fresh(ctx, source))
+    line = refused.value.one_line()
+    assert "the host's record of the model accepted for" in line and "is not the control machine's copy" in line
+    assert f"--accept-model {dest}" in line and "\n" not in line
+    assert copy.read_text() == kept and (dest / "w.bin").read_bytes() == b"A" * 4096  # nothing changed
+    _converge(_fresh(ctx, source, frozenset({str(dest)})))  # the operator says the host's record is right
+    here = model_trust.read_local(ctx.spec, str(dest))
+    assert here is not None and here.manifest == other
+    assert (dest / "w.bin").read_bytes() == b"N" * 4096
+    assert ModelSync().plan(_fresh(ctx, source)).actions == ()  # reconciled: later runs need no flag
