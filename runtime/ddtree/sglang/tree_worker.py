@@ -419,7 +419,7 @@ def tree_worker_class() -> type:
             self._ddtree_fallback = ""  # set by a failed self-check: DFLASH's rounds from then on
             self._ddtree_graphs: dict[int, RoundGraphs] = {}  # budget -> its plan / commit graphs
             self._ddtree_glue = PolicyGlue.from_env(config, os.environ)  # DDTREE_POLICY (off: the configured tree)
-            self._ddtree_ledger = RoundLedger(self.device, reduce_max=cost_max(head))
+            self._ddtree_ledger = RoundLedger(torch.device(self.device), reduce_max=cost_max(head))
             # SGLang captures the target's verify graphs after this constructor: have them read the tree mask
             # (graph_masks; a policy only, inert without graphs)
             self._ddtree_backend = server_args.decode_attention_backend or server_args.attention_backend
