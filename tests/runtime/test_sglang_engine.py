@@ -453,7 +453,6 @@ def test_ddtree_tree_policy_switches_shape_mid_request_and_keeps_the_baseline_to
     assert lines and all(fields["policy"] == "auto" for fields in lines), log[-4000:]
     assert list(lines[-1])[-6:] == ["policy", "shape", "choice", "est", "switches", "probes"]
     assert int(lines[-1]["switches"]) >= 2 and int(lines[-1]["probes"]) >= 1
-    assert any(float(fields["nodes"]) == DRAFT_BLOCK - 1 and float(fields["width"]) == 1 for fields in lines)
     print("\n".join(m.group(0) for m in METRICS.finditer(log)))
 
 
