@@ -26,6 +26,20 @@ the scheduler's work included). Random weights make acceptance meaningless (tau 
 round; `--tau` turns it into tok/s for given acceptance lengths (labelled as such).
 
 DDTREE on a hybrid target replays its verify from the GDN tree path's graphs (ddtree.sglang.hybrid_graphs).
+
+Mode `tree-policy` (issue 29): tree mode with DDTREE_POLICY=auto, the worker choosing tree, smaller tree or
+DFLASH's chain per round and batch-size bucket (ddtree.sglang.policy_glue); its DDTREE metrics lines (every 64
+request-rounds) carry the choice. `--policy-report` compares decode tok/s (output tokens / wall time of each
+measured batch) of dflash, tree and tree-policy per model and batch size, with the policy's last choice:
+
+    python dev/sglang_gpu/cost_bench.py --models dense,hybrid --modes dflash,tree,tree-policy --graphs on \
+        --batches 1,2,4,8,16,32 --new-tokens 512 --json policy.json   # then: --policy-report policy.json
+
+Each batch size runs once before it is measured (8 tokens: a few rounds of its bucket); a bucket keeps the
+configured tree for its first 64 rounds (the policy's dwell), so use >= 512 new tokens for the switch to be a
+small part of the measured batch. With random weights (tau ~ 1 for every shape) the right answer is the chain
+at every batch size, so tree-policy should land within noise of dflash. Trained pairs and the real-text sweep:
+dev/sglang_gpu/pairs_bench.py.
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ import itertools
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -289,7 +304,50 @@ def run_env(model: str, mode: str, args: argparse.Namespace, timer: Path) -> dic
             DDTREE_LOG_INTERVAL="1000",
             DDTREE_ALLOW_HYBRID_UNSAFE="0",
         )
+    if mode == "tree-policy":
+        env.update(DDTREE_POLICY="auto", DDTREE_LOG_INTERVAL="64")
     return env
+
+
+def mode_of(name: str) -> str:
+    """`dense-tree-policy-graph` -> `tree-policy` (run names are model-mode-graphs)."""
+    return name.split("-", 1)[1].rsplit("-", 1)[0]
+
+
+def policy_choice(log: str) -> str:
+    """The `choice=` of the last DDTREE metrics line in an engine log ("" without one)."""
+    choices = re.findall(r"DDTREE metrics .*?\bchoice=(\S+)", log)
+    return choices[-1] if choices else ""
+
+
+def decode_tok_s(entry: dict[str, Any]) -> dict[str, float]:
+    """bs -> output tokens / wall seconds of that measured batch (the whole generate call, prefill included)."""
+    return {
+        str(b["bs"]): sum(b["out_lens"]) / b["wall_s"]
+        for b in (entry.get("result") or {}).get("batches", [])
+        if b.get("wall_s")
+    }
+
+
+def policy_table(reports: list[dict[str, Any]]) -> str:
+    """Per model, CUDA graphs and batch size: tok/s of dflash, tree, tree-policy; tree-policy / the better of the
+    other two (issue 29's goal: >= 0.97 everywhere) and the policy's last choice."""
+    runs = {name: entry for rep in reports for name, entry in rep["runs"].items() if entry.get("result")}
+    out = ["| model | graphs | bs | dflash tok/s | tree tok/s | tree-policy tok/s | policy / best | choice |",
+           "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for model, graphs in itertools.product(("dense", "hybrid"), ("graph", "eager")):
+        names = {m: f"{model}-{m}-{graphs}" for m in ("dflash", "tree", "tree-policy")}
+        if names["tree-policy"] not in runs:
+            continue
+        rates = {m: decode_tok_s(runs[n]) if n in runs else {} for m, n in names.items()}
+        choice = runs[names["tree-policy"]].get("policy_choice") or "-"
+        for bs, rate in rates["tree-policy"].items():
+            others = [r[bs] for m, r in rates.items() if m != "tree-policy" and bs in r]
+            best = max(others) if others else None
+            cells = [f"{rates[m][bs]:.1f}" if bs in rates[m] else "-" for m in ("dflash", "tree")]
+            ratio = f"{rate / best:.3f}" if best else "-"
+            out.append(f"| {model} | {graphs} | {bs} | {' | '.join(cells)} | {rate:.1f} | {ratio} | {choice} |")
+    return "\n".join(out)
 
 
 LOOP_PHASES = ("ingest", "next", "round", "run", "process", "loop")
@@ -412,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma list of run names (e.g. hybrid-tree-eager); default all")
     p.add_argument("--configs-only", action="store_true")
     p.add_argument("--report", nargs="+", type=Path, help="print the comparison tables of these JSON files")
+    p.add_argument("--policy-report", nargs="+", type=Path, help="print dflash / tree / tree-policy tok/s tables")
     p.add_argument("--old-runtime", type=Path, help="mode tree-old: this runtime directory first on PYTHONPATH")
     p.add_argument("--loop-profile", action="store_true", help="cProfile the scheduler outside the rounds")
     args = p.parse_args(argv)
@@ -420,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.report:
         print(report_tables([json.loads(path.read_text()) for path in args.report]))
+        return 0
+    if args.policy_report:
+        print(policy_table([json.loads(path.read_text()) for path in args.policy_report]))
         return 0
     args.batches = [int(x) for x in args.batches.split(",")]
     configs = write_configs(args.cache / "real_shapes")
@@ -468,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
                     entry["result"] = json.loads(result.read_text())
                     entry["rounds"] = summarize(timer, args.batches, args.skip)
                     entry["loop"] = summarize_loop(timer.with_name("loop.jsonl"), args.batches, args.skip)
+                    if mode_of(name) == "tree-policy":
+                        log = (run_dir / "engine.log").read_text(errors="replace")
+                        entry["policy_choice"] = policy_choice(log)
                 else:
                     entry.setdefault("error", f"exit {proc.poll()}")
                     log = (run_dir / "engine.log").read_text(errors="replace")

@@ -4,6 +4,13 @@ settings hold, and two TP ranks fed the same reports choose the same shapes."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from ddtree.config import DDTreeConfig
@@ -174,3 +181,33 @@ def test_smaller_budgets_and_notes() -> None:
     pinned = PolicyGlue(_cfg("chain"))
     pinned.next_shape(40)
     assert pinned.switch_note(40) == ""  # pinned from the start: no change to report
+
+
+HERE = Path(__file__).resolve().parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_two_real_ranks_with_different_timings_choose_the_same_shapes(tmp_path: Path) -> None:
+    """The worker's TP path: gloo, two processes, each with its own round-time noise. With `cost_max` (the MAX
+    over the ranks) every decision agrees; without it (the control) the same loop diverges."""
+    port = str(_free_port())
+    env = {**os.environ, "PYTHONPATH": f"{HERE.parent.parent / 'runtime'}:{HERE}", "OMP_NUM_THREADS": "1"}
+    worker = [sys.executable, str(HERE / "tp_gloo_policy_worker.py"), str(tmp_path)]
+    procs = [
+        subprocess.Popen(
+            [*worker, str(r), "2", port], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        output, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, output[-3000:]
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert rank0["max"] == rank1["max"]
+    assert len(set(rank0["max"])) >= 2  # it did choose: not one shape throughout
+    assert rank0["own"] != rank1["own"]

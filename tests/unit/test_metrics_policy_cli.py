@@ -63,3 +63,20 @@ def test_status_line_shows_the_policy(capsys: pytest.CaptureFixture[str]) -> Non
     assert isinstance(old, metrics.DDTreeMetrics)
     cli_status._table([_status(old)])
     assert "policy" not in capsys.readouterr().err
+
+
+def test_a_real_sglang_policy_log_shows_the_chain_then_the_tree_again(capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang's tree worker's own lines (recorded from the CPU engine test): every line parses; the window in
+    which batch 2 ran the chain shows it, and the last line the tree it went back to."""
+    lines = _lines("sglang_policy.log")
+    records = [r for r in metrics.parse_lines(lines) if isinstance(r, metrics.DDTreeMetrics)]
+    assert len(records) == sum("DDTREE metrics" in ln for ln in lines)
+    described = [r.policy.describe() for r in records if r.policy is not None]
+    assert "auto: chain at batch 2" in described
+    assert described[-1] == "auto: tree7 at batch 1-2"
+    chain = described.index("auto: chain at batch 2")
+    assert described[0] == "auto: tree7 at batch 2" and "auto: tree7 at batch 2" in described[chain:]
+    cli_logs._metrics({"ct200/tree": lines}, as_json=False)
+    assert "ct200/tree: policy auto: tree7 at batch 1-2; tok/ms tree7=1.50 tree3=1.50 chain=0.04 (switches 2" in (
+        capsys.readouterr().err
+    )

@@ -74,7 +74,7 @@ class RoundReport:
 
 
 TEST_POLICY_KEY = "DDTREE_TEST_POLICY"
-PHASED_FLIP = 4  # DDTREE_TEST_POLICY=phased: rounds (ids) during which the chain is the cheap shape
+PHASED_FLIP = 3  # DDTREE_TEST_POLICY=phased: rounds (ids) during which the chain is the cheap shape
 
 
 class PolicyGlue:

@@ -419,7 +419,7 @@ def tree_worker_class() -> type:
             self._ddtree_fallback = ""  # set by a failed self-check: DFLASH's rounds from then on
             self._ddtree_graphs: dict[int, RoundGraphs] = {}  # budget -> its plan / commit graphs
             self._ddtree_glue = PolicyGlue.from_env(config, os.environ)  # DDTREE_POLICY (off: the configured tree)
-            self._ddtree_ledger = RoundLedger(self.device, reduce_max=cost_max(head))
+            self._ddtree_ledger = RoundLedger(torch.device(self.device), reduce_max=cost_max(head))
             # SGLang captures the target's verify graphs after this constructor: have them read the tree mask
             # (graph_masks; a policy only, inert without graphs)
             self._ddtree_backend = server_args.decode_attention_backend or server_args.attention_backend
@@ -534,18 +534,21 @@ def tree_worker_class() -> type:
                 )
             glue = self._ddtree_glue
             if not glue.enabled:
-                return self._ddtree_round(batch, on_publish, self._ddtree_config.budget)[0]
+                return self._ddtree_round(batch, on_publish, self._ddtree_config.budget)[0]  # no policy row
             bs = len(batch.seq_lens)
             shape = glue.next_shape(bs, self._ddtree_ledger.due())  # the rounds `lag` back: host memory only
             note = glue.switch_note(bs)
             if note and self._ddtree_rank == 0:
                 logger.info("DDTREE policy %s", note)
             self._ddtree_ledger.open()
+            smaller = glue.smaller(shape.shape)
             if shape.is_chain:
                 result, accepts = self._ddtree_chain_round(batch, on_publish, grammar_barrier, pp_proxy_tensors)
             else:
-                result, accepts = self._ddtree_round(batch, on_publish, shape.budget, glue.smaller(shape.shape))
-            self._ddtree_ledger.close(shape.round_id, bs, accepts, glue.smaller(shape.shape))
+                result, accepts = self._ddtree_round(batch, on_publish, shape.budget, smaller)
+            if accepts is None:
+                raise RuntimeError("DDTREE: a policy round without its acceptance row")
+            self._ddtree_ledger.close(shape.round_id, bs, accepts, smaller)
             return result
 
         def _ddtree_chain_round(
@@ -715,13 +718,14 @@ def tree_worker_class() -> type:
         # -- one decode round: draft -> plan -> verify -> commit (contracts: the step dataclasses above) --
 
         def _ddtree_round(
-            self, batch: Any, on_publish: Any, budget: int, smaller: Sequence[int] = ()
-        ) -> tuple[Any, Tensor]:
+            self, batch: Any, on_publish: Any, budget: int, smaller: Sequence[int] | None = None
+        ) -> tuple[Any, Tensor | None]:
             """One tree round of `budget` nodes of a greedy decode batch. Device-to-host syncs of the round's own
             code (SGLang's forwards may add theirs), at most 2: in `_plan`, the prefix-length sum that sizes
             FULL_MASK when the batch has no host copy of seq_lens; in `StatsQueue.push`, the statistics read on a
             round that completes a DDTREE log line (the first round, then once per DDTREE_LOG_INTERVAL
-            request-rounds). -> (SGLang's result, [bs, 2 + len(smaller)] `round_accepts` on the device)."""
+            request-rounds). -> (SGLang's result, [bs, 2 + len(smaller)] `round_accepts` on the device, None
+            without `smaller`: the policy is off)."""
             draft_input = batch.spec_info
             if not isinstance(draft_input, DFlashDraftInputV2):
                 raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch")
@@ -742,7 +746,7 @@ def tree_worker_class() -> type:
             if self._ddtree_rank == 0:  # sync 2, on a round that completes a line
                 self._ddtree_stats.push(stats_tensor(planned.plan, commit), ms)
             block = int(self.block_size)
-            accepts = round_accepts(planned.plan, commit, smaller, block - 1)  # [bs, 2 + len(smaller)], no sync
+            accepts = None if smaller is None else round_accepts(planned.plan, commit, smaller, block - 1)  # no sync
             result = GenerationBatchResult(
                 logits_output=kept.logits_output,
                 next_token_ids=kept.out_tokens[:, :block].reshape(-1),
