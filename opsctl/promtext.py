@@ -21,6 +21,7 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 class Scrape:
     samples: Mapping[str, tuple[tuple[Mapping[str, str], float], ...]]  # name -> (labels, value)
     skipped: int = 0  # lines that did not parse
+    error: str = ""  # why there is no scrape (the worker did not answer, or not 200): nothing was read
 
     def total(self, name: str) -> float | None:
         """A counter or gauge summed over its label sets; None when the worker does not export it."""

@@ -178,9 +178,11 @@ class Canary:
         try:
             headers = auth_headers(self._service(ref).api_key)
             response = self.http.get(self._url(ref) + "/metrics", headers=headers, timeout=10.0)
-            return promtext.parse(response.text) if response.status_code == 200 else promtext.Scrape({})
-        except httpx.HTTPError:
-            return promtext.Scrape({})
+        except httpx.HTTPError as exc:
+            return promtext.Scrape({}, error=type(exc).__name__)
+        if response.status_code != 200:
+            return promtext.Scrape({}, error=f"HTTP {response.status_code}")
+        return promtext.parse(response.text)
 
     def _restarts(self, ref: WorkerRef) -> int:
         unit = self._service(ref).unit_name

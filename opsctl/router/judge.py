@@ -75,6 +75,11 @@ class GroupStats:
     tau: float | None
     selfcheck_failures: int
     restarts: int
+    unread: tuple[str, ...] = ()  # "url: why" for each worker whose /metrics could not be read at an end
+
+    @property
+    def read(self) -> int:
+        return self.workers - len(self.unread)
 
     @property
     def error_rate(self) -> float:
@@ -131,6 +136,7 @@ def group_stats(windows: Sequence[WorkerWindow]) -> GroupStats:
         tau=sum(tau) / len(tau) if tau else None,
         selfcheck_failures=failures,
         restarts=sum(max(0, w.restarts_end - w.restarts_start) for w in windows),
+        unread=tuple(f"{w.url}: {w.start.error or w.end.error}" for w in windows if w.start.error or w.end.error),
     )
 
 
@@ -194,6 +200,13 @@ def judge(
     """
     rows = [
         Row(
+            "metrics read",
+            f"{canary.read}/{canary.workers}",
+            f"{old.read}/{old.workers}",
+            "every worker's /metrics",
+            not canary.unread and not old.unread,
+        ),
+        Row(
             "requests",
             f"{canary.requests:.0f}",
             f"{old.requests:.0f}",
@@ -226,8 +239,8 @@ def judge(
             canary.restarts <= config.max_restarts,
         ),
     ]
-    rows[2:2] = [Row("TTFT p50", _f(canary.ttft_p50, " ms", 1000), _f(old.ttft_p50, " ms", 1000), "(shown)", True)]
-    rows[4:4] = [Row("ITL p50", _f(canary.itl_p50, " ms", 1000), _f(old.itl_p50, " ms", 1000), "(shown)", True)]
+    rows[3:3] = [Row("TTFT p50", _f(canary.ttft_p50, " ms", 1000), _f(old.ttft_p50, " ms", 1000), "(shown)", True)]
+    rows[5:5] = [Row("ITL p50", _f(canary.itl_p50, " ms", 1000), _f(old.itl_p50, " ms", 1000), "(shown)", True)]
     if replay is not None:
         rows.append(
             Row(
@@ -242,15 +255,24 @@ def judge(
     reason = "; ".join(f"{r.metric} {r.canary} vs {r.old} (needs {r.rule})" for r in failed) or "every rule passed"
     if replay is not None and replay.first_difference and failed and failed[-1].metric == "greedy replay":
         reason += f": {replay.first_difference}"
+    unread = [*canary.unread, *old.unread]
+    if unread:
+        reason += f": {unread[0]}" + (f" (and {len(unread) - 1} more)" if len(unread) > 1 else "")
     hard = [r for r in failed if r.metric in HARD_RULES]
+    short = not rows[0].ok or not rows[1].ok  # a worker unread or too few requests: no comparison yet
     until = math.inf if elapsed is None else elapsed
     if hard:
         decision = Decision.ROLL_BACK
     elif until < config.window:
         decision, reason = Decision.CONTINUE, f"window open, {until:.0f}/{config.window:g}s"
-    elif not rows[0].ok and until < config.max_window:
+    elif short and until < config.max_window:
         decision = Decision.CONTINUE
-        reason = f"too little traffic ({rows[0].canary} and {rows[0].old} requests, needs {config.min_requests} each)"
+        if not rows[0].ok:
+            reason = f"/metrics unread ({unread[0]})"
+        else:
+            reason = (
+                f"too little traffic ({rows[1].canary} and {rows[1].old} requests, needs {config.min_requests} each)"
+            )
         reason += f", measuring on up to {config.max_window:g}s ({until:.0f}s so far)"
     else:
         decision = Decision.ROLL_BACK if failed else Decision.PROMOTE

@@ -165,3 +165,21 @@ def test_time_per_output_token_stands_in_for_inter_token_latency() -> None:
 
     stats = group_stats([WorkerWindow(A, tpot(0, 0), tpot(0, 40), (), 0, 0)])
     assert stats.requests == 40 and stats.itl_p50 == pytest.approx(0.055)  # all 40 in (0.01, 0.1]
+
+
+def test_an_unread_worker_is_no_comparison_not_zero_requests() -> None:
+    """A worker whose /metrics did not answer is shown as unread (it is not a worker that served nothing):
+    the window goes on while max_window allows, then rolls back naming the worker and why."""
+    config = CanaryConfig(min_requests=1, window=10, max_window=30)
+    good = WorkerWindow(A, scrape(0, 0, (0, 0, 0)), scrape(10, 0, (50, 60, 60)), (), 0, 0)
+    unread = WorkerWindow(B, scrape(0, 0, (0, 0, 0)), promtext.Scrape({}, error="HTTP 401"), (), 0, 0)
+    canary, old = group_stats([good]), group_stats([unread])
+    assert (old.read, old.unread, old.requests) == (0, (f"{B}: HTTP 401",), 0)
+    waiting = judge(canary, old, config, None, elapsed=10)
+    assert waiting.decision is Decision.CONTINUE
+    assert waiting.reason == f"/metrics unread ({B}: HTTP 401), measuring on up to 30s (10s so far)"
+    last = judge(canary, old, config, None, elapsed=30)
+    assert last.decision is Decision.ROLL_BACK
+    assert last.reason.startswith("metrics read 1/1 vs 0/1 (needs every worker's /metrics)")
+    assert last.reason.endswith(f": {B}: HTTP 401")
+    assert table(last)[1].split()[:4] == ["metrics", "read", "1/1", "0/1"]

@@ -19,8 +19,8 @@ from typing import Any
 log = logging.getLogger("ddtree.serve")
 
 MARKER = "/etc/ddtree/test-faults-armed"
-DELAY_ENV = "DDTREE_SERVE_FAULT_DELAY_MS"
-FLIP_ENV = "DDTREE_SERVE_FAULT_FLIP"
+DELAY_ENV = "OPSCTL_FAULT_DELAY_MS"  # not DDTREE_*: inventories may not set those (extra_env)
+FLIP_ENV = "OPSCTL_FAULT_FLIP"
 
 StreamFn = Callable[..., Iterator[Sequence[int]]]
 
