@@ -11,8 +11,9 @@ engine=(sglang==0.5.23 apache-tvm-ffi==0.1.11 pydantic==2.13.4 pydantic_core==2.
   dill==0.4.1 gguf==0.19.0 pybase64==1.5.1 uvicorn==0.54.0 traitlets==5.16.1 starlette==1.10.0 loguru==0.7.3
   opentelemetry-api==1.45.2 setproctitle==1.3.8 distro==1.9.0 typing-inspection==0.4.5 annotated-types==0.8.0
   partial-json-parser==0.2.1.1.post7 sniffio==1.3.1 annotated-doc==0.0.7)
-server=(jsonschema attrs referencing jsonschema-specifications rpds-py soundfile cffi pycparser sentencepiece uvloop
-  python-multipart aiohttp multidict yarl frozenlist aiosignal aiohappyeyeballs propcache)
+# the H200 image already has attrs, sentencepiece, uvloop, aiohttp, multidict, yarl, frozenlist, aiosignal,
+# aiohappyeyeballs and propcache (/work/.library/device/KINDS.md): carrying them too put the tree over 64 MiB
+server=(jsonschema referencing jsonschema-specifications rpds-py soundfile cffi pycparser python-multipart)
 download() {  # DIR NAME...
   local dir=$1
   shift

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,16 @@ ARCHES = {"dense": "qwen3", "hybrid": "qwen3_5"}
 
 
 def build_pairs(
-    wheels: Path, cache: Path, log_dir: Path, names: list[str], scale: str, device: str
+    wheels: Path,
+    cache: Path,
+    log_dir: Path,
+    names: list[str],
+    scale: str,
+    device: str,
+    on_ready: Callable[[str, dict[str, Any]], None],
 ) -> dict[str, dict[str, Any]]:
+    """Both builds at once; `on_ready(pair, build)` as each one finishes (its servers start while the other
+    builds: nine servers starting together took ~3 min on the H200 host's 16 cores)."""
     procs = {}
     for pair, arch in ARCHES.items():
         if pair not in names:
@@ -48,9 +57,17 @@ def build_pairs(
         cmd += ["--cache", str(cache), "--device", device, "--scale", scale, "--threads", "4"]
         log = (log_dir / f"build-{pair}.log").open("w")
         procs[pair] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True), log)
-    out = {}
-    for pair, (proc, log) in procs.items():
-        stdout, _ = proc.communicate(timeout=420)
+    out: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 420
+    while len(out) < len(procs):
+        done = [(k, v) for k, v in procs.items() if k not in out and v[0].poll() is not None]
+        if not done:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"pair builds still running after 420 s: {sorted(set(procs) - set(out))}")
+            time.sleep(1)
+            continue
+        pair, (proc, log) = done[0]
+        stdout = proc.stdout.read() if proc.stdout else ""
         log.close()
         if proc.returncode != 0:
             tail = (log_dir / f"build-{pair}.log").read_text()[-3000:]
@@ -65,6 +82,7 @@ def build_pairs(
         report = json.loads((built / "build.json").read_text())
         out[pair] = report | {"dir": str(built), "shm_dir": str(shm), "built_now": summary["built"]}
         print(f"pair {pair}: {json.dumps(summary)}", flush=True)
+        on_ready(pair, out[pair])
     return out
 
 
@@ -72,7 +90,8 @@ def inventory_yaml(pairs: dict[str, dict[str, Any]], budgets: list[int], args: a
     # opsctl gives each service its own GPUs (the loader refuses sharing); here they all run on the one GPU
     # (Server overrides CUDA_VISIBLE_DEVICES), which a production host would not do
     lines = ["hosts:", "  h200:", "    address: 127.0.0.1", "    gpus: 64", "    services:"]
-    port, gpu = args.port, 0
+    first = list(ARCHES).index(next(iter(pairs)))  # one inventory per pair: ports and GPU indices apart
+    port, gpu = args.port + 16 * first, 16 * first
     for pair, build in pairs.items():
         d = build["shm_dir"]
         hybrid = "true" if pair == "hybrid" else "false"
@@ -336,9 +355,11 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
 
-    standin_needs = REPO / "tests" / "runtime" / "sglang_cpu.py"  # the stand-in's sitecustomize loads it
-    if not args.dry_run and os.environ.get("SGLANG_GPU_STANDIN", "1") == "1" and not standin_needs.is_file():
-        raise SystemExit(f"{standin_needs} is missing: carry it (without it no stand-in patch applies, docs)")
+    # the stand-in's sitecustomize and gpu_patches load these; without them no stand-in patch applies
+    standin_needs = [REPO / "tests/runtime/sglang_cpu.py", REPO / "tests/runtime/sglang_engine/engine_patches.py"]
+    missing = [str(f) for f in standin_needs if not f.is_file()]
+    if not args.dry_run and os.environ.get("SGLANG_GPU_STANDIN", "1") == "1" and missing:
+        raise SystemExit(f"{', '.join(missing)} missing: carry them (the stand-in's patches load them; docs)")
 
     from opsctl.bench.load import bench_levels, level_json
     from opsctl.bench.prompts import BenchPrompt
@@ -346,33 +367,44 @@ def main() -> int:
     from opsctl.render import render_service
 
     servers: list[Server] = []
-    try:
-        pairs = build_pairs(args.wheels, args.cache, log_dir, args.pairs.split(","), args.scale, args.device)
-        result["builds"] = pairs
-        result["build_s"] = round(time.monotonic() - t0, 1)
-        save("built")
-        inv_path = log_dir / "inventory.yaml"
-        inv_path.write_text(inventory_yaml(pairs, [int(b) for b in args.budgets.split(",")], args))
-        inv = load_inventory(inv_path)
-        host = inv.hosts[0]
-        services = list(host.services)
-        base = {}
-        result["rendered"] = {}
-        for svc in services:
+    services: list[Any] = []
+    hosts: dict[str, Any] = {}  # service name -> its inventory's host
+    base: dict[str, str] = {}
+    result["rendered"] = {}
+    budgets = [int(b) for b in args.budgets.split(",")]
+
+    def launch(pair: str, build: dict[str, Any]) -> None:
+        """Render this pair's inventory and start its services (not in a dry run)."""
+        inv_path = log_dir / f"inventory-{pair}.yaml"
+        inv_path.write_text(inventory_yaml({pair: build}, budgets, args))
+        host = load_inventory(inv_path).hosts[0]
+        started = []
+        for svc in host.services:
             rendered = render_service(host, svc, "h200")
             srv = Server(svc.name, rendered, host.venv, Path("/tmp/pairs_run") / svc.name, log_dir)
             servers.append(srv)
+            services.append(svc)
+            hosts[svc.name] = host
             base[svc.name] = f"http://127.0.0.1:{svc.port}"
             result["rendered"][svc.name] = {
                 "exec_start": srv.argv,
                 "flags": list(rendered.flags),
                 "env": srv.rendered_env,
             }
-        save("rendered")
+            started.append(srv)
+        if not args.dry_run:
+            start_all(started)
+        save(f"rendered {pair}{'' if args.dry_run else ', servers starting'}")
+
+    try:
+        t1 = time.monotonic()
+        names = args.pairs.split(",")
+        pairs = build_pairs(args.wheels, args.cache, log_dir, names, args.scale, args.device, launch)
+        result["builds"] = pairs
+        result["build_s"] = round(time.monotonic() - t0, 1)
+        save("built")
         if args.dry_run:
             return 0
-        t1 = time.monotonic()
-        start_all(servers)
         health = wait_healthy(servers, base, args.start_timeout)
         health = probe(servers, base, health)
         result["health_first"] = dict(health)
@@ -435,7 +467,7 @@ def main() -> int:
                 bench_prompts = [BenchPrompt(f"h{i}", "heldout", t) for i, t in enumerate(held[-args.prompts :])]
                 try:
                     levels = bench_levels(
-                        host,
+                        hosts[svc.name],
                         svc,
                         bench_prompts,
                         args.concurrency,
