@@ -188,11 +188,12 @@ def test_logs_follow_stops_cleanly_on_ctrl_c(base_inventory: Path) -> None:
     from opsctl.commands import sh
     from tests.lab.test_deploy_support import remote_run
 
-    bg = background("logs", "-i", str(base_inventory), "ref", "--host", "lab1", "-f", "-n", "1")
-    time.sleep(4)
-    with polling(_health_url(base_inventory, "lab1")):
-        time.sleep(2)  # a few new /health lines in the journal while following
-    time.sleep(2)
+    bg = background("logs", "-i", str(base_inventory), "ref", "--host", "lab1", "-f", "-n", "1", stdout_lines=True)
+    # following: its first round printed the last line (a wait on its output: a loaded machine only slows it)
+    bg.wait_for_stdout(lambda out: any(ln.startswith("lab1/ref | ") for ln in out), "the first journal line", 180)
+    before = len(bg.out_lines)
+    with polling(_health_url(base_inventory, "lab1")):  # new /health lines in the journal while following
+        bg.wait_for_stdout(lambda out: any("GET /health" in ln for ln in out[before:]), "a new /health line", 180)
     bg.proc.send_signal(signal.SIGINT)
     assert bg.finish(timeout=30) == 0
     assert "lab1/ref | " in bg.stdout and "GET /health" in bg.stdout

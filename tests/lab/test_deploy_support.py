@@ -85,12 +85,25 @@ def opsctl(*args: str, timeout: float = 900, env: dict[str, str] | None = None) 
 
 @dataclass
 class Background:
-    """`opsctl ...` running in the background; stderr lines collected as they arrive."""
+    """`opsctl ...` running in the background; stderr lines collected as they arrive (and stdout's too, in
+    `out_lines`, when started with `background(..., stdout_lines=True)`)."""
 
     proc: subprocess.Popen[str]
     lines: list[str] = field(default_factory=list)
     stdout: str = ""
     _pump: threading.Thread = field(default_factory=threading.Thread)
+    out_lines: list[str] = field(default_factory=list)
+    _out_pump: threading.Thread | None = None
+
+    def wait_for_stdout(self, found: Callable[[list[str]], bool], what: str, timeout: float) -> None:
+        """Until `found(out_lines)` (stdout_lines=True only): a wait on what opsctl printed, not on the clock."""
+        deadline = time.monotonic() + timeout
+        while not found(list(self.out_lines)):
+            if self.proc.poll() is not None:
+                raise AssertionError(f"opsctl exited {self.proc.returncode} before {what}:\n" + self.text)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} within {timeout}s; stdout so far:\n" + "\n".join(self.out_lines))
+            time.sleep(0.2)
 
     def wait_for(self, needle: str, timeout: float) -> str:
         deadline = time.monotonic() + timeout
@@ -108,8 +121,12 @@ class Background:
     def finish(self, timeout: float = 600) -> int:
         """Wait for exit; collect stdout; close the pipes (ResourceWarnings are errors here)."""
         assert self.proc.stdout is not None
-        self.stdout = self.proc.stdout.read()
+        if self._out_pump is None:
+            self.stdout = self.proc.stdout.read()
         code = self.proc.wait(timeout=timeout)
+        if self._out_pump is not None:
+            self._out_pump.join(timeout=10)
+            self.stdout = "".join(f"{line}\n" for line in self.out_lines)
         self._pump.join(timeout=10)
         self.proc.stdout.close()
         if self.proc.stderr is not None:
@@ -121,17 +138,19 @@ class Background:
         return "\n".join(self.lines)
 
 
-def background(*args: str) -> Background:
+def background(*args: str, stdout_lines: bool = False) -> Background:
     proc = subprocess.Popen([*OPSCTL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     bg = Background(proc)
 
-    def pump() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            bg.lines.append(line.rstrip("\n"))
+    def pump(stream: Any, into: list[str]) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
 
-    bg._pump = threading.Thread(target=pump, daemon=True)
+    bg._pump = threading.Thread(target=pump, args=(proc.stderr, bg.lines), daemon=True)
     bg._pump.start()
+    if stdout_lines:
+        bg._out_pump = threading.Thread(target=pump, args=(proc.stdout, bg.out_lines), daemon=True)
+        bg._out_pump.start()
     return bg
 
 
