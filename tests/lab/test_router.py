@@ -355,9 +355,9 @@ def test_canary_rolls_back_a_release_whose_tokens_differ(router_inventory: Path,
 
 
 def test_canary_rolls_back_a_much_slower_release(router_inventory: Path, tmp_path: Path) -> None:
-    """Same mode (no replay), but lab1/ref's release sleeps 1 s before every decode round's tokens: its decode
-    tok/s (and inter-token latency) falls far behind the old group's, and it is rolled back by itself. (300 ms
-    was within this loaded machine's noise in run 2: ITL p95 2.05x, tok/s 0.61x, promoted.) The client runs at
+    """Same mode (no replay), but lab1/ref's release sleeps 1 s before every decode round's tokens: its
+    inter-token latency falls far behind the old group's, and it is rolled back by itself (run 4: ITL p95
+    3.58x; 300 ms was within this loaded machine's noise in run 2: 2.05x, promoted). The client runs at
     1 request/s here: the reference server answers one request at a time, and at 10/s the slowed canary's
     queue would outgrow the client's timeout before the window closes."""
     router = f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}"
