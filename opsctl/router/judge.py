@@ -263,6 +263,10 @@ def judge(
     until = math.inf if elapsed is None else elapsed
     if hard:
         decision = Decision.ROLL_BACK
+        if until < config.window:  # the statistics are not judged yet: the reason is the hard rules alone
+            reason = "; ".join(f"{r.metric} {r.canary} vs {r.old} (needs {r.rule})" for r in hard)
+            if replay is not None and replay.first_difference and hard[-1].metric == "greedy replay":
+                reason += f": {replay.first_difference}"
     elif until < config.window:
         decision, reason = Decision.CONTINUE, f"window open, {until:.0f}/{config.window:g}s"
     elif short and until < config.max_window:

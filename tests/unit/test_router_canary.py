@@ -165,7 +165,7 @@ def test_measure_rolls_back_a_slow_canary_and_a_crashing_one_at_once() -> None:
 def test_differing_replay_rolls_back_without_waiting_and_quiet_traffic_measures_on() -> None:
     job, now, _ = scripted(Fleet(), window=300)
     verdict = job.measure(Replay(1, 0, "prompt p1 differs at token 0"))
-    assert verdict.decision is Decision.ROLL_BACK and now[0] == 0.0
+    assert verdict.decision is Decision.ROLL_BACK and now[0] == 0.0  # not "requests 0 vs 0" too: not judged yet
     assert (
         verdict.reason
         == "greedy replay 0/1 equal vs reference (needs all identical tokens): prompt p1 differs at token 0"

@@ -183,3 +183,14 @@ def test_an_unread_worker_is_no_comparison_not_zero_requests() -> None:
     assert last.reason.startswith("metrics read 1/1 vs 0/1 (needs every worker's /metrics)")
     assert last.reason.endswith(f": {B}: HTTP 401")
     assert table(last)[1].split()[:4] == ["metrics", "read", "1/1", "0/1"]
+
+
+def test_a_hard_failure_before_the_window_names_only_the_hard_rules() -> None:
+    """Rolled back at the first look (nothing measured yet): the reason is the replay, not '0 vs 0 requests'."""
+    nothing = replace(OLD, requests=0, ttft_p95=None, itl_p95=None)
+    verdict = judge(nothing, nothing, CONFIG, Replay(1, 0, "prompt arith differs at token 0"), elapsed=0)
+    assert verdict.decision is Decision.ROLL_BACK
+    assert verdict.reason == (
+        "greedy replay 0/1 equal vs reference (needs all identical tokens): prompt arith differs at token 0"
+    )
+    assert [r.metric for r in verdict.rows if not r.ok] == ["requests", "greedy replay"]  # the table shows both
