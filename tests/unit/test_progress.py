@@ -25,14 +25,17 @@ def test_a_quick_wait_prints_nothing() -> None:
 
 
 def test_a_slow_step_is_never_silent_longer_than_every() -> None:
-    """No update at all for 0.75 s: the heartbeat alone says so (first after 0.1 s, then every 0.2 s), then how
-    it ended."""
+    """No update at all: the heartbeat alone says so (first after 0.1 s, then every 0.2 s), then how it ended.
+    The step lasts until three heartbeats came (bounded), not a fixed sleep: under a loaded CPU the heartbeat
+    thread may be late, and the test asks that it comes, not that it comes on time."""
     lines: list[str] = []
+    deadline = time.monotonic() + 30
     with Ticker("fake slow step", out=lines.append, every=0.1):
-        time.sleep(0.75)
+        while len(lines) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert len(lines) >= 4, lines
-    assert all(re.fullmatch(r"fake slow step: waiting \([01]s\)", ln) for ln in lines[:-1]), lines
-    assert re.fullmatch(r"fake slow step: done after [01]s", lines[-1]), lines
+    assert all(re.fullmatch(r"fake slow step: waiting \(\d+s\)", ln) for ln in lines[:-1]), lines
+    assert re.fullmatch(r"fake slow step: done after \d+s", lines[-1]), lines
 
 
 def test_updates_show_the_latest_detail_and_the_limit() -> None:
