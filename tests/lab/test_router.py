@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -329,6 +330,21 @@ def test_canary_promotes_a_good_release(router_inventory: Path, tmp_path: Path) 
     assert row["canary"]["phase"] == "promoted" and row["canary"]["table"], status.stdout[-2000:]
 
 
+def _assert_canary_rolled_back(router_inventory: Path, name: str, bad: subprocess.CompletedProcess[str],
+                               client: SteadyClient, before: dict[str, str], reason: str) -> None:  # fmt: skip
+    """A bad canary's deploy: exit 1, rolled back by itself for `reason` (a regex over its table), both
+    workers on their old releases and members of the router, and no client request failed."""
+    print(_canary_lines(bad.stderr))
+    _record(name, client.report, deploy_rc=bad.returncode)
+    assert bad.returncode == 1, bad.stderr[-5000:]
+    assert "canary behind router front: rolled-back" in bad.stderr, bad.stderr[-5000:]
+    assert re.search(reason, bad.stderr), _canary_lines(bad.stderr)
+    assert {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")} == before
+    assert client.report.failed == 0, client.report.summary()
+    members = _members(router_inventory)
+    assert len(members) == 2 and all(members.values()), members
+
+
 def test_canary_rolls_back_a_release_whose_tokens_differ(router_inventory: Path, tmp_path: Path) -> None:
     """A mode change (tree <-> shadow) on a release whose output tokens differ (a fault that flips them): the
     greedy replay differs, the canary is rolled back at once, by itself."""
@@ -343,15 +359,8 @@ def test_canary_rolls_back_a_release_whose_tokens_differ(router_inventory: Path,
     before = {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")}
     with faults_armed(router_inventory, "lab1"), steady(router, rate=3, max_s=420) as client:
         bad = opsctl("deploy", "-i", str(bad_inv), "--service", "ref", "--mode", mode, "--canary", timeout=1500)
-    print(_canary_lines(bad.stderr))
-    _record("canary_tokens_differ", client.report, deploy_rc=bad.returncode)
-    assert bad.returncode == 1, bad.stderr[-5000:]
-    assert "canary behind router front: rolled-back" in bad.stderr, bad.stderr[-5000:]
-    assert re.search(r"greedy replay +0/1 equal .* FAIL", bad.stderr), _canary_lines(bad.stderr)
-    assert {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")} == before
-    assert client.report.failed == 0, client.report.summary()
-    members = _members(router_inventory)
-    assert len(members) == 2 and all(members.values()), members
+    _assert_canary_rolled_back(router_inventory, "canary_tokens_differ", bad, client, before,
+                               r"greedy replay +0/1 equal .* FAIL")  # fmt: skip
 
 
 def test_canary_rolls_back_a_much_slower_release(router_inventory: Path, tmp_path: Path) -> None:
@@ -377,12 +386,5 @@ def test_canary_rolls_back_a_much_slower_release(router_inventory: Path, tmp_pat
     before = {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")}
     with faults_armed(router_inventory, "lab1"), steady(router, rate=1, max_s=420) as client:
         bad = opsctl("deploy", "-i", str(slow_inv), "--service", "ref", "--mode", mode, "--canary", timeout=1500)
-    print(_canary_lines(bad.stderr))
-    _record("canary_slow", client.report, deploy_rc=bad.returncode)
-    assert bad.returncode == 1, bad.stderr[-5000:]
-    assert "canary behind router front: rolled-back" in bad.stderr, bad.stderr[-5000:]
-    assert re.search(r"canary: (ITL p95|tok/s) .* FAIL", bad.stderr), _canary_lines(bad.stderr)
-    assert {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")} == before
-    assert client.report.failed == 0, client.report.summary()
-    members = _members(router_inventory)
-    assert len(members) == 2 and all(members.values()), members
+    _assert_canary_rolled_back(router_inventory, "canary_slow", bad, client, before,
+                               r"canary: (ITL p95|tok/s) .* FAIL")  # fmt: skip
