@@ -120,6 +120,29 @@ def test_buckets_choose_independently() -> None:
     assert fields.startswith("policy=auto shape=chain ")
 
 
+def test_first_switch_after_first_dwell_later_ones_after_dwell() -> None:
+    """At bs 32 the chain is best from the first round: the bucket leaves the configured tree soon after its
+    first_dwell-th round (the estimates arrive 3 rounds late, the chain is probed every warmup_every-th round),
+    not after a full dwell; the next switch of the bucket still waits a whole dwell."""
+    assert best_shape(32) == CHAIN
+    policy = auto(dwell=64, first_dwell=8, warmup_every=4, explore=0.0)
+    ran = simulate(policy, load_world, [32] * 40, lag=3)
+    first_chain = next(i for i, s in enumerate(ran) if s == CHAIN and i >= 8)
+    assert first_chain <= 16, ran
+    assert ran[20:].count(CHAIN) == len(ran[20:])  # no more probes: every candidate was measured in warm-up
+
+    def flipped(bs: int, i: int) -> dict[Shape, tuple[float, float]]:  # from round 40 on, the tree is best
+        c = costs(bs, 0.02 if i < 40 else 0.0001)
+        return {s: (TAUS[s], c[s]) for s in SHAPES}
+
+    policy = auto(dwell=64, first_dwell=8, warmup_every=4, explore=0.05, seed=3)
+    ran = simulate(policy, flipped, [32] * 200, lag=3)
+    views = policy.snapshot().buckets
+    assert views[0].current == T32 and 2 <= views[0].switches <= 3  # back through tree16 or straight
+    back = next(i for i in range(40, 200) if ran[i] == T32 and all(s == T32 for s in ran[i : i + 5]))
+    assert back >= 8 + 64  # the second switch came no sooner than a dwell after the first
+
+
 def test_estimate_is_batch_tokens_per_ms() -> None:
     policy = auto(explore=0.0)
     d = policy.decide(4)
@@ -200,9 +223,9 @@ def run_arbitrary(policy: ShapePolicy, rounds: list[tuple[int, dict[Shape, float
 
 
 @PROPERTY
-@given(rounds=rounds_st, dwell=st.integers(1, 40), seed=st.integers(0, 2**32 - 1))
-def test_never_switches_faster_than_the_dwell(rounds: list, dwell: int, seed: int) -> None:
-    policy = auto(dwell=dwell, margin=0.0, explore=0.2, seed=seed)
+@given(rounds=rounds_st, dwell=st.integers(1, 40), first=st.integers(1, 40), seed=st.integers(0, 2**32 - 1))
+def test_never_switches_faster_than_the_dwell(rounds: list, dwell: int, first: int, seed: int) -> None:
+    policy = auto(dwell=dwell, first_dwell=first, margin=0.0, explore=0.2, seed=seed)
     per_bucket: dict[int, list] = {}
     for d, current in run_arbitrary(policy, rounds):
         per_bucket.setdefault(d.bucket, []).append(current)
@@ -211,7 +234,7 @@ def test_never_switches_faster_than_the_dwell(rounds: list, dwell: int, seed: in
     for seq in per_bucket.values():
         changes = [i for i in range(1, len(seq)) if seq[i] != seq[i - 1]]
         if changes:
-            assert changes[0] + 1 >= dwell  # the first switch needs dwell rounds of the bucket
+            assert changes[0] + 1 >= first  # the first switch needs first_dwell rounds of the bucket
         assert all(b - a >= dwell for a, b in itertools.pairwise(changes))
 
 

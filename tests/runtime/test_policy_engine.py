@@ -53,7 +53,7 @@ def test_tokens_equal_baseline_while_the_policy_switches_mid_request(arch: str) 
     for p in range(3):
         prompt = _prompt(p)
         want = baseline.generate(prompt, NEW_TOKENS).tokens
-        config = PolicyConfig(shapes=policy_shapes(CFG), dwell=3, explore=0.25, warmup_every=2, seed=p)
+        config = PolicyConfig(shapes=policy_shapes(CFG), dwell=3, first_dwell=3, explore=0.25, warmup_every=2, seed=p)
         policy = PhasedCosts(config, CFG.policy)
         engine = ReferenceEngine(target, Mode.TREE, drafter=_drafter(target, p), ddtree=CFG, policy=policy)
         got = engine.generate(prompt, NEW_TOKENS)
