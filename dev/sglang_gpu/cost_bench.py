@@ -231,17 +231,20 @@ def engine_child(job_path: Path, result_path: Path) -> None:
         for bs in job["batches"]:  # warm-up: graphs, Triton compiles, allocator
             mark(f"warmup {bs}")
             engine.generate(input_ids=prompts(bs), sampling_params={**job["sampling"], "max_new_tokens": 8})
-        for bs in job["batches"]:
-            mark(f"measure {bs}")
-            t0 = time.monotonic()
-            outs = engine.generate(input_ids=prompts(bs), sampling_params=job["sampling"])
-            wall = time.monotonic() - t0
-            mark(f"done {bs}")
-            accept = [o["meta_info"].get("spec_accept_length") for o in outs]
-            out["batches"].append(
-                {"bs": bs, "wall_s": wall, "out_lens": [len(o["output_ids"]) for o in outs], "accept": accept,
-                 "output_ids_sha256": tokens_digest([o["output_ids"] for o in outs])}
-            )  # fmt: skip
+        for repeat in range(job.get("repeats", 1)):
+            # every other repeat in the reverse order, so no batch size always runs right after the warm-up
+            order = job["batches"] if repeat % 2 == 0 else job["batches"][::-1]
+            for bs in order:
+                mark(f"measure {bs}")
+                t0 = time.monotonic()
+                outs = engine.generate(input_ids=prompts(bs), sampling_params=job["sampling"])
+                wall = time.monotonic() - t0
+                mark(f"done {bs}")
+                accept = [o["meta_info"].get("spec_accept_length") for o in outs]
+                out["batches"].append(
+                    {"bs": bs, "repeat": repeat, "wall_s": wall, "out_lens": [len(o["output_ids"]) for o in outs],
+                     "accept": accept, "output_ids_sha256": tokens_digest([o["output_ids"] for o in outs])}
+                )  # fmt: skip
     finally:
         engine.shutdown()
     result_path.write_text(json.dumps(out))
@@ -306,6 +309,8 @@ def run_env(model: str, mode: str, args: argparse.Namespace, timer: Path) -> dic
         )
     if mode == "tree-policy":
         env.update(DDTREE_POLICY="auto", DDTREE_LOG_INTERVAL="64")
+    if mode == "tree-chain":  # the policy pinned to DFLASH's chain: a chain round's cost inside the tree worker
+        env.update(DDTREE_POLICY="chain", DDTREE_LOG_INTERVAL="64")
     return env
 
 
@@ -321,32 +326,51 @@ def policy_choice(log: str) -> str:
 
 
 def decode_tok_s(entry: dict[str, Any]) -> dict[str, float]:
-    """bs -> output tokens / wall seconds of that measured batch (the whole generate call, prefill included)."""
-    return {
-        str(b["bs"]): sum(b["out_lens"]) / b["wall_s"]
-        for b in (entry.get("result") or {}).get("batches", [])
-        if b.get("wall_s")
-    }
+    """bs -> output tokens / wall seconds of its measured batches (the whole generate call, prefill included),
+    the median over `--repeats`."""
+    rates: dict[str, list[float]] = {}
+    for b in (entry.get("result") or {}).get("batches", []):
+        if b.get("wall_s"):
+            rates.setdefault(str(b["bs"]), []).append(sum(b["out_lens"]) / b["wall_s"])
+    return {bs: statistics.median(vals) for bs, vals in rates.items()}
+
+
+def same_tokens(runs: dict[str, dict[str, Any]], names: list[str]) -> bool | None:
+    """Whether every run in `names` produced the same tokens for every (bs, repeat); None when < 2 ran."""
+    digests = []
+    for name in names:
+        batches = (runs.get(name, {}).get("result") or {}).get("batches")
+        if batches:
+            digests.append(sorted((b["bs"], b.get("repeat", 0), b["output_ids_sha256"]) for b in batches))
+    return None if len(digests) < 2 else all(d == digests[0] for d in digests)
+
+
+POLICY_ARMS = ("dflash", "tree", "tree-chain", "tree-policy")
 
 
 def policy_table(reports: list[dict[str, Any]]) -> str:
-    """Per model, CUDA graphs and batch size: tok/s of dflash, tree, tree-policy; tree-policy / the better of the
-    other two (issue 29's goal: >= 0.97 everywhere) and the policy's last choice."""
+    """Per model, CUDA graphs and batch size: tok/s (medians over repeats) of dflash, tree, tree-chain (DDTREE
+    with the policy pinned to the chain: what a chain round costs inside the tree worker) and tree-policy;
+    tree-policy / the better of dflash and tree (issue 29's goal: >= 0.97 everywhere) and the policy's last
+    choice; whether every arm's tokens were equal."""
     runs = {name: entry for rep in reports for name, entry in rep["runs"].items() if entry.get("result")}
-    out = ["| model | graphs | bs | dflash tok/s | tree tok/s | tree-policy tok/s | policy / best | choice |",
-           "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    out = ["| model | graphs | bs | " + " | ".join(f"{m} tok/s" for m in POLICY_ARMS) + " | policy / best | choice |",
+           "|---|---|---:|" + "---:|" * len(POLICY_ARMS) + "---:|---|"]  # fmt: skip
     for model, graphs in itertools.product(("dense", "hybrid"), ("graph", "eager")):
-        names = {m: f"{model}-{m}-{graphs}" for m in ("dflash", "tree", "tree-policy")}
+        names = {m: f"{model}-{m}-{graphs}" for m in POLICY_ARMS}
         if names["tree-policy"] not in runs:
             continue
         rates = {m: decode_tok_s(runs[n]) if n in runs else {} for m, n in names.items()}
         choice = runs[names["tree-policy"]].get("policy_choice") or "-"
-        for bs, rate in rates["tree-policy"].items():
-            others = [r[bs] for m, r in rates.items() if m != "tree-policy" and bs in r]
+        for bs, rate in sorted(rates["tree-policy"].items(), key=lambda kv: int(kv[0])):
+            others = [rates[m][bs] for m in ("dflash", "tree") if bs in rates[m]]
             best = max(others) if others else None
-            cells = [f"{rates[m][bs]:.1f}" if bs in rates[m] else "-" for m in ("dflash", "tree")]
+            cells = [f"{rates[m][bs]:.1f}" if bs in rates[m] else "-" for m in POLICY_ARMS]
             ratio = f"{rate / best:.3f}" if best else "-"
-            out.append(f"| {model} | {graphs} | {bs} | {' | '.join(cells)} | {rate:.1f} | {ratio} | {choice} |")
+            out.append(f"| {model} | {graphs} | {bs} | {' | '.join(cells)} | {ratio} | {choice} |")
+        equal = same_tokens(runs, list(names.values()))
+        out.append(f"\n{model} {graphs}: tokens equal across {', '.join(m for m in POLICY_ARMS if names[m] in runs)}:"
+                   f" {equal}\n")  # fmt: skip
     return "\n".join(out)
 
 
@@ -375,22 +399,24 @@ def summarize(timer: Path, batches: list[int], skip: int) -> dict[str, Any]:
     """Medians per measured batch size from the timer file."""
     lines = [json.loads(x) for x in timer.read_text().splitlines() if x.strip()] if timer.is_file() else []
     phase: str | None = None
-    rounds: dict[int, list[dict[str, Any]]] = {bs: [] for bs in batches}
+    segments: dict[int, list[list[dict[str, Any]]]] = {bs: [] for bs in batches}  # one per measured batch
     for rec in lines:
         if "marker" in rec:
             kind, bs_text = rec["marker"].split()
             phase = bs_text if kind == "measure" else None
+            if phase is not None:
+                segments[int(phase)].append([])
             continue
         if phase is not None and rec["bs"] == int(phase):
-            rounds[int(phase)].append(rec)
+            segments[int(phase)][-1].append(rec)
     out: dict[str, Any] = {}
-    for bs, recs in rounds.items():
-        pairs = list(itertools.pairwise(recs))[skip:]
+    for bs, segs in segments.items():
+        pairs = [pair for seg in segs for pair in list(itertools.pairwise(seg))[skip:]]
         steps = [b["host_start"] - a["host_start"] for a, b in pairs]
         # the step cut in three: the round's entry to the end of its wait (host_ms), the timer's own work after
         # the wait (timer_ms), the scheduler's work up to the next round's entry (sched_ms)
         sched = [b["host_start"] - a["host_exit"] for a, b in pairs if "host_exit" in a]
-        recs = recs[skip:]
+        recs = [rec for seg in segs for rec in seg[skip:]]
         if not recs:
             out[str(bs)] = {"rounds": 0}
             continue
@@ -428,6 +454,7 @@ def launch(name: str, kwargs: dict[str, Any], env: dict[str, str], run_dir: Path
         "seed": 7,
         "timer": str(timer),
         "wait_s": args.timeout,
+        "repeats": args.repeats,
         "sampling": {"temperature": 0.0, "max_new_tokens": args.new_tokens, "ignore_eos": True},
     }
     (run_dir / "job.json").write_text(json.dumps(job))
@@ -457,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--prefix", type=int, default=1024)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=1, help="measured batches per batch size (tables: medians)")
     p.add_argument("--skip", type=int, default=4, help="rounds skipped at the start of each batch")
     p.add_argument("--budget", type=int, default=15)
     p.add_argument("--topk", type=int, default=8)
@@ -530,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
                     entry["result"] = json.loads(result.read_text())
                     entry["rounds"] = summarize(timer, args.batches, args.skip)
                     entry["loop"] = summarize_loop(timer.with_name("loop.jsonl"), args.batches, args.skip)
-                    if mode_of(name) == "tree-policy":
+                    if mode_of(name) in ("tree-policy", "tree-chain"):
                         log = (run_dir / "engine.log").read_text(errors="replace")
                         entry["policy_choice"] = policy_choice(log)
                 else:

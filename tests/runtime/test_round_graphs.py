@@ -31,6 +31,12 @@ def test_graphs_apply_to_small_cuda_batches_only() -> None:
     assert not RoundGraphs(SLOTS, BUDGET, TOPK, max_batch=0).applies(1, torch.device("cuda"))
 
 
+def test_warm_runs_plan_and_commit_on_the_cpu_without_graphs() -> None:
+    graphs = RoundGraphs(SLOTS, BUDGET, TOPK, max_batch=8)
+    graphs.warm([1, 2, 9], SLOTS - 1, VOCAB, torch.device("cpu"))  # eager there: shapes valid, nothing captured
+    assert not graphs._plans and not graphs._commits
+
+
 def test_clone_result_copies_every_tensor() -> None:
     @dataclass(frozen=True)
     class Result:
@@ -47,6 +53,8 @@ def test_clone_result_copies_every_tensor() -> None:
 def test_replayed_rounds_equal_eager_rounds() -> None:
     device = torch.device("cuda")
     graphs = RoundGraphs(SLOTS, BUDGET, TOPK)
+    graphs.warm([1, 3, 9], SLOTS - 1, VOCAB, device)  # start-up: captures 1 and 3 on dummy inputs, 9 eager
+    assert sorted(key[0] for key in graphs._plans) == [1, 3]
     for seed, bs in [(1, 3), (2, 1), (3, 3), (4, 8), (5, 1)]:  # captures for 3, 1, 8; replays with new inputs
         lp, roots, prefixes = round_inputs(seed, bs, device)
         ref = plan_round(lp.cpu(), roots.tolist(), prefixes.tolist(), SLOTS, BUDGET, TOPK)

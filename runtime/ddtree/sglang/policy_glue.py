@@ -90,7 +90,8 @@ class PolicyGlue:
         self.phased = test == "phased"
         knobs: dict[str, Any] = {}
         if self.phased:
-            knobs = {"dwell": 1, "first_dwell": 1, "warmup_every": 2, "explore": 0.25, "alpha_cost": 0.5, "alpha_accept": 0.5}
+            knobs = {"dwell": 1, "first_dwell": 1, "warmup_every": 2, "explore": 0.25}
+            knobs |= {"alpha_cost": 0.5, "alpha_accept": 0.5}
         self.enabled = config.policy.mode is not PolicyMode.OFF
         self.policy = ShapePolicy(PolicyConfig(shapes=shapes, seed=seed, **knobs), config.policy)
         self.configured = shapes[0]

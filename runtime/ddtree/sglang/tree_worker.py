@@ -498,11 +498,37 @@ def tree_worker_class() -> type:
                 if hybrid is HybridMode.UNSAFE:
                     logger.warning("DDTREE HYBRID UNSAFE: tree verify in flat order (%s); outputs may differ", why)
             self._ddtree_exact_hybrid = hybrid is HybridMode.EXACT
+            self._ddtree_warm_planner()
             policy = self._ddtree_glue.policy if self._ddtree_glue.enabled else None
             self._ddtree_log = MetricsLog(self._ddtree_config, int(self.block_size), hybrid, policy=policy)
             if self._ddtree_rank == 0:
                 self._ddtree_log.start()
             self._ddtree_stats = StatsQueue(self._ddtree_log)
+
+        def _ddtree_warm_planner(self) -> None:
+            """Every budget the worker can run (the policy's smaller ones too) planned and committed once on the
+            GPU before the first request (RoundGraphs.warm): no Triton compile or graph capture mid-request."""
+            head = self._ddtree_head()
+            if torch.device(self.device).type != "cuda" or head.tp_size > 1:
+                return  # the CPU path compiles nothing; a vocab-parallel head plans from gathered top-k
+            glue = self._ddtree_glue
+            shapes = glue.policy.config.shapes if glue.enabled else ()
+            budgets = sorted({s.budget for s in shapes if not s.is_chain} | {self._ddtree_config.budget})
+            started = time.perf_counter()
+            try:
+                for budget in budgets:
+                    graphs = self._ddtree_round_graphs(budget)
+                    sizes = [*range(1, graphs.max_batch + 1), graphs.max_batch + 1]  # the graphed ones, one eager
+                    graphs.warm(sizes, int(self.block_size) - 1, int(head.weight.shape[0]), torch.device(self.device))
+            except Exception as exc:  # a slower first round is better than a server that will not start
+                self._ddtree_graphs.clear()
+                logger.warning("DDTREE: planner warm-up failed (%s): each budget compiles on first use", exc)
+                return
+            if self._ddtree_rank == 0:
+                logger.info(
+                    "DDTREE: planner warmed for budgets %s in %.2f s", ",".join(map(str, budgets)),
+                    time.perf_counter() - started,
+                )  # fmt: skip
 
         @staticmethod
         def _ddtree_dense_conv_windows(mamba_pool: Any) -> None:
