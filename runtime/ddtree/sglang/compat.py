@@ -219,6 +219,21 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "in_capture",
         "mamba_track_indices",
     ),
+    # DFLASH's causal verify graphs beside the tree's (ddtree.sglang.causal_graphs): a second backend of the
+    # target's kind and a decode graph runner captured on it (the runner's class is the target's own)
+    "sglang.srt.model_executor.model_runner:ModelRunner._get_attention_backend": (  # private
+        "self",
+        "init_new_workspace",
+    ),
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__": (
+        "self",
+        "model_runner",
+        "attn_backend",
+        "speculative_num_steps",
+        "speculative_num_draft_tokens",
+        "record_nolora_graph",
+    ),
+    "sglang.srt.mem_cache.kv_index_translator:KVIndexTranslator.bind_and_verify_backends": ("self", "backends"),
 }
 
 # Dataclass / msgspec fields read or passed by name.

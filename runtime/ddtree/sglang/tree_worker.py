@@ -375,9 +375,12 @@ def tree_worker_class() -> type:
     from sglang.srt.speculative.spec_utils import commit_mamba_states_after_verify
 
     from ddtree.config import HybridMode
+    from ddtree.sglang import causal_graphs
     from ddtree.sglang.compat import attribute_refusal
     from ddtree.sglang.gates import GateError, hybrid_mode
     from ddtree.sglang.graph_masks import (
+        GRAPH_TREE_MASK_BACKENDS,
+        SKIP_SET_NAME,
         capture_with_tree_masks,
         captured_with_tree_masks,
         graph_backend_refusal,
@@ -425,7 +428,13 @@ def tree_worker_class() -> type:
             self._ddtree_backend = server_args.decode_attention_backend or server_args.attention_backend
             self._ddtree_graphs_requested = not server_args.disable_cuda_graph
             self._ddtree_hybrid_why: str | None = None  # why the exact hybrid tree path is out; "" when it is not
+            self._ddtree_causal_backend: Any = None  # DFLASH's own verify graphs' backend (causal_graphs)
+            self._ddtree_causal: causal_graphs.CausalVerifyGraphs | None = None
+            self._ddtree_causal_skip: frozenset[str] = frozenset()
             if not graph_backend_refusal(self._ddtree_backend):
+                skip = getattr(dflash_utils, SKIP_SET_NAME, None)
+                if isinstance(skip, (set, frozenset)):  # SGLang's set, as DFLASH's own graphs are captured
+                    self._ddtree_causal_skip = frozenset(skip | {GRAPH_TREE_MASK_BACKENDS[self._ddtree_backend]})
                 capture_with_tree_masks(dflash_utils, self._ddtree_backend)
 
         def init_attention_backends(self) -> None:
@@ -435,6 +444,11 @@ def tree_worker_class() -> type:
             every replay (ddtree.sglang.hybrid_graphs). A graph keeps the buffers it was captured with."""
             super().init_attention_backends()
             if not self._ddtree_hybrid:
+                if self._ddtree_graphs_requested and self._ddtree_causal_skip:
+                    try:
+                        self._ddtree_causal_backend = causal_graphs.build_backend(self.target_worker.model_runner)
+                    except Exception as exc:  # the masked graphs still serve every round, a little slower
+                        logger.warning("DDTREE: no second attention backend for DFLASH's causal graphs (%s)", exc)
                 return
             target_runner = self.target_worker.model_runner
             self._ddtree_linear = getattr(target_runner.attn_backend, "linear_attn_backend", None)
@@ -472,6 +486,7 @@ def tree_worker_class() -> type:
                 if self._ddtree_rank == 0:
                     logger.info("DDTREE: the target's verify CUDA graphs read the tree mask; chain verifies get "
                                 "the causal one")  # fmt: skip
+                self._ddtree_capture_causal_graphs()
             hybrid = HybridMode.NONE
             if self._ddtree_hybrid:
                 why = self._ddtree_hybrid_why
@@ -504,6 +519,31 @@ def tree_worker_class() -> type:
             if self._ddtree_rank == 0:
                 self._ddtree_log.start()
             self._ddtree_stats = StatsQueue(self._ddtree_log)
+
+        def _ddtree_capture_causal_graphs(self) -> None:
+            """DFLASH's own causal verify graphs on the second backend, for the rounds that run DFLASH's code
+            (causal_graphs); a failed capture leaves those rounds on the tree's masked graphs (a WARNING)."""
+            if self._ddtree_causal_backend is None:
+                return
+            started = time.perf_counter()
+            try:
+                self._ddtree_causal = causal_graphs.capture(
+                    self.target_worker.model_runner, self._ddtree_causal_backend, dflash_utils, self._ddtree_causal_skip
+                )
+            except Exception as exc:  # the masked graphs still serve every round, a little slower
+                logger.warning("DDTREE: DFLASH's causal verify CUDA graphs not captured (%s): its rounds replay "
+                               "the tree's masked graphs", exc)  # fmt: skip
+                return
+            if self._ddtree_rank == 0:
+                logger.info("DDTREE: causal verify CUDA graphs captured for DFLASH's rounds (chain, sampling) in "
+                            "%.1f s", time.perf_counter() - started)  # fmt: skip
+
+        def _ddtree_dflash_round(self, batch: Any, **kwargs: Any) -> Any:
+            """DFLASH's own decode round, through its causal verify graphs when the worker captured them."""
+            causal = self._ddtree_causal
+            model_runner = self.target_worker.model_runner
+            with causal.bound(model_runner) if causal is not None else contextlib.nullcontext():
+                return super().forward_batch_generation(batch, **kwargs)
 
         def _ddtree_warm_planner(self) -> None:
             """Every budget the worker can run (the policy's smaller ones too) planned and committed once on the
@@ -554,10 +594,15 @@ def tree_worker_class() -> type:
                 # The tree walk is greedy, and a scheduler-side exception would take the whole server down.
                 logger.warning("DDTREE tree verify: batches with %s take DFLASH's chain verify", why)
                 self._ddtree_warned_sampling = True
-            if dflash_round or why or self._ddtree_fallback:
-                return super().forward_batch_generation(
-                    batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
-                )
+            dflash_args = {
+                "on_publish": on_publish,
+                "grammar_barrier": grammar_barrier,
+                "pp_proxy_tensors": pp_proxy_tensors,
+            }
+            if dflash_round:  # prefill, idle: the target's own graphs and backend
+                return super().forward_batch_generation(batch, **dflash_args)
+            if why or self._ddtree_fallback:
+                return self._ddtree_dflash_round(batch, **dflash_args)
             glue = self._ddtree_glue
             if not glue.enabled:
                 return self._ddtree_round(batch, on_publish, self._ddtree_config.budget)[0]  # no policy row
@@ -584,7 +629,7 @@ def tree_worker_class() -> type:
             lines (a chain of B - 1 nodes) so the lines keep coming while the chain is chosen. -> (SGLang's result,
             [bs, 2] what it committed, twice: the chain's own acceptance)."""
             t0 = time.perf_counter()
-            result = super().forward_batch_generation(
+            result = self._ddtree_dflash_round(
                 batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
             )
             committed = result.accept_lens.to(torch.int64)  # [bs], bonus included
