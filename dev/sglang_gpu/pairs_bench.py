@@ -479,6 +479,8 @@ def summarize_window(text: str, rounds_before: int | None = None) -> dict[str, A
             continue
         if ("DDTREE" in line and ("WARNING" in line or "FAILED" in line or "fall" in line)) or "Traceback" in line:
             notes.append(line.strip()[-300:])
+        if "DDTREE metrics" not in line and "Decode batch" not in line:
+            continue  # other DDTREE lines (init, self-check, notes) are no records here, not malformed ones
         rec = parse_line(line)
         if isinstance(rec, DDTreeMetrics):
             metrics.append(rec)
