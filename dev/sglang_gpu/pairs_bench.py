@@ -4,15 +4,19 @@ per mode against concurrency with `opsctl bench`'s own code.
 Run through `bash dev/sglang_gpu/run.sh pairs` (SGLang's wheels, the runtime and the stand-in set up). Steps:
 1. builds or reuses both pairs (`python -m ddtree.pairs build --device cuda`, the two at once) from the corpus
    wheels in `--wheels`;
-2. writes an inventory (host 127.0.0.1, one service per pair and mode: baseline, linear, tree at each
-   `--budgets`), renders it with `opsctl.render`, and starts every service by hand (no systemd here): its
-   rendered ExecStart with the rendered EnvironmentFile, the venv's python and the release dir swapped for this
-   host's, all services at once on the one GPU (`--mem-fraction`);
-3. greedy check: every held-out prompt through each speculative service's native /generate, compared with the
-   baseline's tokens; a first difference is a near-tie when the baseline's top-2 logprob gap there is below
-   `--tie-margin` (bf16) and the service took the baseline's runner-up;
+2. writes an inventory (host 127.0.0.1; per pair baseline, linear, tree at each `--budgets`, tree with
+   `ddtree.policy: auto` at each `--policy-budgets`, and on the dense pair a tree whose round graphs cover
+   batches up to `--rg-max-bs`; `service_plan`), renders it with `opsctl.render`, and starts every service
+   by hand (no systemd here): its rendered ExecStart with the rendered EnvironmentFile, the venv's python and
+   the release dir swapped for this host's, all services at once on the one GPU (`--mem-fraction`);
+3. greedy check: every held-out prompt (token ids) through each speculative service's native /generate, all
+   services at once, compared with the baseline's tokens; a first difference is a near-tie when the
+   baseline's top-2 logprob gap there is below `--tie-margin` (bf16) and the service took the baseline's
+   runner-up; every first difference keeps the baseline's top-2 and the service's (re-scored) top-2;
 4. `opsctl.bench.load.bench_levels` (what `opsctl bench --concurrency` runs) per service, one service at a time,
-   at temperature 0 and 1;
+   every service greedy first, then linear / tree / tree-policy at temperature 1; each level keeps a summary
+   of its slice of the server's log (`summarize_window`: DDTREE phase timings, Decode batch lines, policy
+   switches);
 5. one JSON (`--json`): builds, inventory, rendered flags, greedy verdicts, levels; server logs in one tar.gz.
 Exit 1 when a greedy tree output differs from the baseline beyond a near-tie, or a service failed.
 """
@@ -27,7 +31,8 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,43 +91,78 @@ def build_pairs(
     return out
 
 
-def inventory_yaml(pairs: dict[str, dict[str, Any]], budgets: list[int], args: argparse.Namespace) -> str:
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One service of the run: what the inventory says, what this host adds, and which temperatures it gets."""
+
+    name: str  # `<pair>-<short>`
+    pair: str
+    mode: str  # baseline | linear | tree
+    variant: str  # baseline | linear | tree | tree-policy | tree-rg<N> | rustcore
+    budget: int | None = None
+    policy: str | None = None  # the inventory's ddtree.policy (tree-policy)
+    host_env: tuple[tuple[str, str], ...] = ()  # set by this script, not the inventory (see service_plan)
+    temperatures: tuple[float, ...] = (0.0,)
+
+
+def service_plan(pairs: list[str], args: argparse.Namespace) -> list[ServiceSpec]:
+    """Per pair: baseline, linear, tree at each `--budgets`, tree-policy at each `--policy-budgets`; on the
+    dense pair a tree at each `--rg-budgets` with its round graphs up to `--rg-max-bs` (the c=32 question);
+    the Rust-TreeCore probe only with `--rust-probe 1`. Temperature 1 only where sampling differs by mode
+    (linear, tree, tree-policy): the baseline and the graph variant are greedy only."""
+    temps = tuple(float(t) for t in args.temperatures.split(",") if t)
+    greedy = tuple(t for t in temps if t == 0) or temps[:1]
+    out: list[ServiceSpec] = []
+    for pair in pairs:
+        out += [
+            ServiceSpec(f"{pair}-base", pair, "baseline", "baseline", temperatures=greedy),
+            ServiceSpec(f"{pair}-linear", pair, "linear", "linear", temperatures=temps),
+        ]
+        out += [ServiceSpec(f"{pair}-tree{b}", pair, "tree", "tree", b, temperatures=temps) for b in args.budgets]
+        out += [
+            ServiceSpec(f"{pair}-policy{b}", pair, "tree", "tree-policy", b, policy="auto", temperatures=temps)
+            for b in args.policy_budgets
+        ]
+        if pair == "dense":
+            # not through extra_env: the inventory loader refuses DDTREE_* there (opsctl renders those itself,
+            # and has no key for the round graphs), so the server's environment gets it here, in the JSON
+            rg = (("DDTREE_ROUND_GRAPHS_MAX_BS", str(args.rg_max_bs)),)
+            out += [
+                ServiceSpec(
+                    f"{pair}-tree{b}rg{args.rg_max_bs}", pair, "tree", f"tree-rg{args.rg_max_bs}", b, None, rg, greedy
+                )
+                for b in args.rg_budgets
+            ]
+    if args.rust_probe and "dense" in pairs:  # SGLang's default radix TreeCore (Rust), to see it crash or not
+        out.append(ServiceSpec("dense-rustcore", "dense", "baseline", "rustcore", temperatures=()))
+    return out
+
+
+def inventory_yaml(pairs: dict[str, dict[str, Any]], specs: list[ServiceSpec], args: argparse.Namespace) -> str:
     # opsctl gives each service its own GPUs (the loader refuses sharing); here they all run on the one GPU
     # (Server overrides CUDA_VISIBLE_DEVICES), which a production host would not do
     lines = ["hosts:", "  h200:", "    address: 127.0.0.1", "    gpus: 64", "    services:"]
     first = list(ARCHES).index(next(iter(pairs)))  # one inventory per pair: ports and GPU indices apart
     port, gpu = args.port + 16 * first, 16 * first
-    for pair, build in pairs.items():
-        d = build["shm_dir"]
-        hybrid = "true" if pair == "hybrid" else "false"
-        modes = [("base", "baseline", None), ("linear", "linear", None)]
-        modes += [(f"tree{b}", "tree", b) for b in budgets]
-        for short, mode, budget in modes:
-            lines += [
-                f"      {pair}-{short}:",
-                f"        gpus: [{gpu}]",
-                f"        port: {port}",
-                f"        mode: {mode}",
-                f"        model: {{source: {d}/target, source_on: host, path: {d}/target, hybrid: {hybrid}}}",
-            ]
-            if mode != "baseline":
-                lines.append(f"        draft_model: {{source: {d}/draft, source_on: host, path: {d}/draft}}")
-            if budget is not None:
-                lines.append(f"        ddtree: {{budget: {budget}, topk: {args.topk}}}")
-            lines.append(f"        extra_args: {json.dumps(host_args(mode, pair == 'hybrid', args))}")
-            if args.radix_core:
-                lines.append(f"        extra_env: {{SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND: {args.radix_core}}}")
-            port, gpu = port + 1, gpu + 1
-    if args.rust_probe and "dense" in pairs:  # SGLang's default radix TreeCore (Rust), to see it crash or not
-        d = pairs["dense"]["shm_dir"]
+    for spec in (s for s in specs if s.pair in pairs):
+        d = pairs[spec.pair]["shm_dir"]
+        hybrid = "true" if spec.pair == "hybrid" else "false"
         lines += [
-            "      dense-rustcore:",
+            f"      {spec.name}:",
             f"        gpus: [{gpu}]",
             f"        port: {port}",
-            "        mode: baseline",
-            f"        model: {{source: {d}/target, source_on: host, path: {d}/target, hybrid: false}}",
-            f"        extra_args: {json.dumps(host_args('baseline', False, args))}",
+            f"        mode: {spec.mode}",
+            f"        model: {{source: {d}/target, source_on: host, path: {d}/target, hybrid: {hybrid}}}",
         ]
+        if spec.mode != "baseline":
+            lines.append(f"        draft_model: {{source: {d}/draft, source_on: host, path: {d}/draft}}")
+        if spec.budget is not None:
+            policy = f", policy: {spec.policy}" if spec.policy else ""
+            lines.append(f"        ddtree: {{budget: {spec.budget}, topk: {args.topk}{policy}}}")
+        lines.append(f"        extra_args: {json.dumps(host_args(spec.mode, spec.pair == 'hybrid', args))}")
+        if args.radix_core and spec.variant != "rustcore":
+            lines.append(f"        extra_env: {{SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND: {args.radix_core}}}")
+        port, gpu = port + 1, gpu + 1
     return "\n".join(lines) + "\n"
 
 
@@ -133,6 +173,8 @@ def host_args(mode: str, hybrid: bool, args: argparse.Namespace) -> list[str]:
     extra = ["--sampling-backend", "pytorch", "--mem-fraction-static", str(args.mem_fraction)]
     extra += ["--max-total-tokens", str(args.max_total_tokens), "--max-running-requests", str(max(args.concurrency))]
     extra += ["--cuda-graph-max-bs-decode", "32", "--skip-server-warmup"]
+    # a `Decode batch` line every N rounds instead of 40, every arm alike: a c=32 level lasts ~50-100 rounds
+    extra += ["--decode-log-interval", str(args.decode_log_interval)]
     if hybrid:  # the Mamba state pool is otherwise sized from the (large) memory left over
         extra += ["--max-mamba-cache-size", str(2 * max(args.concurrency) + 8)]
     if mode in ("baseline", "linear"):
@@ -153,7 +195,9 @@ def parse_env_file(text: str) -> dict[str, str]:
 
 
 class Server:
-    def __init__(self, name: str, rendered: Any, venv: str, run_dir: Path, log_dir: Path) -> None:
+    def __init__(
+        self, name: str, rendered: Any, venv: str, run_dir: Path, log_dir: Path, host_env: Iterable[tuple[str, str]]
+    ) -> None:
         self.name = name
         run_dir.mkdir(parents=True, exist_ok=True)
         release = rendered.release_dir
@@ -164,7 +208,10 @@ class Server:
         # runtime and SGLang come from run.sh's PYTHONPATH (site + stand-in), not <release>/site; PATH as is
         for key in ("PYTHONPATH", "PATH", "CUDA_HOME"):
             env.pop(key, None)
+        # PYTHONUNBUFFERED: the log is cut per level by byte offset, so a line must be in the file when it is made
+        self.host_env = dict(host_env)
         self.env = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": "0", "SGLANG_CACHE_DIR": str(run_dir / "cache")}
+        self.env |= {"PYTHONUNBUFFERED": "1", **self.host_env}
         self.argv = [
             sys.executable if a == f"{venv}/bin/python" else a.replace(release, str(run_dir))
             for a in rendered.exec_start
@@ -181,6 +228,18 @@ class Server:
 
     def stop(self) -> None:
         stop_all([self])
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_text(self, start: int = 0, end: int | None = None) -> str:
+        """The log's bytes [start, end) as text (a cut mid-line leaves a fragment the parsers skip)."""
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as f:
+            f.seek(start)
+            data = f.read(-1 if end is None else max(0, end - start))
+        return data.decode("utf-8", errors="replace")
 
 
 def stop_all(servers: list[Server], grace: float = 10.0) -> None:
@@ -251,12 +310,14 @@ def probe(servers: list[Server], base: dict[str, str], health: dict[str, str]) -
     return out
 
 
-def generate(base: str, text: str, new_tokens: int, logprobs: bool) -> dict[str, Any]:
+def generate(base: str, prompt: str | list[int], new_tokens: int, logprobs: bool) -> dict[str, Any]:
+    """Greedy /generate of a text or of token ids (ids: the greedy check appends a common prefix exactly)."""
     import httpx
 
-    body: dict[str, Any] = {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens}}
+    body: dict[str, Any] = {"input_ids" if isinstance(prompt, list) else "text": prompt}
+    body["sampling_params"] = {"temperature": 0, "max_new_tokens": new_tokens}
     if logprobs:
-        body |= {"return_logprob": True, "top_logprobs_num": 2}
+        body |= {"return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True}
     response = httpx.post(f"{base}/generate", json=body, timeout=300)
     response.raise_for_status()
     out: dict[str, Any] = response.json()
@@ -269,48 +330,203 @@ def output_ids(res: dict[str, Any]) -> list[int]:
     return [int(t[1]) for t in res["meta_info"]["output_token_logprobs"]]
 
 
-def top2(res: dict[str, Any]) -> list[tuple[float, int | None]]:
-    """Per position: (top-1 minus top-2 logprob, the runner-up's id)."""
-    out: list[tuple[float, int | None]] = []
+def ranked_top(res: dict[str, Any]) -> list[list[list[Any]]]:
+    """Per output position: the top logprobs as [[logprob, id, text], ...], best first (text None if absent)."""
+    out = []
     for pos in res["meta_info"].get("output_top_logprobs") or []:
-        ranked = sorted(((float(lp), int(tid)) for lp, tid, *_ in pos if lp is not None), reverse=True)
-        out.append((ranked[0][0] - ranked[1][0], ranked[1][1]) if len(ranked) > 1 else (float("inf"), None))
+        entries = [[float(e[0]), int(e[1]), e[2] if len(e) > 2 else None] for e in pos if e[0] is not None]
+        out.append(sorted(entries, key=lambda e: -e[0]))
     return out
 
 
-def greedy_check(
-    base_url: str, urls: dict[str, str], texts: list[str], new_tokens: int, margin: float
+def top2_gap(ranked: list[list[Any]]) -> float | None:
+    return round(ranked[0][0] - ranked[1][0], 4) if len(ranked) > 1 else None
+
+
+def first_difference(
+    ref: list[int], out: list[int], ref_top: list[list[list[Any]]], margin: float
+) -> tuple[str, int | None]:
+    """-> (row, position): "equal"; "tie@P(gap)" when the baseline's top-2 gap at the first difference P is
+    below `margin` and the service took the baseline's runner-up; else "DIFF@P" (P: the shorter length when
+    one output is a prefix of the other)."""
+    at = next((i for i, (a, b) in enumerate(zip(ref, out, strict=False)) if a != b), None)
+    if at is None:
+        return ("equal", None) if len(ref) == len(out) else (f"DIFF@{min(len(ref), len(out))}", None)
+    top = ref_top[at] if at < len(ref_top) else []
+    gap = top2_gap(top)
+    if gap is not None and gap < margin and out[at] == top[1][1]:
+        return f"tie@{at}({gap:.3f})", at
+    return f"DIFF@{at}", at
+
+
+def difference_record(
+    index: int, row: str, at: int, ref: list[int], out: list[int], ref_top: list[list[list[Any]]], svc_top: Any
 ) -> dict[str, Any]:
+    """What the JSON keeps of one first difference: the baseline's top-2 there (its own decode), the token the
+    service emitted, and the service's top-2 at the same position, re-scored by a one-token request on the
+    service over prompt + the common prefix (a prefill, not the verify forward that chose the token: a request
+    with logprobs takes DFLASH's chain, so a tree's own verify logits cannot be read over HTTP)."""
+    top = ref_top[at][:2] if at < len(ref_top) else []
+    rec: dict[str, Any] = {
+        "prompt": index,
+        "at": at,
+        "verdict": row.split("@")[0],
+        "base_token": ref[at],
+        "svc_token": out[at],
+        "base_top2": top,
+        "base_gap": top2_gap(top),
+    }
+    if isinstance(svc_top, str):
+        rec["svc_error"] = svc_top
+    else:
+        rec["svc_top2"] = svc_top[:2]
+        rec["svc_gap"] = top2_gap(svc_top)
+    return rec
+
+
+def rescore(url: str, prompt_ids: list[int], prefix: list[int]) -> list[list[Any]] | str:
+    """The server's top-2 for the token after prompt + prefix (or the error, as text)."""
+    try:
+        ranked = ranked_top(generate(url, prompt_ids + prefix, 1, True))
+        return ranked[0] if ranked else "no top logprobs in the answer"
+    except Exception as exc:  # a failed re-score is recorded, the check goes on
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def greedy_check(
+    base_url: str, urls: dict[str, str], prompts: list[list[int]], new_tokens: int, margin: float, parallel: int
+) -> dict[str, Any]:
+    """Every prompt (token ids) through the baseline with logprobs, then through every service at once (no
+    timing is taken here; `parallel` requests in flight per service, so the tree's batch sizes up to it run,
+    and capture their round graphs, before the levels)."""
     import concurrent.futures as cf
 
-    with cf.ThreadPoolExecutor(16) as pool:
-        refs = list(pool.map(lambda t: generate(base_url, t, new_tokens, True), texts))
-        ref_ids = [output_ids(r) for r in refs]
-        gaps = [top2(r) for r in refs]
+    with cf.ThreadPoolExecutor(parallel) as pool:
+        refs = list(pool.map(lambda t: generate(base_url, t, new_tokens, True), prompts))
+    ref_ids = [output_ids(r) for r in refs]
+    ref_tops = [ranked_top(r) for r in refs]
+
+    def one(url: str) -> dict[str, Any]:
+        with cf.ThreadPoolExecutor(parallel) as pool:
+            outs = list(pool.map(lambda t: output_ids(generate(url, t, new_tokens, False)), prompts))
+        rows, firsts = [], []
+        for i, (ref, top, out) in enumerate(zip(ref_ids, ref_tops, outs, strict=True)):
+            row, at = first_difference(ref, out, top, margin)
+            rows.append(row)
+            if at is not None:
+                svc_top = rescore(url, prompts[i], out[:at])
+                firsts.append(difference_record(i, row, at, ref, out, top, svc_top))
+        return {
+            "equal": rows.count("equal"),
+            "ties": sum(r.startswith("tie") for r in rows),
+            "diffs": sum(r.startswith("DIFF") for r in rows),
+            "rows": rows,
+            "firsts": firsts,
+        }
+
+    with cf.ThreadPoolExecutor(max(1, len(urls))) as services:
+        futures = {name: services.submit(one, url) for name, url in urls.items()}
         verdicts: dict[str, Any] = {}
-        for name, url in urls.items():
-            outs = list(pool.map(lambda t, u=url: output_ids(generate(u, t, new_tokens, False)), texts))
-            rows = []
-            for ref, gap, out in zip(ref_ids, gaps, outs, strict=True):
-                at = next((i for i, (a, b) in enumerate(zip(ref, out, strict=False)) if a != b), None)
-                if at is None and len(ref) == len(out):
-                    rows.append("equal")
-                elif at is not None and at < len(gap) and gap[at][0] < margin and out[at] == gap[at][1]:
-                    rows.append(f"tie@{at}({gap[at][0]:.3f})")
-                else:
-                    rows.append(f"DIFF@{at if at is not None else min(len(ref), len(out))}")
-            verdicts[name] = {
-                "equal": rows.count("equal"),
-                "ties": sum(r.startswith("tie") for r in rows),
-                "diffs": sum(r.startswith("DIFF") for r in rows),
-                "rows": rows,
-            }
-            print(
-                f"greedy {name} vs baseline: {verdicts[name]['equal']} equal, {verdicts[name]['ties']} "
-                f"near-ties, {verdicts[name]['diffs']} differ",
-                flush=True,
-            )
+        for name, fut in futures.items():
+            try:
+                verdicts[name] = v = fut.result()
+            except Exception as exc:  # one service's failure is its finding; the others keep theirs
+                verdicts[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                continue
+            print(f"greedy {name} vs baseline: {v['equal']} equal, {v['ties']} near-ties, {v['diffs']} differ")
     return verdicts
+
+
+PHASES = ("tau", "nodes", "depth", "width", "off_spine", "draft_ms", "build_ms", "verify_ms", "commit_ms", "tok_s")
+
+
+def _mean(values: list[float], weights: list[float] | None = None) -> float | None:
+    if not values:
+        return None
+    w = weights or [1.0] * len(values)
+    total = sum(w)
+    return round(sum(v * x for v, x in zip(values, w, strict=True)) / total, 3) if total > 0 else None
+
+
+def last_metrics_rounds(text: str) -> int | None:
+    """The `rounds` counter of the last `DDTREE metrics` line in `text` (None: none there)."""
+    from opsctl.metrics import DDTreeMetrics, parse_ddtree
+
+    rounds = None
+    for line in text.splitlines():
+        if "DDTREE metrics" in line and isinstance(rec := parse_ddtree(line), DDTreeMetrics):
+            rounds = rec.rounds
+    return rounds
+
+
+def summarize_window(text: str, rounds_before: int | None = None) -> dict[str, Any]:
+    """One level's slice of a server log -> the compact summary kept in the JSON. `DDTREE metrics` fields are
+    means over the slice's lines, weighted by each line's rounds (its `rounds` minus the previous line's; the
+    first line's previous is `rounds_before`, or it weighs as much as the mean of the others); `Decode batch`
+    lines give count, mean running requests, mean generation throughput, mean accept length and the fraction
+    that ran a CUDA graph; `DDTREE policy` lines are kept as written. Missing lines give None / 0, never an
+    error: a level may be too short for a line, baseline and linear print no DDTREE lines."""
+    from opsctl.metrics import DDTreeMetrics, DecodeBatch, Malformed, parse_line
+
+    metrics: list[DDTreeMetrics] = []
+    decode: list[DecodeBatch] = []
+    switches: list[str] = []
+    notes: list[str] = []
+    malformed = 0
+    for line in text.splitlines():
+        if "DDTREE policy " in line:
+            switches.append(line[line.index("DDTREE policy ") + len("DDTREE policy ") :].strip()[:200])
+            continue
+        if ("DDTREE" in line and ("WARNING" in line or "FAILED" in line or "fall" in line)) or "Traceback" in line:
+            notes.append(line.strip()[-300:])
+        if "DDTREE metrics" not in line and "Decode batch" not in line:
+            continue  # other DDTREE lines (init, self-check, notes) are no records here, not malformed ones
+        rec = parse_line(line)
+        if isinstance(rec, DDTreeMetrics):
+            metrics.append(rec)
+        elif isinstance(rec, DecodeBatch):
+            decode.append(rec)
+        elif isinstance(rec, Malformed):
+            malformed += 1
+    deltas: list[float | None] = []
+    prev = rounds_before
+    for m in metrics:
+        deltas.append(float(m.rounds - prev) if prev is not None and m.rounds >= prev else None)
+        prev = m.rounds
+    known = [d for d in deltas if d is not None]
+    fill = sum(known) / len(known) if known else 1.0
+    weights = [d if d is not None else fill for d in deltas]
+    ddtree: dict[str, Any] = {"lines": len(metrics)}
+    if metrics:
+        for key in PHASES:
+            vals = [float(getattr(m, key) if key != "width" else m.extra.get("width", "nan")) for m in metrics]
+            pairs = [(v, w) for v, w in zip(vals, weights, strict=True) if v == v]  # width: absent on old lines
+            ddtree[key] = _mean([v for v, _ in pairs], [w for _, w in pairs])
+        phases = [ddtree[k] for k in ("draft_ms", "build_ms", "verify_ms", "commit_ms")]
+        ddtree["round_ms"] = round(sum(phases), 3) if None not in phases else None
+        ddtree["rounds"] = int(sum(known)) if known else None
+        last = metrics[-1].policy
+        if last is not None:
+            ddtree["policy"] = {"shape": last.shape, "choice": last.describe(), "switches": last.switches}
+    graphs = [d.graph for d in decode if d.graph is not None]
+    accepts = [d.accept_len for d in decode if d.accept_len is not None]
+    return {
+        "ddtree": ddtree,
+        "decode": {
+            "lines": len(decode),
+            "running_req": _mean([float(d.running_req) for d in decode]),
+            "gen_tok_s": _mean([d.gen_throughput for d in decode]),
+            "accept_len": _mean(accepts),
+            "cuda_graph": _mean([1.0 if g else 0.0 for g in graphs]),  # fraction of lines with `cuda graph: True`
+        },
+        "policy_switches": switches[:20],
+        "notes": notes[:5],
+        "malformed": malformed,
+    }
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def main() -> int:
@@ -320,18 +536,23 @@ def main() -> int:
     p.add_argument("--scale", default="gpu", help="ddtree.pairs build scale (ci: seconds on a CPU, learns nothing)")
     p.add_argument("--device", default="cuda", help="where the pairs are built")
     p.add_argument("--dry-run", action="store_true", help="build, render and write the JSON; start no server")
-    p.add_argument("--budgets", default="7,15")
+    p.add_argument("--budgets", type=int_list, default=[15], help="plain tree services")
+    p.add_argument("--policy-budgets", type=int_list, default=[15], help="tree-policy services")
+    p.add_argument("--rg-budgets", type=int_list, default=[15], help="dense tree with --rg-max-bs")
+    p.add_argument("--rg-max-bs", type=int, default=32, help="DDTREE_ROUND_GRAPHS_MAX_BS of the rg services")
+    p.add_argument("--decode-log-interval", type=int, default=10, help="SGLang's, every service alike")
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--pairs", default="dense,hybrid")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16, 32])
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--prompts", type=int, default=8, help="held-out prompts per level (requests: max(this, 2c))")
     p.add_argument("--check-prompts", type=int, default=32, help="held-out prompts of the greedy check")
+    p.add_argument("--check-parallel", type=int, default=32, help="greedy check: requests in flight per service")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--mem-fraction", type=float, default=0.85)
     p.add_argument("--max-total-tokens", type=int, default=131072, help="KV pool tokens per server")
     p.add_argument("--radix-core", default="python", help="SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND ('' = SGLang's)")
-    p.add_argument("--rust-probe", type=int, default=1, help="also start a dense baseline on SGLang's Rust core")
+    p.add_argument("--rust-probe", type=int, default=0, help="1: also a dense baseline on SGLang's Rust core")
     p.add_argument("--tie-margin", type=float, default=0.5)
     p.add_argument("--port", type=int, default=31000)
     p.add_argument("--start-timeout", type=float, default=180)
@@ -371,17 +592,18 @@ def main() -> int:
     hosts: dict[str, Any] = {}  # service name -> its inventory's host
     base: dict[str, str] = {}
     result["rendered"] = {}
-    budgets = [int(b) for b in args.budgets.split(",")]
+    specs = {s.name: s for s in service_plan(args.pairs.split(","), args)}
 
     def launch(pair: str, build: dict[str, Any]) -> None:
         """Render this pair's inventory and start its services (not in a dry run)."""
         inv_path = log_dir / f"inventory-{pair}.yaml"
-        inv_path.write_text(inventory_yaml({pair: build}, budgets, args))
+        inv_path.write_text(inventory_yaml({pair: build}, list(specs.values()), args))
         host = load_inventory(inv_path).hosts[0]
         started = []
         for svc in host.services:
             rendered = render_service(host, svc, "h200")
-            srv = Server(svc.name, rendered, host.venv, Path("/tmp/pairs_run") / svc.name, log_dir)
+            run_dir = Path("/tmp/pairs_run") / svc.name
+            srv = Server(svc.name, rendered, host.venv, run_dir, log_dir, specs[svc.name].host_env)
             servers.append(srv)
             services.append(svc)
             hosts[svc.name] = host
@@ -390,6 +612,8 @@ def main() -> int:
                 "exec_start": srv.argv,
                 "flags": list(rendered.flags),
                 "env": srv.rendered_env,
+                "host_env": srv.host_env,  # set here, outside the inventory (ServiceSpec.host_env)
+                "variant": specs[svc.name].variant,
             }
             started.append(srv)
         if not args.dry_run:
@@ -428,36 +652,42 @@ def main() -> int:
             result["radix_off"] = [s.name for s in retry]
         result["health"], result["start_s"] = health, round(time.monotonic() - t1, 1)
         save("started")
+        import concurrent.futures as cf
+
+        from ddtree.tiny import chat_prompt_ids
         from transformers import AutoTokenizer
 
-        result["greedy"] = {}
-        for pair, build in pairs.items():
+        def check(pair: str, build: dict[str, Any]) -> dict[str, Any] | None:
             tok = AutoTokenizer.from_pretrained(f"{build['dir']}/target")
-            prompts = json.loads(Path(build["dir"], "heldout.json").read_text())
-            chat = [
-                tok.apply_chat_template(
-                    [{"role": "user", "content": u}], tokenize=False, add_generation_prompt=True, enable_thinking=False
-                )
-                for u in prompts[: args.check_prompts]
-            ]
+            held = json.loads(Path(build["dir"], "heldout.json").read_text())[: args.check_prompts]
+            prompts = [chat_prompt_ids(tok, u, False) for u in held]
             spec = {
                 s.name: base[s.name]
                 for s in services
                 if s.name.startswith(f"{pair}-") and s.mode.speculative and health[s.name] == "ok"
             }
-            if health.get(f"{pair}-base") == "ok" and spec:
-                try:
-                    result["greedy"][pair] = greedy_check(
-                        base[f"{pair}-base"], spec, chat, args.max_tokens, args.tie_margin
-                    )
-                except Exception as exc:  # a failed request is a finding: written, the benchmark goes on
-                    result["greedy"][pair] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            save(f"greedy {pair}")
+            if health.get(f"{pair}-base") != "ok" or not spec:
+                return None
+            try:
+                return greedy_check(
+                    base[f"{pair}-base"], spec, prompts, args.max_tokens, args.tie_margin, args.check_parallel
+                )
+            except Exception as exc:  # a failed request is a finding: written, the benchmark goes on
+                return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+        result["greedy"] = {}
+        with cf.ThreadPoolExecutor(len(pairs)) as pool:  # both pairs at once: no timing is taken here
+            checks = {pair: pool.submit(check, pair, build) for pair, build in pairs.items()}
+            for pair, fut in checks.items():
+                if (verdict := fut.result()) is not None:
+                    result["greedy"][pair] = verdict
+        save("greedy")
         result["levels"] = {}
         # every service greedy first, then every service at temperature 1: a run cut short keeps whole greedy rows
-        for temp in [float(t) for t in args.temperatures.split(",")]:
+        server_of = {srv.name: srv for srv in servers}
+        for temp in sorted({t for sp in specs.values() for t in sp.temperatures}):
             for svc in services:
-                if health[svc.name] != "ok":
+                if health[svc.name] != "ok" or temp not in specs[svc.name].temperatures:
                     continue
                 if time.monotonic() - t0 > args.deadline:
                     result["skipped"].append(f"{svc.name}@t{temp:g}")
@@ -465,6 +695,13 @@ def main() -> int:
                 pair = svc.name.split("-")[0]
                 held = json.loads(Path(pairs[pair]["dir"], "heldout.json").read_text())
                 bench_prompts = [BenchPrompt(f"h{i}", "heldout", t) for i, t in enumerate(held[-args.prompts :])]
+                srv = server_of[svc.name]
+                marks = [srv.log_size()]  # the log's size as each level ends: level i is marks[i]..marks[i + 1]
+
+                def mark(msg: str, srv: Server = srv, marks: list[int] = marks) -> None:
+                    marks.append(srv.log_size())
+                    print(msg, flush=True)
+
                 try:
                     levels = bench_levels(
                         hosts[svc.name],
@@ -475,7 +712,7 @@ def main() -> int:
                         args.max_tokens,
                         temp,
                         timeout_s=args.level_timeout,
-                        progress=lambda m: print(m, flush=True),
+                        progress=mark,
                     )
                 except Exception as exc:  # one line per failed service, the others still measured
                     result.setdefault("errors", {})[f"{svc.name}@t{temp:g}"] = f"{type(exc).__name__}: {exc}"[:400]
@@ -488,8 +725,14 @@ def main() -> int:
                     "temperature": temp,
                     "budget": svc.ddtree.budget if svc.mode.ddtree else None,
                     "eager": "--disable-cuda-graph" in result["rendered"][svc.name]["flags"],
+                    "variant": specs[svc.name].variant,
                     "levels": [level_json(r, len(svc.gpus)) for r in levels],
                 }
+                rounds = last_metrics_rounds(srv.log_text(0, marks[0]))
+                for i, lv in enumerate(result["levels"][f"{svc.name}@t{temp:g}"]["levels"]):
+                    # the first level's slice also holds bench_levels' one warm-up request
+                    lv["log"] = summarize_window(srv.log_text(marks[i], marks[i + 1]), rounds)
+                    rounds = last_metrics_rounds(srv.log_text(marks[i], marks[i + 1])) or rounds
                 save(f"levels {svc.name}@t{temp:g}")
     except BaseException as exc:  # the finding goes into the JSON; the exit status still says it failed
         result["error"] = f"{type(exc).__name__}: {str(exc)[-2000:]}"
