@@ -135,11 +135,15 @@ def test_crash_after_healthy_is_caught_and_rolled_back(base_inventory: Path, tmp
 
 def test_ctrl_c_leaves_lock_released_and_previous_serving(base_inventory: Path) -> None:
     previous = current_release(base_inventory, "lab1", "ref")
-    bg = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
-    bg.wait_for("lab1/ref: switching to", timeout=300)
-    time.sleep(1.0)
-    bg.proc.send_signal(signal.SIGINT)
-    code = bg.finish(timeout=300)
+    # Ctrl-C in the health gate, once the deploy says it is there: the new server is held in its loading phase
+    # until then (not a sleep that hopes the gate has not passed yet), and let go once the rollback has begun.
+    with loading_held(base_inventory, "lab1", "opsctl-ref.service") as release:
+        bg = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
+        bg.wait_for("lab1/ref: restarted in", timeout=300)
+        bg.proc.send_signal(signal.SIGINT)
+        bg.wait_for(f"lab1/ref: rolling back to {previous}", timeout=120)
+        release()
+        code = bg.finish(timeout=300)
     assert code == 130, bg.text
     assert "interrupted" in bg.text
     assert not lock_present(base_inventory, "lab1")
