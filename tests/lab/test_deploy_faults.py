@@ -97,12 +97,18 @@ def test_unchanged_redeploy_waits_for_a_service_still_starting(base_inventory: P
 def test_bad_flag_never_interrupts_the_old_release(base_inventory: Path, tmp_path: Path) -> None:
     bad = variant(base_inventory, tmp_path, lambda d: service(d, "lab1").update(extra_args=["--no-such-flag"]))
     release = current_release(base_inventory, "lab1", "ref")
+    unit = unit_props(base_inventory, "lab1", "opsctl-ref.service")
     with polling(_health_url(base_inventory, "lab1")) as poller:
+        # answers from before the deploy began to after it ended, counted, not timed: a fixed sleep and a count
+        # of polls in it raced the load (a slow /health answer, a quick refusal: fewer than 10)
+        poller.wait_for(lambda polled: len(polled) > 0, "first /health answer", 120)
         result = opsctl("deploy", "-i", str(bad), "--host", "lab1", "--mode", MODE)
-        time.sleep(1)
+        ended = time.monotonic()
+        poller.wait_for(lambda polled: len(polled) > 10 and polled[-1][0] > ended, "answer after the deploy", 120)
     assert result.returncode == 1
     assert "--no-such-flag" in result.stderr and "nothing switched" in result.stderr
     assert len(poller.results) > 10 and poller.failures == [], poller.failures  # HTTP 200 throughout
+    assert unit_props(base_inventory, "lab1", "opsctl-ref.service") == unit  # the old server never restarted
     assert current_release(base_inventory, "lab1", "ref") == release
     failed = next(line for line in result.stderr.splitlines() if "staging" in line).split()[-1]
     assert is_bad(base_inventory, "lab1", "ref", failed)
