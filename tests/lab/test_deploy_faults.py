@@ -97,12 +97,18 @@ def test_unchanged_redeploy_waits_for_a_service_still_starting(base_inventory: P
 def test_bad_flag_never_interrupts_the_old_release(base_inventory: Path, tmp_path: Path) -> None:
     bad = variant(base_inventory, tmp_path, lambda d: service(d, "lab1").update(extra_args=["--no-such-flag"]))
     release = current_release(base_inventory, "lab1", "ref")
+    unit = unit_props(base_inventory, "lab1", "opsctl-ref.service")
     with polling(_health_url(base_inventory, "lab1")) as poller:
+        # answers from before the deploy began to after it ended, counted, not timed: a fixed sleep and a count
+        # of polls in it raced the load (a slow /health answer, a quick refusal: fewer than 10)
+        poller.wait_for(lambda polled: len(polled) > 0, "first /health answer", 120)
         result = opsctl("deploy", "-i", str(bad), "--host", "lab1", "--mode", MODE)
-        time.sleep(1)
+        ended = time.monotonic()
+        poller.wait_for(lambda polled: len(polled) > 10 and polled[-1][0] > ended, "answer after the deploy", 120)
     assert result.returncode == 1
     assert "--no-such-flag" in result.stderr and "nothing switched" in result.stderr
     assert len(poller.results) > 10 and poller.failures == [], poller.failures  # HTTP 200 throughout
+    assert unit_props(base_inventory, "lab1", "opsctl-ref.service") == unit  # the old server never restarted
     assert current_release(base_inventory, "lab1", "ref") == release
     failed = next(line for line in result.stderr.splitlines() if "staging" in line).split()[-1]
     assert is_bad(base_inventory, "lab1", "ref", failed)
@@ -135,11 +141,15 @@ def test_crash_after_healthy_is_caught_and_rolled_back(base_inventory: Path, tmp
 
 def test_ctrl_c_leaves_lock_released_and_previous_serving(base_inventory: Path) -> None:
     previous = current_release(base_inventory, "lab1", "ref")
-    bg = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
-    bg.wait_for("lab1/ref: switching to", timeout=300)
-    time.sleep(1.0)
-    bg.proc.send_signal(signal.SIGINT)
-    code = bg.finish(timeout=300)
+    # Ctrl-C in the health gate, once the deploy says it is there: the new server is held in its loading phase
+    # until then (not a sleep that hopes the gate has not passed yet), and let go once the rollback has begun.
+    with loading_held(base_inventory, "lab1", "opsctl-ref.service") as release:
+        bg = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
+        bg.wait_for("lab1/ref: restarted in", timeout=300)
+        bg.proc.send_signal(signal.SIGINT)
+        bg.wait_for(f"lab1/ref: rolling back to {previous}", timeout=120)
+        release()
+        code = bg.finish(timeout=300)
     assert code == 130, bg.text
     assert "interrupted" in bg.text
     assert not lock_present(base_inventory, "lab1")

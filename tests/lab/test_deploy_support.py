@@ -179,6 +179,14 @@ class Poller:
     def failures(self) -> list[tuple[float, int | None]]:
         return [r for r in self.results if r[1] != 200]
 
+    def wait_for(self, found: Callable[[list[tuple[float, int | None]]], bool], what: str, timeout: float) -> None:
+        """Until `found(results)`: a wait on the answers polled, however long one takes on a loaded machine."""
+        deadline = time.monotonic() + timeout
+        while not found(list(self.results)):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} within {timeout}s; polled: {self.results[-20:]}")
+            time.sleep(0.1)
+
 
 @contextmanager
 def polling(url: str) -> Iterator[Poller]:

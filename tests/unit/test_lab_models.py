@@ -19,19 +19,31 @@ def test_complete_build_is_reused(tmp_path: Path) -> None:
     for part in ("target", "draft"):
         (tmp_path / "qwen3" / part).mkdir(parents=True)
         (tmp_path / "qwen3" / part / "config.json").write_text("{}")
-    from ddtree.tiny import BUILD_VERSION
+    # the version `lab up` compares with (ddtree.tiny re-exports it, at the cost of a torch import: 17 s)
+    from ddtree.tiny_version import BUILD_VERSION
 
     (tmp_path / "qwen3" / "build.json").write_text(f'{{"build_version": {BUILD_VERSION}}}')
     assert ensure_tiny_models(tmp_path, "qwen3") is False
 
 
-def test_stale_build_is_rebuilt(tmp_path: Path) -> None:
-    """A cache from an older builder (no or another build_version) is rebuilt; a bad arch shows the attempt."""
+# A builder that says how it was called and fails: the real one imports torch before it reads its arguments
+# (18 s a run); test_failed_build_is_one_line runs that one.
+ECHO_BUILD = (sys.executable, "-c", "import sys; print('builder ran:', *sys.argv[1:]); sys.exit(3)")
+
+
+@pytest.mark.parametrize("record", [None, '{"build_version": -1}', "not json"])
+def test_stale_build_is_rebuilt(tmp_path: Path, record: str | None) -> None:
+    """A cache from an older builder (no build.json, another build_version, an unreadable one) is built again,
+    replacing what is there (--force)."""
     for part in ("target", "draft"):
-        (tmp_path / "no-such-arch" / part).mkdir(parents=True)
-        (tmp_path / "no-such-arch" / part / "config.json").write_text("{}")
-    with pytest.raises(LabError, match="tiny models failed"):
-        ensure_tiny_models(tmp_path, "no-such-arch")
+        (tmp_path / "qwen3" / part).mkdir(parents=True)
+        (tmp_path / "qwen3" / part / "config.json").write_text("{}")
+    if record is not None:
+        (tmp_path / "qwen3" / "build.json").write_text(record)
+    with pytest.raises(LabError) as info:
+        ensure_tiny_models(tmp_path, "qwen3", builder=ECHO_BUILD, progress=lambda _: None)
+    ran = f"builder ran: --arch qwen3 --out {tmp_path / 'qwen3'} --force"
+    assert info.value.message == f"building the lab's tiny models failed: {ran}"
 
 
 def test_failed_build_is_one_line(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The lab tier's two halves (tests/lab/lab_parts.py) never share a lab: names, subnets, dirs, inventory."""
+"""The lab tier's three parts (tests/lab/lab_parts.py) never share a lab: names, subnets, dirs, inventory."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def _names(cfg: lab_parts.LabConfig) -> set[str]:
     }
 
 
-def test_the_two_parts_of_every_slot_share_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    configs = {(s, p): _config(monkeypatch, s, p) for s in ["", *map(str, range(1, 10))] for p in ("1", "2")}
+def test_the_parts_of_every_slot_share_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    configs = {(s, p): _config(monkeypatch, s, p) for s in ["", *map(str, range(1, 10))] for p in lab_parts.PARTS}
     seen: dict[str, tuple[str, str]] = {}
     for key, cfg in configs.items():
         assert len(cfg.netns("lab9")) <= 15 and len(cfg.bridge) <= 15  # Linux interface names
@@ -38,6 +38,7 @@ def test_the_two_parts_of_every_slot_share_nothing(monkeypatch: pytest.MonkeyPat
         for name in _names(cfg):
             assert name not in seen, f"{key} and {seen[name]} share {name}"
             seen[name] = key
+    assert {p for _, p in configs} == {"1", "2", "3"}
     nets = [ipaddress.IPv4Network(str(c.subnet)) for c in configs.values()]
     assert not any(a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1 :])
 
@@ -51,19 +52,23 @@ def test_part_1_is_the_whole_tiers_lab_with_its_own_inventory(monkeypatch: pytes
 
 def test_each_module_is_in_exactly_one_part(monkeypatch: pytest.MonkeyPatch) -> None:
     modules = sorted(p.name for p in (lab_parts.REPO / "tests" / "lab").glob("test_*.py"))
-    assert set(lab_parts.PART_2) < set(modules)
     picked = {}
-    for part in ("1", "2"):
+    for part in lab_parts.PARTS:
         monkeypatch.setenv("OPSCTL_LAB_PART", part)
         picked[part] = {m for m in modules if lab_parts.in_part(m)}
-    assert picked["1"] | picked["2"] == set(modules) and not picked["1"] & picked["2"]
+    assert all(picked.values())  # a part with no module left (a renamed one) would still bring up a lab
+    assert set().union(*picked.values()) == set(modules)
+    assert sum(map(len, picked.values())) == len(modules)  # no module in two parts
+    # the router's deploys and the journey's and bench's are the tier's longest: never in one part
+    longest = {lab_parts.part_of(m) for m in ("test_journey.py", "test_lab_bench.py")}
+    assert lab_parts.part_of("test_router.py") not in longest
     monkeypatch.setenv("OPSCTL_LAB_PART", "")
     assert all(lab_parts.in_part(m) for m in modules)
 
 
 def test_a_bad_part_or_slot_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OPSCTL_LAB_PART", "3")
-    with pytest.raises(lab_parts.LabEnvError, match=r"^OPSCTL_LAB_PART must be 1 or 2, got '3'$"):
+    monkeypatch.setenv("OPSCTL_LAB_PART", "4")
+    with pytest.raises(lab_parts.LabEnvError, match=r"^OPSCTL_LAB_PART must be one of 1, 2, 3, got '4'$"):
         lab_parts.part()
     monkeypatch.setenv("OPSCTL_LAB_SLOT", "10")
     with pytest.raises(lab_parts.LabEnvError, match=r"^OPSCTL_LAB_SLOT must be one digit 1-9, got '10'$"):
