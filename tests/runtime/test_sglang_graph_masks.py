@@ -115,8 +115,9 @@ def test_only_triton_takes_tree_masks_under_graphs() -> None:
 
 def test_the_capture_switch_needs_sglangs_set() -> None:
     module = SimpleNamespace(_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS=frozenset({"TritonAttnBackend", "Other"}))
-    capture_with_tree_masks(module, "triton")
-    capture_with_tree_masks(module, "triton")  # idempotent
+    causal = capture_with_tree_masks(module, "triton")
+    assert capture_with_tree_masks(module, "triton") == causal  # idempotent
     assert frozenset({"Other"}) == module._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
+    assert causal == frozenset({"TritonAttnBackend", "Other"})  # SGLang's own set, for DFLASH's causal graphs
     with pytest.raises(ValueError, match="pass --disable-cuda-graph"):
         capture_with_tree_masks(SimpleNamespace(), "triton")

@@ -43,9 +43,10 @@ def graph_backend_refusal(attention_backend: str | None) -> str:
     )
 
 
-def capture_with_tree_masks(dflash_utils: Any, attention_backend: str) -> None:
+def capture_with_tree_masks(dflash_utils: Any, attention_backend: str) -> frozenset[str]:
     """Take the backend's class out of SGLang's "capture DFLASH verify without a mask" set, so its
-    target-verify graphs read the verify-mask buffer. Idempotent; ValueError when SGLang's set is gone."""
+    target-verify graphs read the verify-mask buffer. Idempotent; ValueError when SGLang's set is gone.
+    Returns the set with the class in, as SGLang captures DFLASH's own graphs (`causal_graphs.capture`)."""
     skip = getattr(dflash_utils, SKIP_SET_NAME, None)
     if not isinstance(skip, (set, frozenset)):
         raise ValueError(
@@ -54,6 +55,7 @@ def capture_with_tree_masks(dflash_utils: Any, attention_backend: str) -> None:
         )
     name = GRAPH_TREE_MASK_BACKENDS[attention_backend]
     setattr(dflash_utils, SKIP_SET_NAME, frozenset(skip - {name}))
+    return frozenset(skip | {name})
 
 
 def captured_with_tree_masks(dflash_utils: Any, target_attn_backend: Any) -> bool:

@@ -379,8 +379,6 @@ def tree_worker_class() -> type:
     from ddtree.sglang.compat import attribute_refusal
     from ddtree.sglang.gates import GateError, hybrid_mode
     from ddtree.sglang.graph_masks import (
-        GRAPH_TREE_MASK_BACKENDS,
-        SKIP_SET_NAME,
         capture_with_tree_masks,
         captured_with_tree_masks,
         graph_backend_refusal,
@@ -432,10 +430,8 @@ def tree_worker_class() -> type:
             self._ddtree_causal: causal_graphs.CausalVerifyGraphs | None = None
             self._ddtree_causal_skip: frozenset[str] = frozenset()
             if not graph_backend_refusal(self._ddtree_backend):
-                skip = getattr(dflash_utils, SKIP_SET_NAME, None)
-                if isinstance(skip, (set, frozenset)):  # SGLang's set, as DFLASH's own graphs are captured
-                    self._ddtree_causal_skip = frozenset(skip | {GRAPH_TREE_MASK_BACKENDS[self._ddtree_backend]})
-                capture_with_tree_masks(dflash_utils, self._ddtree_backend)
+                # None only from the dev stand-in that keeps SGLang's policy (standin/sitecustomize.py)
+                self._ddtree_causal_skip = capture_with_tree_masks(dflash_utils, self._ddtree_backend) or frozenset()
 
         def init_attention_backends(self) -> None:
             """After the target's memory pools and attention backend exist, before SGLang captures the target's
