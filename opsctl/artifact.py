@@ -8,6 +8,7 @@ different sources never overwrite each other, and provision's push is the copy d
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import posixpath
@@ -64,11 +65,19 @@ class RuntimeWheel:
 # ---------------------------------------------------------------- build
 
 
+def _is_build_output(relative: Path) -> bool:
+    """Whether a path under runtime/ is a build's by-product (matched per path part: `ddtree/tiny/distill.py`
+    and `ddtree/pairs/build.py` are sources, `build/` and `dist/` are not)."""
+    return any(part in ("__pycache__", "build", "dist") or part.endswith(".egg-info") for part in relative.parts)
+
+
+def _source_files(src: Path) -> list[Path]:
+    return sorted(p for p in src.rglob("*") if p.is_file() and not _is_build_output(p.relative_to(src)))
+
+
 def _source_hash(src: Path) -> str:
     digest = hashlib.sha256()
-    skip = ("__pycache__", ".egg-info", "build", "dist")
-    files = sorted(p for p in src.rglob("*") if p.is_file() and not any(s in str(p.relative_to(src)) for s in skip))
-    for path in files:
+    for path in _source_files(src):
         digest.update(str(path.relative_to(src)).encode() + b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -87,25 +96,39 @@ def runtime_wheel(explicit: Path | None = None, src: Path = RUNTIME_SRC) -> Runt
     if not (src / "pyproject.toml").is_file():
         raise DeployError(f"no runtime sources at {src}", "pass --runtime-wheel PATH.whl (a built ddtree-runtime)")
     target = cache_dir() / _source_hash(src)
-    found = sorted(target.glob("ddtree_runtime-*.whl")) if target.is_dir() else []
-    if not found:
-        with tempfile.TemporaryDirectory() as tmp:
-            proc = subprocess.run(
-                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                 "--disable-pip-version-check", "-w", tmp, str(src)],
-                capture_output=True, text=True,
-            )  # fmt: skip
-            built = sorted(Path(tmp).glob("ddtree_runtime-*.whl"))
-            if proc.returncode != 0 or not built:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
-                raise DeployError(f"building the runtime wheel failed: {tail[0]}", f"try: pip wheel --no-deps {src}")
-            target.mkdir(parents=True, exist_ok=True)
-            # beside, then renamed: a concurrent caller's glob sees the whole wheel or none (never half a file)
-            partial = target / f".{built[0].name}.{os.getpid()}.partial"
-            shutil.copy2(built[0], partial)
-            os.replace(partial, target / built[0].name)
+    target.mkdir(parents=True, exist_ok=True)
+    # one build per source hash: a concurrent caller (parallel test tiers, two opsctl runs) waits for it, then
+    # takes the same wheel (pip's wheels carry build times, so two builds would give two sha256s, two releases)
+    with (target / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         found = sorted(target.glob("ddtree_runtime-*.whl"))
+        if not found:
+            found = [_build_into(src, target)]
     return RuntimeWheel.of(found[-1])
+
+
+def _build_into(src: Path, target: Path) -> Path:
+    with tempfile.TemporaryDirectory() as tmp:
+        # built from a private copy: setuptools writes build/ and *.egg-info into the tree it builds
+        copy = Path(tmp) / "src"
+        for path in _source_files(src):
+            (copy / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, copy / path.relative_to(src))
+        out = Path(tmp) / "out"
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+             "--disable-pip-version-check", "-w", str(out), str(copy)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        built = sorted(out.glob("ddtree_runtime-*.whl"))
+        if proc.returncode != 0 or not built:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+            raise DeployError(f"building the runtime wheel failed: {tail[0]}", f"try: pip wheel --no-deps {src}")
+        # beside, then renamed: a reader that does not take the lock sees the whole wheel or none
+        partial = target / f".{built[0].name}.{os.getpid()}.partial"
+        shutil.copy2(built[0], partial)
+        os.replace(partial, target / built[0].name)
+        return target / built[0].name
 
 
 # ---------------------------------------------------------------- on a host

@@ -187,6 +187,7 @@ def test_report_phase_table_at_c32() -> None:
 
 def test_report_reads_the_last_gpu_run() -> None:
     data = json.loads((REPO / "docs/results/h200-pairs-bench.json").read_text())
-    assert "| dense | tree b15 | 1.01x | 0.82x | 1.06x | 0.67x | 0.31x |" in report.ratios(data)
-    assert "predates" in report.phase_table(data)
-    assert "| dense-tree15 | 24 | 3 | 5 |" in report.greedy_summary(data)
+    # session 11's run (docs/runtime-perf.md quotes these rows): a rerun on the GPU changes them here too
+    assert "| dense | tree b15 | 1.03x | 1.17x | 0.67x | 0.76x | 0.94x |" in report.ratios(data)
+    assert "| dense-tree15 | 0 | 16 | 18 " in report.phase_table(data)
+    assert "| dense-tree15 | 25 | 2 | 5 |" in report.greedy_summary(data)

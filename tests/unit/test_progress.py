@@ -64,14 +64,28 @@ def test_elapsed_and_bytes_read_well() -> None:
     ]  # fmt: skip
 
 
-def test_run_streamed_hands_over_lines_as_they_come() -> None:
-    seen: list[tuple[float, str]] = []
-    start = time.monotonic()
-    script = "import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.3)\n"
-    done = run_streamed([sys.executable, "-c", script], lambda ln: seen.append((time.monotonic() - start, ln)))
-    assert done.exit_code == 0 and done.tail == ("0", "1", "2")
-    assert [ln.strip() for _, ln in seen] == ["0", "1", "2"]
-    assert seen[1][0] - seen[0][0] > 0.2  # streamed, not all at the end
+def test_run_streamed_hands_over_lines_as_they_come(tmp_path: Path) -> None:
+    # A handshake, not a timing: the child waits for the file the callback writes on line "0" before it prints
+    # line "1". Lines handed over only at the end would leave it waiting out its 20 s and printing "late".
+    flag = tmp_path / "seen-0"
+    script = (
+        "import os, sys, time\n"
+        "print(0, flush=True)\n"
+        "deadline = time.monotonic() + 20\n"
+        "while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "print('1 seen' if os.path.exists(sys.argv[1]) else '1 late', flush=True)\n"
+    )
+    seen: list[str] = []
+
+    def on_line(line: str) -> None:
+        seen.append(line.strip())
+        if line.strip() == "0":
+            flag.write_text("")
+
+    done = run_streamed([sys.executable, "-c", script, str(flag)], on_line)
+    assert done.exit_code == 0 and done.tail == ("0", "1 seen")
+    assert seen == ["0", "1 seen"]
 
 
 def test_run_streamed_kills_on_timeout_and_on_cancel() -> None:
