@@ -330,6 +330,7 @@ class ReferenceEngine:
     ) -> Iterator[list[int]]:
         assert self.drafter is not None
         depth = self.drafter.block_size - 1
+        last_end: float | None = None  # the previous round's end: what the caller did between rounds is the gap
         while True:
             decision = self.policy.decide(1) if self.policy is not None else None
             t0 = self._now()
@@ -349,7 +350,9 @@ class ReferenceEngine:
             bonus = walk.bonus_token
             self._record(stats_tree, tree, walk, (t0, t1, t2, t3, t4))
             if decision is not None:
-                self._observe(decision, tree, walk, depth, (t4 - t0) * 1e3)
+                gap_ms = None if last_end is None else (t0 - last_end) * 1e3
+                self._observe(decision, tree, walk, depth, (t4 - t0) * 1e3, gap_ms)
+            last_end = t4
             yield [*tree.tokens[path[1:]].tolist(), bonus]
 
     def _make_tree(
@@ -390,7 +393,13 @@ class ReferenceEngine:
             self.metrics.record(stats)
 
     def _observe(
-        self, decision: Decision, tree: dtree.DraftTree, walk: dtree.WalkResult, depth: int, cost_ms: float
+        self,
+        decision: Decision,
+        tree: dtree.DraftTree,
+        walk: dtree.WalkResult,
+        depth: int,
+        cost_ms: float,
+        gap_ms: float | None,
     ) -> None:
         """Feed the policy what this round accepted (and what the shapes it dominates would have) and its cost.
         At batch size 1 on the host the cost is known at once; the SGLang worker feeds its own later."""
@@ -399,7 +408,8 @@ class ReferenceEngine:
         accepted = counterfactual_accepts(
             tree.parents.tolist(), walk.accepted, decision.shape, self.policy.config.shapes, depth
         )
-        self.policy.observe(decision.round_id, accepted={s: float(a) for s, a in accepted.items()}, cost_ms=cost_ms)
+        accepted_f = {s: float(a) for s, a in accepted.items()}
+        self.policy.observe(decision.round_id, accepted=accepted_f, cost_ms=cost_ms, gap_ms=gap_ms)
 
     def _now(self) -> float:
         if self.runner.device.type == "cuda":

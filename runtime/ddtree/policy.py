@@ -7,8 +7,12 @@ would have committed (`counterfactual_accepts`) and the round's cost. Both may a
 CUDA events and statistics only when they are complete, never with a sync inside the round): observations are
 matched to their round by id, and decisions use whatever has arrived.
 
-Estimate of a shape in a bucket: accepted tokens per request-round (EWMA) / ms per request-round (EWMA), i.e. the
-batch's committed tokens per ms. The bucket's current shape changes only when another shape's estimate beats it
+Estimate of a shape in a bucket: accepted tokens per request-round (EWMA) / ms per request-round, i.e. the
+batch's committed tokens per ms. The ms are the shape's round (EWMA) plus the bucket's gap between two decode
+rounds (EWMA, the same for every shape: the scheduler's own work per iteration). Without the gap, small models
+chose wrong: on the H200's 5 M-parameter pairs a round took 0.3-0.9 ms of a ~13 ms iteration, so the chain's
+cheaper round looked 1.5x better per ms while the tree's extra tokens made the iteration 1.2x better.
+The bucket's current shape changes only when another shape's estimate beats it
 by more than `margin`, not before the bucket's `first_dwell`-th round, and then at most once per `dwell` rounds
 of that bucket (hysteresis). A seeded RNG picks a few
 probe rounds (`explore`) that run another shape once, so its cost and acceptance stay fresh, and while a shape
@@ -156,6 +160,7 @@ class PolicyConfig:
     seed: int = 0
     bucket_edges: tuple[int, ...] = DEFAULT_BUCKET_EDGES
     max_pending: int = 4096  # rounds awaiting observations; older ones are forgotten
+    max_gap_ms: float = 100.0  # a longer pause between two decode rounds is the server idling, not overhead
 
     def __post_init__(self) -> None:
         if not self.shapes or len(set(self.shapes)) != len(self.shapes):
@@ -166,6 +171,8 @@ class PolicyConfig:
             raise ValueError("PolicyConfig: 0 <= explore < 1")
         if not (0 < self.alpha_accept <= 1 and 0 < self.alpha_cost <= 1):
             raise ValueError("PolicyConfig: alphas in (0, 1]")
+        if not self.max_gap_ms > 0:
+            raise ValueError("PolicyConfig: max_gap_ms > 0")
         edges = self.bucket_edges
         if not edges or edges[0] < 1 or any(b <= a for a, b in itertools.pairwise(edges)):
             raise ValueError("PolicyConfig.bucket_edges must be increasing ints >= 1")
@@ -199,6 +206,7 @@ class _Bucket:
     current: Shape
     accept: dict[Shape, _Ewma]
     cost: dict[Shape, _Ewma]
+    gap: _Ewma  # ms per request between a decode round's end and the next one's start, whatever the shapes
     rounds: int = 0
     last_switch: int = 0  # `rounds` when current last changed (0: start)
     switches: int = 0
@@ -220,6 +228,7 @@ class BucketView:
     hi: int | None  # largest (None: no upper bound)
     current: Shape
     estimates: dict[Shape, float | None]  # tokens per ms; None: not measured yet
+    gap_ms: float | None  # the bucket's gap between two decode rounds, ms per request (None: not measured)
     rounds: int
     switches: int
 
@@ -275,6 +284,7 @@ class ShapePolicy:
                 current=start,
                 accept={s: _Ewma(c.alpha_accept) for s in c.shapes},
                 cost={s: _Ewma(c.alpha_cost) for s in c.shapes},
+                gap=_Ewma(c.alpha_cost),
             )
         return self._buckets[index]
 
@@ -283,7 +293,7 @@ class ShapePolicy:
     @staticmethod
     def _rate(b: _Bucket, shape: Shape) -> float | None:
         acc, cost = b.accept[shape].value, b.cost[shape].value
-        return None if acc is None or cost is None else acc / cost
+        return None if acc is None or cost is None else acc / (cost + (b.gap.value or 0.0))
 
     def current(self, batch_size: int) -> Shape | None:
         """The current (non-probe) shape of the bucket of `batch_size`; None before its first round."""
@@ -349,10 +359,13 @@ class ShapePolicy:
         round_id: int,
         accepted: Mapping[Shape, float] | None = None,
         cost_ms: float | None = None,
+        gap_ms: float | None = None,
     ) -> bool:
         """What round `round_id` measured, whenever it becomes known: `accepted` = mean committed tokens per
         request (bonus included) for the shapes known (`counterfactual_accepts`, averaged over the batch);
-        `cost_ms` = the whole round's time. Returns False if the round is unknown (too old) and was ignored."""
+        `cost_ms` = the whole round's time; `gap_ms` (with the cost) = the time from the previous decode round's
+        end to this round's start (None when another kind of forward, a prefill, came between; over
+        `max_gap_ms`: idle, ignored). Returns False if the round is unknown (too old) and was ignored."""
         pending = self._pending.get(round_id)
         if pending is None:
             self.dropped += 1
@@ -371,6 +384,10 @@ class ShapePolicy:
                 b.cost[pending.shape].add(cost_ms / pending.batch_size, pending.at)
             else:
                 self.dropped += 1
+            if gap_ms is not None and not (math.isfinite(gap_ms) and gap_ms >= 0):
+                self.dropped += 1
+            elif gap_ms is not None and gap_ms <= self.config.max_gap_ms:
+                b.gap.add(gap_ms / pending.batch_size, pending.at)
         if pending.accepted and pending.costed:
             del self._pending[round_id]
         return True
@@ -391,7 +408,7 @@ class ShapePolicy:
         b = self._buckets[index]
         lo, hi = self.bucket_range(index)
         rates = {s: self._rate(b, s) for s in self.config.shapes}
-        return BucketView(lo, hi, b.current, rates, b.rounds, b.switches)
+        return BucketView(lo, hi, b.current, rates, b.gap.value, b.rounds, b.switches)
 
 
 def _range_text(lo: int, hi: int | None) -> str:
@@ -400,8 +417,9 @@ def _range_text(lo: int, hi: int | None) -> str:
 
 def format_policy_fields(snap: PolicySnapshot) -> str:
     """The keys appended to a `DDTREE metrics` line (docs/metrics.md): policy, shape, choice, est, switches,
-    probes. `choice` lists every bucket used so far as `lo-hi:shape` (`lo-` when open), `est` the latest
-    decision's bucket, `shape:tokens_per_ms` (`-` until measured)."""
+    probes, gap. `choice` lists every bucket used so far as `lo-hi:shape` (`lo-` when open), `est` the latest
+    decision's bucket, `shape:tokens_per_ms` (`-` until measured), `gap` that bucket's ms per request between
+    two decode rounds (in every estimate's denominator)."""
     choice = ",".join(f"{_range_text(v.lo, v.hi)}:{v.current.label}" for v in snap.buckets) or "-"
     last = snap.last
     est = "-"
@@ -410,5 +428,9 @@ def format_policy_fields(snap: PolicySnapshot) -> str:
     shape = last.current.label if last is not None else "-"
     return (
         f"policy={snap.setting.mode.value} shape={shape} choice={choice} est={est} "
-        f"switches={snap.switches} probes={snap.probes}"
+        f"switches={snap.switches} probes={snap.probes} gap={_gap_text(last)}"
     )
+
+
+def _gap_text(view: BucketView | None) -> str:
+    return "-" if view is None or view.gap_ms is None else f"{view.gap_ms:.3f}"

@@ -30,11 +30,15 @@ class PhasedCosts(ShapePolicy):
     flip = 10
 
     def observe(
-        self, round_id: int, accepted: Mapping[Shape, float] | None = None, cost_ms: float | None = None
+        self,
+        round_id: int,
+        accepted: Mapping[Shape, float] | None = None,
+        cost_ms: float | None = None,
+        gap_ms: float | None = None,
     ) -> bool:
         shape = self._pending[round_id].shape if round_id in self._pending else CHAIN
         cheap = shape.is_chain == (round_id < self.flip)
-        return super().observe(round_id, accepted=accepted, cost_ms=1.0 if cheap else 40.0)
+        return super().observe(round_id, accepted=accepted, cost_ms=1.0 if cheap else 40.0)  # no gap: synthetic
 
 
 def _drafter(target: torch.nn.Module, seed: int) -> OracleNoiseDrafter:
@@ -78,7 +82,7 @@ def test_metrics_line_carries_the_policy(caplog: pytest.LogCaptureFixture) -> No
     assert fields["policy"] == "auto"
     assert fields["choice"].startswith("1-1:")
     assert set(fields["est"].split(",")[0].split(":")) & {"tree12"}
-    assert list(fields)[-6:] == ["policy", "shape", "choice", "est", "switches", "probes"]  # appended last
+    assert list(fields)[-7:] == ["policy", "shape", "choice", "est", "switches", "probes", "gap"]  # appended last
 
 
 def test_policy_off_and_pinned_from_the_environment(caplog: pytest.LogCaptureFixture) -> None:

@@ -71,6 +71,8 @@ class RoundReport:
     #                                    on a chain round
     smaller: Mapping[int, int] = field(default_factory=dict)  # budget -> what that smaller tree would have
     cost_ms: float | None = None  # the round's device time, the same on every TP rank
+    gap_ms: float | None = None  # from the previous policy round's end to this one's start (None: a forward of
+    #                              another kind, a prefill, came between); the same on every TP rank
 
 
 TEST_POLICY_KEY = "DDTREE_TEST_POLICY"
@@ -153,11 +155,11 @@ class PolicyGlue:
                 accepted[ran] = r.tree_accepted / n
             if not ran.is_chain:
                 accepted.update({Shape(b): t / n for b, t in r.smaller.items() if 0 < b <= ran.budget})
-        cost = r.cost_ms
+        cost, gap = r.cost_ms, r.gap_ms
         if self.phased and cost is not None:  # DDTREE_TEST_POLICY=phased: synthetic costs, real acceptances
             cheap = ran.is_chain == (r.round_id < PHASED_FLIP)
-            cost = float(r.batch_size) * (1.0 if cheap else 40.0)
-        self.policy.observe(r.round_id, accepted=accepted, cost_ms=cost)
+            cost, gap = float(r.batch_size) * (1.0 if cheap else 40.0), None
+        self.policy.observe(r.round_id, accepted=accepted, cost_ms=cost, gap_ms=gap)
 
     def log_fields(self) -> str:
         """The keys appended to the DDTREE metrics line (what MetricsLog(policy=glue.policy) appends)."""
@@ -191,6 +193,7 @@ class _Entry:
     row: Tensor  # [2 + len(budgets)] int64 on the host (pinned on CUDA; filled when `end` completes)
     start: Any  # CUDA event, or the host clock
     end: Any
+    after: Any  # the previous policy round's end (None: the first, or another forward came between)
 
 
 class RoundLedger:
@@ -202,7 +205,12 @@ class RoundLedger:
     (the scheduler has read those rounds' tokens; `synchronize()` on such an event returns at once), so only
     host memory is read. `reduce_max` (TP > 1) replaces the due rounds' costs by their MAX over the ranks, in one
     call per `due()` (the ranks call it at the same rounds: a fixed lag, not `query()`). On a CPU the host's
-    clock (`clock`, seconds) stands in for the events."""
+    clock (`clock`, seconds) stands in for the events.
+
+    Each report also carries the gap from the previous policy round's end event to its start event: the
+    scheduler's work between two decode rounds, which the policy adds to every shape's cost. `interrupt()` (any
+    forward that is not a policy round: a prefill, a DFLASH round for a sampling batch) makes the next round's
+    gap unknown rather than count that forward as overhead."""
 
     def __init__(
         self,
@@ -220,8 +228,13 @@ class RoundLedger:
         self._rows = torch.zeros((ring, width), dtype=torch.int64, pin_memory=self.cuda)
         self._next_row = 0
         self._open: Any = None
+        self._last_end: Any = None
         self._entries: deque[_Entry] = deque()
         self.reads = 0  # reports returned so far
+
+    def interrupt(self) -> None:
+        """A forward that is not a policy round ran: the next round has no gap to measure."""
+        self._last_end = None
 
     def open(self) -> None:
         if self.cuda:
@@ -243,7 +256,8 @@ class RoundLedger:
             end.record()
         else:
             end = self.clock()
-        self._entries.append(_Entry(round_id, batch_size, tuple(budgets), row, self._open, end))
+        self._entries.append(_Entry(round_id, batch_size, tuple(budgets), row, self._open, end, self._last_end))
+        self._last_end = end
 
     def due(self) -> list[RoundReport]:
         out: list[_Entry] = []
@@ -251,17 +265,20 @@ class RoundLedger:
             out.append(self._entries.popleft())
         if not out:
             return []
-        costs = []
+        costs, gaps = [], []
         for e in out:
             if self.cuda:
-                e.end.synchronize()  # `lag` rounds old: complete already
+                e.end.synchronize()  # `lag` rounds old: complete already (and `after` is older)
                 costs.append(float(e.start.elapsed_time(e.end)))
+                gaps.append(-1.0 if e.after is None else float(e.after.elapsed_time(e.start)))
             else:
                 costs.append((e.end - e.start) * 1e3)
-        if self.reduce_max is not None:
-            costs = self.reduce_max(torch.tensor(costs, dtype=torch.float64)).tolist()
+                gaps.append(-1.0 if e.after is None else (e.start - e.after) * 1e3)
+        if self.reduce_max is not None:  # -1 (no gap) stays -1: the ranks interrupt at the same rounds
+            both = self.reduce_max(torch.tensor(costs + gaps, dtype=torch.float64)).tolist()
+            costs, gaps = both[: len(out)], both[len(out) :]
         reports = []
-        for e, cost in zip(out, costs, strict=True):
+        for e, cost, gap in zip(out, costs, gaps, strict=True):
             vals = e.row.tolist()
             reports.append(
                 RoundReport(
@@ -271,6 +288,7 @@ class RoundLedger:
                     spine_accepted=int(vals[1]),
                     smaller={b: int(v) for b, v in zip(e.budgets, vals[2:], strict=True)},
                     cost_ms=cost,
+                    gap_ms=None if gap < 0 else gap,
                 )
             )
         self.reads += len(reports)

@@ -595,6 +595,8 @@ def tree_worker_class() -> type:
                 "grammar_barrier": grammar_barrier,
                 "pp_proxy_tensors": pp_proxy_tensors,
             }
+            if dflash_round or why or self._ddtree_fallback:
+                self._ddtree_ledger.interrupt()  # not a policy round: the policy's gap skips this forward
             if dflash_round:  # prefill, idle: the target's own graphs and backend
                 return super().forward_batch_generation(batch, **dflash_args)
             if why or self._ddtree_fallback:
