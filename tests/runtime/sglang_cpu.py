@@ -15,6 +15,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -89,6 +90,10 @@ def import_sglang() -> ModuleType:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _torchvision_or_stub()
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            import triton_interpreter  # beside this file: the interpreter's device calls made cheap
+
+            triton_interpreter.install()
         sglang = importlib.import_module("sglang")
         importlib.import_module("sglang.srt.plugins")
         importlib.import_module("sglang.srt.speculative.spec_info")

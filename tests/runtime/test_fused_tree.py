@@ -18,7 +18,10 @@ pytestmark = pytest.mark.runtime
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
-import sys, torch
+import os, sys, torch
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import triton_interpreter  # tests/runtime: cheaper device-function calls in the interpreter
+    triton_interpreter.install()
 from dataclasses import fields
 from ddtree.batch_tree import build_trees_batched
 from ddtree.fused_tree import build_trees_fused, fused_available, row_topk_fused
@@ -100,7 +103,8 @@ print("\n".join(problems) or "PASS")
 
 
 def run_script(device: str, interpret: bool) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")])}
+    path = [str(REPO / "runtime"), str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     if interpret:
         env.update(TRITON_INTERPRET="1", DDTREE_FUSED_BUILD="1")
     done = subprocess.run(

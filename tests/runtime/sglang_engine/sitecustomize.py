@@ -6,11 +6,13 @@ subprocesses; the pytest process never imports SGLang.
 1. torchvision: the inert stub of tests/runtime/sglang_cpu.py when the real one is missing or cannot load.
 2. engine_patches.install(): SGLang's CPU-specific refusals (P1/P3/P4/P7-P9) and CUDA's conv-window layout (P10),
    applied as each module is imported.
+3. triton_interpreter.install() under TRITON_INTERPRET=1: device-function calls skip re-patching triton.language.
 (`sgl_kernel`, the stand-in for SGLang's CPU kernel package, is found on the same path.)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -21,6 +23,7 @@ def _setup() -> None:
     sys.path.insert(0, str(here.parent))  # tests/runtime, for sglang_cpu
     try:
         import sglang_cpu
+        import triton_interpreter
     finally:
         sys.path.remove(str(here.parent))
     with warnings.catch_warnings():
@@ -29,6 +32,8 @@ def _setup() -> None:
     import engine_patches
 
     engine_patches.install()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        triton_interpreter.install()
 
 
 _setup()

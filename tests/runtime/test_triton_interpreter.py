@@ -1,0 +1,72 @@
+"""tests/runtime/triton_interpreter.py: under TRITON_INTERPRET=1 (in a subprocess: triton reads it when kernels
+are defined), a kernel whose loop calls a device function computes the same values with the patch, and
+`triton.language` is patched once per launch instead of once per device call."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.runtime
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = r"""
+import sys
+import torch, triton, triton.language as tl
+import triton.runtime.interpreter as interp
+import triton_interpreter
+
+@triton.jit
+def step(x, i):
+    return tl.where(x > i, x * 0.5, x + tl.sigmoid(x))
+
+@triton.jit
+def kernel(x_ptr, out_ptr, N: tl.constexpr, STEPS: tl.constexpr):
+    offs = tl.program_id(0) * N + tl.arange(0, N)
+    x = tl.load(x_ptr + offs)
+    for i in range(STEPS):
+        x = step(x, i)
+    tl.store(out_ptr + offs, x)
+
+calls = []
+original = interp._patch_lang
+def counting(fn):
+    calls.append(fn.__name__)
+    return original(fn)
+interp._patch_lang = counting
+
+def run():
+    x = torch.linspace(-3, 9, 64)
+    out = torch.empty_like(x)
+    kernel[(4,)](x, out, N=16, STEPS=6)
+    return out
+
+plain = run()
+before = len(calls)
+assert triton_interpreter.install() and triton_interpreter.install()  # idempotent
+fast = run()
+after = len(calls) - before
+assert torch.equal(plain, fast), (plain - fast).abs().max()
+again = run()  # a second launch: the first one's scope was restored, so this one patches again
+assert torch.equal(plain, again) and len(calls) - before - after == after
+print(before, after)
+"""
+
+
+def test_device_calls_skip_repatching_and_compute_the_same() -> None:
+    pytest.importorskip("triton")
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, after = map(int, done.stdout.split())
+    assert before == 1 + 4 * 6 * 2  # the launch, then each device call (step, and tl.sigmoid in it) x 4 x 6
+    # the launch, and tl.sigmoid's first call (its module sees triton.language.core, which the kernel's does not)
+    assert after == 2

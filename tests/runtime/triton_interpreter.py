@@ -1,0 +1,62 @@
+"""A faster Triton interpreter for the CPU test tiers: a device-function call (a `@triton.jit` helper called
+from inside a kernel) skips re-patching `triton.language` when the running kernel already patched the same
+modules.
+
+Triton 3.x's interpreter (`triton/runtime/interpreter.py`, `InterpretedFunction.__call__`) calls `_patch_lang`
+on every device-function call: `inspect.getmembers` over `triton.language`, its `tensor`, `math` and `core`,
+each member tested with `is_builtin`, for every call in every program of the grid (and that scope is never
+restored: the enclosing kernel's restore undoes it). Inside a running kernel those modules are already patched
+(the grid executor patched them before its first program), and the repeated pass finds no builtin left to wrap,
+so skipping it changes no value a kernel computes; it was a quarter of SGLang's hybrid verify on the CPU
+(py-spy: `_getmembers`, `is_builtin`, `_patch_attr`). Installed triton files are never edited.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+_active: list[set[int]] = []  # per running kernel (nested grids are possible): ids of the patched modules
+
+
+def _lang_ids(fn: Any) -> frozenset[int]:
+    import triton.language as tl
+
+    return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+
+
+def install() -> bool:
+    """Patch the interpreter in this process (idempotent). False when triton (or its interpreter) is absent."""
+    try:
+        import triton.runtime.interpreter as interp
+    except ImportError:
+        return False
+    if getattr(interp, "_opsctl_fast_device_calls", False):
+        return True
+    original = interp._patch_lang
+
+    class _Scope:
+        """The grid executor's patch scope: restoring it also ends the kernel's entry in `_active`."""
+
+        def __init__(self, inner: Any, ids: frozenset[int]) -> None:
+            self.inner, self.ids = inner, set(ids)
+            _active.append(self.ids)
+
+        def restore(self) -> None:
+            if _active and _active[-1] is self.ids:
+                _active.pop()
+            self.inner.restore()
+
+    def patch_lang(fn: Any) -> Any:
+        ids = _lang_ids(fn)
+        if not _active:  # a kernel launch (the grid executor restores the scope when its grid is done)
+            return _Scope(original(fn), ids)
+        if ids <= _active[-1]:  # a device call inside it, the same modules: already patched, nothing to undo
+            return interp._LangPatchScope()
+        scope = original(fn)  # a device call seeing other modules: patched until the kernel's restore, as before
+        _active[-1] |= ids
+        return scope
+
+    interp._patch_lang = patch_lang
+    interp._opsctl_fast_device_calls = True
+    return True
