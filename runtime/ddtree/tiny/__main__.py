@@ -11,11 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-import torch
-from transformers.utils import logging as hf_logging
-
-from . import Arch, build
-from .atomic_dir import build_into
+from .arch import Arch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not args.force:
         print(f"error: {out} exists (use --force to replace it)", file=sys.stderr)
         return 2
+    import torch  # here, after the arguments: a bad one is refused in milliseconds, not after torch's import
+    from transformers.utils import logging as hf_logging
+
+    from .atomic_dir import build_into
+    from .pipeline import build
+
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     # one thread: on a shared, loaded CPU extra threads spin on each other (measured 5-10x slower at 2)
     torch.set_num_threads(args.threads)

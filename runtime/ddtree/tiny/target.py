@@ -8,7 +8,6 @@ same seed gives the same weights.
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 from collections.abc import Sequence
@@ -18,15 +17,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
+from .arch import Arch
 from .tokenizer import ENDOFTEXT, IM_END, TOKEN_IDS, VOCAB_SIZE
 
 log = logging.getLogger("ddtree.tiny")
 LOG_EVERY = 25  # steps between progress lines (a build runs for minutes on a loaded CPU)
-
-
-class Arch(enum.StrEnum):
-    QWEN3 = "qwen3"
-    QWEN3_5 = "qwen3_5"
 
 
 @dataclass(frozen=True)
