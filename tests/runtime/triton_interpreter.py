@@ -1,6 +1,8 @@
 """A faster Triton interpreter for the CPU test tiers: a device-function call (a `@triton.jit` helper called
 from inside a kernel) skips re-patching `triton.language` when the running kernel already patched the same
-modules.
+modules, and a kernel launch replays the attributes the first launch over the same modules set (the patched
+members are closures over the originals and the interpreter's semantic: nothing launch-specific) instead of
+walking the modules with `inspect.getmembers` again.
 
 Triton 3.x's interpreter (`triton/runtime/interpreter.py`, `InterpretedFunction.__call__`) calls `_patch_lang`
 on every device-function call: `inspect.getmembers` over `triton.language`, its `tensor`, `math` and `core`,
@@ -47,10 +49,24 @@ def install() -> bool:
                 _active.pop()
             self.inner.restore()
 
+    replay: dict[frozenset[int], list[tuple[object, str, object]]] = {}  # lang ids -> the attributes a launch sets
+
+    def launch_scope(fn: Any, ids: frozenset[int]) -> Any:
+        """A launch's patches: computed once per set of modules (getmembers over triton.language), then the same
+        attributes set again, into a fresh scope that restores them as the original one would."""
+        if ids not in replay:
+            scope = original(fn)
+            replay[ids] = [(obj, name, getattr(obj, name)) for obj, name, _ in scope._changes]
+            return scope
+        scope = interp._LangPatchScope()
+        for obj, name, value in replay[ids]:
+            scope.set_attr(obj, name, value)
+        return scope
+
     def patch_lang(fn: Any) -> Any:
         ids = _lang_ids(fn)
         if not _active:  # a kernel launch (the grid executor restores the scope when its grid is done)
-            return _Scope(original(fn), ids)
+            return _Scope(launch_scope(fn, ids), ids)
         if ids <= _active[-1]:  # a device call inside it, the same modules: already patched, nothing to undo
             return interp._LangPatchScope()
         scope = original(fn)  # a device call seeing other modules: patched until the kernel's restore, as before
