@@ -26,7 +26,10 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 ENGINE_DIR = HERE / "sglang_engine"
-RUN_TIMEOUT_S = 900  # one Engine run, start-up and every batch (the longest takes ~300 s on a loaded machine)
+# One Engine run, start-up and every batch: the hybrid tree run took 442 s in a local CI run, and the project CI's
+# engine tier ran 1.6x slower than that one (its hybrid tree test failed there; the cause is not in its output):
+# the limit catches a hang, not a slow machine
+RUN_TIMEOUT_S = 1800
 HOST_START_TIMEOUT_S = 600  # the host's own SGLang import (85 s seen on a loaded 2-core machine)
 # Every run's environment: SGLang's CPU engine path, its Triton kernels run by the CPU interpreter (read when the
 # kernels are defined, so on the host, before SGLang is imported), one thread per process.
