@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -227,6 +229,50 @@ def test_corrupt_host_source_is_refused_after_a_reboot_until_a_model_is_accepted
     back = provision(inv, "--host", "lab2", "--accept-model", MODEL, always=True)
     assert back.returncode == 0, back.stderr[-3000:]
     assert opsctl("status", "-i", str(inv), "--host", "lab2").returncode == 0
+
+
+def test_restore_unit_is_disabled_and_removed_when_the_source_moves_to_the_control_machine(
+    base_inventory: Path, tmp_path: Path
+) -> None:
+    # lab2's restore unit installed from a host-side source (a no-op after the tests above: the sources and the
+    # units are still there), then lab2 provisioned from the base inventory, whose sources are on the control
+    # machine: left enabled, the unit would copy the old host-side source over the model at the next boot.
+    inv = derived_inventory(tmp_path / "host-side.yaml", _host_side)
+    unit, state = "opsctl-model-tiny-qwen3.service", "/var/lib/opsctl/models/tiny-qwen3"
+    copy = " && ".join(
+        f"(test -d {HOST_SRC}/{Path(p).name} || (cp -a {p} {HOST_SRC}/{Path(p).name} && rm "
+        f"{HOST_SRC}/{Path(p).name}/.opsctl-manifest.json))" for p in (MODEL, DRAFT)
+    )  # fmt: skip
+    remote_run(inv, "lab2", sh(f"mkdir -p {HOST_SRC} && {copy}", sudo=True))
+    installed = provision(inv, "--host", "lab2", always=True)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+
+    def unit_state() -> list[str]:
+        out = remote_run(inv, "lab2", sh(f"systemctl is-enabled {unit} 2>/dev/null; test -e /etc/systemd/system/"
+                                          f"{unit} && echo file || echo no-file; true"))  # fmt: skip
+        return out.split()
+
+    def restore_step(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+        (host,) = json.loads(result.stdout)["hosts"]
+        (step,) = [s for s in host["steps"] if s["op"] == "model_restore"]
+        return step
+
+    assert unit_state() == ["enabled", "file"]
+    plan = provision(base_inventory, "--host", "lab2", "--plan", "--json", always=True)
+    assert plan.returncode == 2, plan.stderr[-3000:]  # changes pending
+    step = restore_step(plan)
+    assert any(f"{unit}: no service here restores that model" in n for n in step["notes"]), step
+    assert f"sudo systemctl disable --quiet -- {unit}" in step["commands"], step
+    assert unit_state() == ["enabled", "file"]  # --plan changes nothing
+
+    moved = provision(base_inventory, "--host", "lab2", always=True)
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    assert unit_state() == ["no-file"]  # neither enabled (systemd knows no such unit now) nor on disk
+    # the accepted model is still remembered (trusted.json); the restore's own files went
+    assert remote_run(inv, "lab2", sh(f"ls {state}")).split() == ["trusted.json"]
+    assert opsctl("status", "-i", str(base_inventory), "--host", "lab2").returncode == 0
+    again = restore_step(provision(base_inventory, "--host", "lab2", "--plan", "--json", always=True))
+    assert again["commands"] == [] and not any(unit in n for n in again["notes"]), again
 
 
 def test_ctrl_c_during_preflight_keeps_the_serving_process(base_inventory: Path) -> None:

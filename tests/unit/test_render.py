@@ -148,3 +148,28 @@ def test_help_lists_every_command() -> None:
     result = run_cli("--help")
     for command in ("provision", "deploy", "smoke", "logs", "status", "rollback", "bench", "lab", "render"):
         assert f"  {command} " in result.stdout
+
+
+def test_a_read_back_that_passed_is_remembered_and_a_refusal_never_is() -> None:
+    """render's read-backs run once per distinct input (a fleet renders the same files on many hosts); a
+    refusal is raised, and worded, every time."""
+    from opsctl.errors import OpsctlError
+    from opsctl.render import _PASSED, _checked_once
+
+    calls: list[str] = []
+
+    def passes(text: str) -> None:
+        calls.append(text)
+
+    def refuses() -> None:
+        calls.append("refused")
+        raise OpsctlError("the unit of x: systemd would read an unexpected Foo= line")
+
+    for text in ("a", "a", "b", "a"):
+        _checked_once("unit-test", (text, SECRET), lambda text=text: passes(text))
+    assert calls == ["a", "b"]
+    for _ in range(2):
+        with pytest.raises(OpsctlError, match="unexpected Foo="):
+            _checked_once("unit-test", ("bad",), refuses)
+    assert calls[2:] == ["refused", "refused"]
+    assert not any(SECRET.encode() in key for key in _PASSED)  # digests only: no text, no secret kept
