@@ -330,30 +330,37 @@ class ReferenceEngine:
     ) -> Iterator[list[int]]:
         assert self.drafter is not None
         depth = self.drafter.block_size - 1
-        last_end: float | None = None  # the previous round's end: what the caller did between rounds is the gap
-        while True:
-            decision = self.policy.decide(1) if self.policy is not None else None
-            t0 = self._now()
-            lp = self.drafter.draft(DraftRequest(committed, features, bonus))  # [D, V]
-            t1 = self._now()
-            tree, stats_tree = self._make_tree(lp, bonus, depth, decision.shape if decision else None)
-            inputs = dtree.compile_tree(tree, self.runner.prefix_len)
-            t2 = self._now()
-            verified = self.runner.verify(inputs)  # logits: [N, V]
-            t3 = self._now()
-            walk = dtree.walk_tree(tree, verified.logits, temperature, gen)
-            self.runner.commit(walk.accepted)
-            t4 = self._now()
-            path = list(walk.accepted)
-            committed.extend(tree.tokens[path].tolist())
-            features = verified.features[path] if verified.features is not None else None  # [A, F]
-            bonus = walk.bonus_token
-            self._record(stats_tree, tree, walk, (t0, t1, t2, t3, t4))
-            if decision is not None:
-                gap_ms = None if last_end is None else (t0 - last_end) * 1e3
-                self._observe(decision, tree, walk, depth, (t4 - t0) * 1e3, gap_ms)
-            last_end = t4
-            yield [*tree.tokens[path[1:]].tolist(), bonus]
+        # a round's observation waits for the next round's start: what the caller did in between is its gap
+        held: _HeldRound | None = None
+        try:
+            while True:
+                decision = self.policy.decide(1) if self.policy is not None else None
+                t0 = self._now()
+                if held is not None:
+                    self._observe(held, depth, gap_ms=(t0 - held.end) * 1e3)
+                    held = None
+                lp = self.drafter.draft(DraftRequest(committed, features, bonus))  # [D, V]
+                t1 = self._now()
+                tree, stats_tree = self._make_tree(lp, bonus, depth, decision.shape if decision else None)
+                inputs = dtree.compile_tree(tree, self.runner.prefix_len)
+                t2 = self._now()
+                verified = self.runner.verify(inputs)  # logits: [N, V]
+                t3 = self._now()
+                walk = dtree.walk_tree(tree, verified.logits, temperature, gen)
+                self.runner.commit(walk.accepted)
+                t4 = self._now()
+                path = list(walk.accepted)
+                committed.extend(tree.tokens[path].tolist())
+                features = verified.features[path] if verified.features is not None else None  # [A, F]
+                bonus = walk.bonus_token
+                self._record(stats_tree, tree, walk, (t0, t1, t2, t3, t4))
+                if decision is not None:
+                    self.last_shapes.append(decision.shape)
+                    held = _HeldRound(decision, tree, walk, cost_ms=(t4 - t0) * 1e3, end=t4)
+                yield [*tree.tokens[path[1:]].tolist(), bonus]
+        finally:  # the request's last round (or the caller stopped): no next round, no gap
+            if held is not None:
+                self._observe(held, depth, gap_ms=None)
 
     def _make_tree(
         self, lp: Tensor, bonus: int, depth: int, shape: Shape | None = None
@@ -392,29 +399,32 @@ class ReferenceEngine:
         if self.metrics is not None:
             self.metrics.record(stats)
 
-    def _observe(
-        self,
-        decision: Decision,
-        tree: dtree.DraftTree,
-        walk: dtree.WalkResult,
-        depth: int,
-        cost_ms: float,
-        gap_ms: float | None,
-    ) -> None:
-        """Feed the policy what this round accepted (and what the shapes it dominates would have) and its cost.
-        At batch size 1 on the host the cost is known at once; the SGLang worker feeds its own later."""
+    def _observe(self, held: _HeldRound, depth: int, gap_ms: float | None) -> None:
+        """Feed the policy what a round accepted (and what the shapes it dominates would have), its cost and the
+        gap after it. At batch size 1 on the host these are known by the next round's start; the SGLang worker
+        feeds its own later."""
         assert self.policy is not None
-        self.last_shapes.append(decision.shape)
         accepted = counterfactual_accepts(
-            tree.parents.tolist(), walk.accepted, decision.shape, self.policy.config.shapes, depth
+            held.tree.parents.tolist(), held.walk.accepted, held.decision.shape, self.policy.config.shapes, depth
         )
         accepted_f = {s: float(a) for s, a in accepted.items()}
-        self.policy.observe(decision.round_id, accepted=accepted_f, cost_ms=cost_ms, gap_ms=gap_ms)
+        self.policy.observe(held.decision.round_id, accepted=accepted_f, cost_ms=held.cost_ms, gap_ms=gap_ms)
 
     def _now(self) -> float:
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)
         return time.perf_counter()
+
+
+@dataclass(frozen=True)
+class _HeldRound:
+    """A policy round's results, held until the next round starts (its gap) or the request ends."""
+
+    decision: Decision
+    tree: dtree.DraftTree
+    walk: dtree.WalkResult
+    cost_ms: float
+    end: float  # the host clock at its end (s)
 
 
 def policy_shapes(config: DDTreeConfig) -> tuple[Shape, ...]:

@@ -8,10 +8,11 @@ CUDA events and statistics only when they are complete, never with a sync inside
 matched to their round by id, and decisions use whatever has arrived.
 
 Estimate of a shape in a bucket: accepted tokens per request-round (EWMA) / ms per request-round, i.e. the
-batch's committed tokens per ms. The ms are the shape's round (EWMA) plus the bucket's gap between two decode
-rounds (EWMA, the same for every shape: the scheduler's own work per iteration). Without the gap, small models
-chose wrong: on the H200's 5 M-parameter pairs a round took 0.3-0.9 ms of a ~13 ms iteration, so the chain's
-cheaper round looked 1.5x better per ms while the tree's extra tokens made the iteration 1.2x better.
+batch's committed tokens per ms. The ms are the shape's round (EWMA) plus the shape's gap after its rounds, to
+the next decode round's start (EWMA; the scheduler's work on the round's output and the next batch, which may
+depend on the shape; a shape whose gap is not measured yet borrows the mean of the bucket's others). Without the
+gap, small models chose wrong: on the H200's 5 M-parameter pairs a round took 0.3-0.9 ms of an iteration of
+9-13 ms, so per ms of round the cheapest round always looked best.
 The bucket's current shape changes only when another shape's estimate beats it
 by more than `margin`, not before the bucket's `first_dwell`-th round, and then at most once per `dwell` rounds
 of that bucket (hysteresis). A seeded RNG picks a few
@@ -206,7 +207,7 @@ class _Bucket:
     current: Shape
     accept: dict[Shape, _Ewma]
     cost: dict[Shape, _Ewma]
-    gap: _Ewma  # ms per request between a decode round's end and the next one's start, whatever the shapes
+    gap: dict[Shape, _Ewma]  # ms per request from a round of the shape's end to the next decode round's start
     rounds: int = 0
     last_switch: int = 0  # `rounds` when current last changed (0: start)
     switches: int = 0
@@ -228,7 +229,7 @@ class BucketView:
     hi: int | None  # largest (None: no upper bound)
     current: Shape
     estimates: dict[Shape, float | None]  # tokens per ms; None: not measured yet
-    gap_ms: float | None  # the bucket's gap between two decode rounds, ms per request (None: not measured)
+    gap_ms: float | None  # the current shape's gap after its rounds, ms per request (None: not measured)
     rounds: int
     switches: int
 
@@ -284,16 +285,25 @@ class ShapePolicy:
                 current=start,
                 accept={s: _Ewma(c.alpha_accept) for s in c.shapes},
                 cost={s: _Ewma(c.alpha_cost) for s in c.shapes},
-                gap=_Ewma(c.alpha_cost),
+                gap={s: _Ewma(c.alpha_cost) for s in c.shapes},
             )
         return self._buckets[index]
 
     # -- estimates ------------------------------------------------------------------------------------
 
     @staticmethod
-    def _rate(b: _Bucket, shape: Shape) -> float | None:
+    def _gap(b: _Bucket, shape: Shape) -> float | None:
+        """The shape's gap; unmeasured, the mean of the bucket's measured ones (None if there are none)."""
+        own = b.gap[shape].value
+        if own is not None:
+            return own
+        known = [e.value for e in b.gap.values() if e.value is not None]
+        return sum(known) / len(known) if known else None
+
+    @classmethod
+    def _rate(cls, b: _Bucket, shape: Shape) -> float | None:
         acc, cost = b.accept[shape].value, b.cost[shape].value
-        return None if acc is None or cost is None else acc / (cost + (b.gap.value or 0.0))
+        return None if acc is None or cost is None else acc / (cost + (cls._gap(b, shape) or 0.0))
 
     def current(self, batch_size: int) -> Shape | None:
         """The current (non-probe) shape of the bucket of `batch_size`; None before its first round."""
@@ -363,9 +373,9 @@ class ShapePolicy:
     ) -> bool:
         """What round `round_id` measured, whenever it becomes known: `accepted` = mean committed tokens per
         request (bonus included) for the shapes known (`counterfactual_accepts`, averaged over the batch);
-        `cost_ms` = the whole round's time; `gap_ms` (with the cost) = the time from the previous decode round's
-        end to this round's start (None when another kind of forward, a prefill, came between; over
-        `max_gap_ms`: idle, ignored). Returns False if the round is unknown (too old) and was ignored."""
+        `cost_ms` = the whole round's time; `gap_ms` (with the cost) = the time from this round's end to the next
+        decode round's start (None when another kind of forward, a prefill, came between; over `max_gap_ms`:
+        idle, ignored). Returns False if the round is unknown (too old) and was ignored."""
         pending = self._pending.get(round_id)
         if pending is None:
             self.dropped += 1
@@ -387,7 +397,7 @@ class ShapePolicy:
             if gap_ms is not None and not (math.isfinite(gap_ms) and gap_ms >= 0):
                 self.dropped += 1
             elif gap_ms is not None and gap_ms <= self.config.max_gap_ms:
-                b.gap.add(gap_ms / pending.batch_size, pending.at)
+                b.gap[pending.shape].add(gap_ms / pending.batch_size, pending.at)
         if pending.accepted and pending.costed:
             del self._pending[round_id]
         return True
@@ -408,7 +418,7 @@ class ShapePolicy:
         b = self._buckets[index]
         lo, hi = self.bucket_range(index)
         rates = {s: self._rate(b, s) for s in self.config.shapes}
-        return BucketView(lo, hi, b.current, rates, b.gap.value, b.rounds, b.switches)
+        return BucketView(lo, hi, b.current, rates, self._gap(b, b.current), b.rounds, b.switches)
 
 
 def _range_text(lo: int, hi: int | None) -> str:
@@ -418,8 +428,8 @@ def _range_text(lo: int, hi: int | None) -> str:
 def format_policy_fields(snap: PolicySnapshot) -> str:
     """The keys appended to a `DDTREE metrics` line (docs/metrics.md): policy, shape, choice, est, switches,
     probes, gap. `choice` lists every bucket used so far as `lo-hi:shape` (`lo-` when open), `est` the latest
-    decision's bucket, `shape:tokens_per_ms` (`-` until measured), `gap` that bucket's ms per request between
-    two decode rounds (in every estimate's denominator)."""
+    decision's bucket, `shape:tokens_per_ms` (`-` until measured), `gap` that bucket's current shape's ms per
+    request from its rounds' end to the next decode round (in its estimate's denominator)."""
     choice = ",".join(f"{_range_text(v.lo, v.hi)}:{v.current.label}" for v in snap.buckets) or "-"
     last = snap.last
     est = "-"

@@ -123,8 +123,8 @@ def test_the_ledger_reports_each_round_lag_rounds_later_with_sums_and_reduced_co
     ledger.open()
     ledger.close(11, 2, _accepts(2, 2, 2))  # a chain round
     (first,) = ledger.due()
-    assert first == RoundReport(10, 3, tree_accepted=12, spine_accepted=6, smaller={8: 9}, cost_ms=6.0)
-    assert reduced == [[3.0, -1.0]] and ledger.due() == []  # costs, then gaps (-1: the first round has none)
+    assert first == RoundReport(10, 3, tree_accepted=12, spine_accepted=6, smaller={8: 9}, cost_ms=6.0, gap_ms=0.0)
+    assert reduced == [[3.0, 0.0]] and ledger.due() == []  # costs, then gaps (round 11 opened as 10 ended)
     ledger.open()
     ledger.close(12, 1, _accepts(1, 5, 1, 4, 2), budgets=(8, 4))
     (second,) = ledger.due()
@@ -144,20 +144,24 @@ class ScriptedClock:
         return next(self.times)
 
 
-def test_the_ledger_reports_the_gap_between_policy_rounds_and_skips_other_forwards() -> None:
-    # round 0: 1.000-1.002 s; round 1 starts 12 ms after it ends; a prefill, then round 2; round 3 after 5 ms
-    clock = ScriptedClock([1.000, 1.002, 1.014, 1.015, 1.100, 1.101, 1.106, 1.108])
-    ledger = RoundLedger(torch.device("cpu"), lag=1, clock=clock)
+def test_the_ledger_reports_the_gap_after_each_round_and_skips_other_forwards() -> None:
+    # round 0: 1.000-1.002 s, round 1 starts 12 ms after it; a prefill, then round 2; round 3 5 ms after round 2
+    clock = ScriptedClock([1.000, 1.002, 1.014, 1.015, 1.100, 1.101, 1.106, 1.108, 1.108, 1.109])
+    ledger = RoundLedger(torch.device("cpu"), lag=2, clock=clock)
     reports = []
     for rid in range(4):
         if rid == 2:
             ledger.interrupt()  # the worker ran a prefill between rounds 1 and 2
+        reports += ledger.due()
         ledger.open()
         ledger.close(rid, 2, _accepts(2, 3, 2))
-        reports += ledger.due()
-    assert [r.round_id for r in reports] == [0, 1, 2, 3]
-    assert [None if r.gap_ms is None else round(r.gap_ms, 3) for r in reports] == [None, 12.0, None, 5.0]
-    assert [round(r.cost_ms or 0, 3) for r in reports] == [2.0, 1.0, 1.0, 2.0]
+    assert [r.round_id for r in reports] == [0, 1]  # lag 2: round 2 reports at round 4's call, round 3 after
+    assert [None if r.gap_ms is None else round(r.gap_ms, 3) for r in reports] == [12.0, None]
+    assert [round(r.cost_ms or 0, 3) for r in reports] == [2.0, 1.0]
+    ledger.open()  # round 4, at once: round 3's gap is 0
+    ledger.close(4, 2, _accepts(2, 3, 2))
+    later = ledger.due()
+    assert [(r.round_id, None if r.gap_ms is None else round(r.gap_ms, 3)) for r in later] == [(2, 5.0), (3, 0.0)]
 
 
 def test_the_ledger_reuses_its_host_rows_without_mixing_rounds() -> None:

@@ -71,7 +71,7 @@ class RoundReport:
     #                                    on a chain round
     smaller: Mapping[int, int] = field(default_factory=dict)  # budget -> what that smaller tree would have
     cost_ms: float | None = None  # the round's device time, the same on every TP rank
-    gap_ms: float | None = None  # from the previous policy round's end to this one's start (None: a forward of
+    gap_ms: float | None = None  # from this round's end to the next policy round's start (None: a forward of
     #                              another kind, a prefill, came between); the same on every TP rank
 
 
@@ -193,7 +193,7 @@ class _Entry:
     row: Tensor  # [2 + len(budgets)] int64 on the host (pinned on CUDA; filled when `end` completes)
     start: Any  # CUDA event, or the host clock
     end: Any
-    after: Any  # the previous policy round's end (None: the first, or another forward came between)
+    next_start: Any = None  # the next policy round's start (None: not yet, or another forward came between)
 
 
 class RoundLedger:
@@ -207,10 +207,11 @@ class RoundLedger:
     call per `due()` (the ranks call it at the same rounds: a fixed lag, not `query()`). On a CPU the host's
     clock (`clock`, seconds) stands in for the events.
 
-    Each report also carries the gap from the previous policy round's end event to its start event: the
-    scheduler's work between two decode rounds, which the policy adds to every shape's cost. `interrupt()` (any
-    forward that is not a policy round: a prefill, a DFLASH round for a sampling batch) makes the next round's
-    gap unknown rather than count that forward as overhead."""
+    Each report also carries the gap from its round's end event to the next policy round's start event: the
+    scheduler's work on the round's output and the next batch, which the policy adds to the shape's cost.
+    `interrupt()` (any forward that is not a policy round: a prefill, a DFLASH round for a sampling batch) leaves
+    the last round's gap unknown rather than count that forward as its overhead. Gaps need `lag >= 2` (a round's
+    report waits for the next round's start); with `lag == 1` they are None."""
 
     def __init__(
         self,
@@ -228,13 +229,13 @@ class RoundLedger:
         self._rows = torch.zeros((ring, width), dtype=torch.int64, pin_memory=self.cuda)
         self._next_row = 0
         self._open: Any = None
-        self._last_end: Any = None
+        self._last: _Entry | None = None  # the latest closed round, until the next round opens
         self._entries: deque[_Entry] = deque()
         self.reads = 0  # reports returned so far
 
     def interrupt(self) -> None:
-        """A forward that is not a policy round ran: the next round has no gap to measure."""
-        self._last_end = None
+        """A forward that is not a policy round ran: the latest round's gap is not measured."""
+        self._last = None
 
     def open(self) -> None:
         if self.cuda:
@@ -242,6 +243,9 @@ class RoundLedger:
             self._open.record()
         else:
             self._open = self.clock()
+        if self._last is not None:  # no other forward since the latest round: its gap ends here
+            self._last.next_start = self._open
+            self._last = None
 
     def close(self, round_id: int, batch_size: int, accepts: Tensor, budgets: Sequence[int] = ()) -> None:
         """accepts: [bs, 2 + len(budgets)] (`round_accepts`, or a chain round's committed lengths twice)."""
@@ -256,8 +260,8 @@ class RoundLedger:
             end.record()
         else:
             end = self.clock()
-        self._entries.append(_Entry(round_id, batch_size, tuple(budgets), row, self._open, end, self._last_end))
-        self._last_end = end
+        self._entries.append(_Entry(round_id, batch_size, tuple(budgets), row, self._open, end))
+        self._last = self._entries[-1]
 
     def due(self) -> list[RoundReport]:
         out: list[_Entry] = []
@@ -268,12 +272,14 @@ class RoundLedger:
         costs, gaps = [], []
         for e in out:
             if self.cuda:
-                e.end.synchronize()  # `lag` rounds old: complete already (and `after` is older)
+                e.end.synchronize()  # `lag` rounds old: complete already (and next_start, a round younger, too)
                 costs.append(float(e.start.elapsed_time(e.end)))
-                gaps.append(-1.0 if e.after is None else float(e.after.elapsed_time(e.start)))
+                if e.next_start is not None:
+                    e.next_start.synchronize()
+                gaps.append(-1.0 if e.next_start is None else float(e.end.elapsed_time(e.next_start)))
             else:
                 costs.append((e.end - e.start) * 1e3)
-                gaps.append(-1.0 if e.after is None else (e.start - e.after) * 1e3)
+                gaps.append(-1.0 if e.next_start is None else (e.next_start - e.end) * 1e3)
         if self.reduce_max is not None:  # -1 (no gap) stays -1: the ranks interrupt at the same rounds
             both = self.reduce_max(torch.tensor(costs + gaps, dtype=torch.float64)).tolist()
             costs, gaps = both[: len(out)], both[len(out) :]
