@@ -11,8 +11,9 @@ Estimate of a shape in a bucket: accepted tokens per request-round (EWMA) / ms p
 batch's committed tokens per ms. The ms are the shape's round (EWMA) plus the shape's gap after its rounds, to
 the next decode round's start (EWMA; the scheduler's work on the round's output and the next batch, which may
 depend on the shape; a shape whose gap is not measured yet borrows the mean of the bucket's others). Without the
-gap, small models chose wrong: on the H200's 5 M-parameter pairs a round took 0.3-0.9 ms of an iteration of
-9-13 ms, so per ms of round the cheapest round always looked best.
+gap the cheaper round wins too often: on the H200's dense pair at batch 1, tree15's round was 4.87 ms of a
+6.20 ms iteration and DFLASH's whole iteration 4.79 ms; on rounds alone the chain looked 7.6% better, counting
+the gaps the two are even (measured: the tree 1.03x), and the policy had left the tree.
 The bucket's current shape changes only when another shape's estimate beats it
 by more than `margin`, not before the bucket's `first_dwell`-th round, and then at most once per `dwell` rounds
 of that bucket (hysteresis). A seeded RNG picks a few
