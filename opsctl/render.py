@@ -143,6 +143,17 @@ def server_options(host: Host, service: Service, secrets: Secrets = Secrets.MASK
     return options
 
 
+def _tree_without_chain_rounds(service: Service) -> bool:
+    """A tree service whose policy never runs DFLASH's chain rounds (off, or pinned to a tree). With `auto` or
+    `chain` the chain rounds read DFLASH's greedy head: folded into the drafter's graph, as in the H200 run where
+    the policy came within 1.4% of the best shape at every batch size (dev/sglang_gpu/cost_bench.py renders no
+    eager sampler); eager, the chain rounds run it outside the graph."""
+    if service.mode is not Mode.TREE:
+        return False
+    policy = service.ddtree.policy
+    return policy.mode is PolicyMode.OFF or (policy.mode is PolicyMode.PINNED and bool(policy.pinned_budget))
+
+
 def server_env(host: Host, service: Service, release_dir: str) -> list[tuple[str, str]]:
     env: list[tuple[str, str]] = [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in service.gpus))]
     path = f"{host.venv}/bin:{SYSTEM_PATH}"
@@ -156,7 +167,7 @@ def server_env(host: Host, service: Service, release_dir: str) -> list[tuple[str
         ("SGLANG_CACHE_DIR", f"{layout.SGLANG_CACHE_ROOT}/{service.name}"),
         ("HF_HUB_OFFLINE", "1"),
     ]
-    if service.engine is Engine.SGLANG and service.mode in (Mode.SHADOW, Mode.TREE):
+    if service.engine is Engine.SGLANG and (service.mode is Mode.SHADOW or _tree_without_chain_rounds(service)):
         # Shadow reads DFLASH's per-position draft distributions, which SGLang only keeps with the eager draft
         # sampler. Tree builds its trees from the drafter's hidden states: a drafter CUDA graph with DFLASH's
         # greedy head folded in computes that head every round for nothing (0.6-0.8 ms per round on an H200,

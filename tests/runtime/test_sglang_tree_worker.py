@@ -128,5 +128,6 @@ def test_plan_round_in_a_wide_window_keeps_depth_within_the_block() -> None:
 
 def test_a_folded_draft_head_is_named_with_the_variable_that_leaves_it_out() -> None:
     assert folded_draft_head_warning(None) == ""  # eager sampler, or no drafter CUDA graphs
+    assert folded_draft_head_warning(object(), runs_chain_rounds=True) == ""  # a policy's chain rounds read it
     warning = folded_draft_head_warning(object())  # SGLang's _DflashDraftSampler, captured with the drafter
     assert "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1" in warning and "unused" in warning

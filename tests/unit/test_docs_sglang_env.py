@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
-from opsctl.inventory.load import load_inventory
+from opsctl.inventory.load import _policy, load_inventory
 from opsctl.render import server_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,11 +21,26 @@ def test_rendered_for_sglang_shadow_and_tree_only(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("OPSCTL_GOLDEN_KEY", "k")
     host = load_inventory(GOLDEN).hosts[0]
     rendered = {svc.name: dict(server_env(host, svc, "/r")).get(VAR) for svc in host.services}
-    assert {name for name, value in rendered.items() if value == "1"} == {"sgl-shadow", "sgl-tree"}
+    assert host.service("sgl-tree").ddtree.policy.text == "auto"  # the golden tree runs the policy: no eager head
+    assert {name for name, value in rendered.items() if value == "1"} == {"sgl-shadow"}
 
 
 def test_the_doc_agrees() -> None:
     text = " ".join((ROOT / "docs" / "sglang.md").read_text().split())
     sentences = [s for s in re.split(r"(?<=[.;:)])\s", text) if "eager-sampler" in s or VAR in s]
     assert sentences and not [s for s in sentences if "not needed" in s], "the doc says the variable is not needed"
-    assert f"`{VAR}=1`, rendered for every `sglang` service in `shadow` or `tree` mode" in text
+    rule = "rendered for every `sglang` service in `shadow` or `tree` mode, except tree services whose `ddtree.policy`"
+    assert f"`{VAR}=1`, {rule} is `auto` or `chain`" in text
+
+
+@pytest.mark.parametrize(("policy", "eager"), [("off", True), ("tree8", True), ("auto", False), ("chain", False)])
+def test_tree_services_whose_policy_runs_chain_rounds_keep_the_head_in_the_graph(
+    monkeypatch: pytest.MonkeyPatch, policy: str, eager: bool
+) -> None:
+    monkeypatch.setenv("OPSCTL_GOLDEN_KEY", "k")
+    host = load_inventory(GOLDEN).hosts[0]
+    tree = host.service("sgl-tree")
+    knobs = dataclasses.replace(tree.ddtree, policy=_policy(policy, "p", tree.ddtree.budget))
+    env = dict(server_env(host, dataclasses.replace(tree, ddtree=knobs), "/r"))
+    assert (env.get(VAR) == "1") is eager
+    assert env.get("DDTREE_POLICY", "off") == policy

@@ -52,7 +52,7 @@ def test_modes_render_the_right_flags(golden_inventory) -> None:
     assert "DDTREE_VERIFY=shadow\n" in render_service(host, host.service("ref-shadow"), "r").env
     assert "DDTREE_" not in render_service(host, host.service("sgl-linear"), "r").env
     assert "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1" in render_service(host, host.service("sgl-shadow"), "r").env
-    assert "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1" in render_service(host, host.service("sgl-tree"), "r").env
+    assert "SGLANG_DFLASH_EAGER" not in render_service(host, host.service("sgl-tree"), "r").env  # policy auto
     assert "SGLANG_DFLASH_EAGER" not in render_service(host, host.service("sgl-linear"), "r").env
     assert "SGLANG_DFLASH_EAGER" not in render_service(host, host.service("ref-shadow"), "r").env
 

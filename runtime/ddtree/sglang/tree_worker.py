@@ -249,12 +249,13 @@ def cost_max(head: HeadShard) -> Callable[[Tensor], Tensor] | None:
     return reduce
 
 
-def folded_draft_head_warning(draft_sampler: Any) -> str:
+def folded_draft_head_warning(draft_sampler: Any, runs_chain_rounds: bool = False) -> str:
     """A warning when DFLASH's greedy draft head is folded into the drafter's CUDA graph ("" otherwise). A tree
     round builds its trees from the drafter's hidden states and never reads that head's tokens, so every replay
     computes it for nothing: 0.6-0.8 ms of a round at Qwen3-8B's shapes on an H200 (docs/sglang.md, "Cost at
-    real shapes"). SGLang folds it in unless SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1 (opsctl renders it)."""
-    if draft_sampler is None:
+    real shapes"). SGLang folds it in unless SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1 (opsctl renders it, except for a
+    shape policy that runs DFLASH's chain rounds: those read the head, so no warning then)."""
+    if draft_sampler is None or runs_chain_rounds:
         return ""
     return (
         "DDTREE tree: DFLASH's greedy draft head is folded into the drafter's CUDA graph and runs every round "
@@ -460,7 +461,10 @@ def tree_worker_class() -> type:
             """After the target's attention backend and CUDA graphs exist (SGLang initializes the target's before
             the draft worker's): decide how a hybrid target is verified, then log the DDTREE init line."""
             super().init_cuda_graphs()
-            folded = folded_draft_head_warning(self._draft_sampler)
+            glue = self._ddtree_glue
+            setting = glue.policy.setting
+            runs_chain = glue.enabled and (setting.pinned is None or setting.pinned.is_chain)  # auto, or chain
+            folded = folded_draft_head_warning(self._draft_sampler, runs_chain)
             if folded and self._ddtree_rank == 0:
                 logger.warning(folded)
             graphs = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None) is not None
