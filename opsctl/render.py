@@ -184,6 +184,8 @@ def server_env(host: Host, service: Service, release_dir: str) -> list[tuple[str
         ]
         if knobs.selfcheck_every and service.engine is Engine.SGLANG and service.mode is Mode.TREE:
             env.append(("DDTREE_SELFCHECK_EVERY", str(knobs.selfcheck_every)))
+        if knobs.round_graphs_max_bs is not None and service.engine is Engine.SGLANG and service.mode is Mode.TREE:
+            env.append(("DDTREE_ROUND_GRAPHS_MAX_BS", str(knobs.round_graphs_max_bs)))
         if knobs.policy.mode is not PolicyMode.OFF and service.mode is Mode.TREE:  # off: the runtime's default
             env.append(("DDTREE_POLICY", knobs.policy.text))
     env += list(service.extra_env)

@@ -360,7 +360,8 @@ def _detect_hybrid(local_source: str | None, dest: str) -> bool:
 
 
 def _ddtree(value: Any, path: str) -> DDTreeKnobs:
-    d = s.mapping(value, path, {"budget", "topk", "allow_hybrid_unsafe", "log_interval", "selfcheck_every", "policy"})
+    keys = {"budget", "topk", "allow_hybrid_unsafe", "log_interval", "selfcheck_every", "policy", "round_graphs_max_bs"}
+    d = s.mapping(value, path, keys)
     base = DDTreeKnobs()
     budget = s.integer(d.get("budget", base.budget), f"{path}.budget", 1, 1024)
     return DDTreeKnobs(
@@ -372,6 +373,11 @@ def _ddtree(value: Any, path: str) -> DDTreeKnobs:
             d.get("selfcheck_every", base.selfcheck_every), f"{path}.selfcheck_every", 0, 1_000_000
         ),
         policy=_policy(d.get("policy", base.policy.text), f"{path}.policy", budget),
+        round_graphs_max_bs=(
+            None
+            if d.get("round_graphs_max_bs") is None
+            else s.integer(d["round_graphs_max_bs"], f"{path}.round_graphs_max_bs", 0, 1024)
+        ),
     )
 
 
@@ -486,6 +492,11 @@ def _service(
     if knobs.selfcheck_every and not (service.engine is Engine.SGLANG and service.mode is Mode.TREE):
         warnings.append(
             f"{path}.ddtree.selfcheck_every has no effect: the self-check is part of SGLang's tree mode "
+            f"(this service: engine {service.engine.value}, mode {service.mode.value})"
+        )
+    if knobs.round_graphs_max_bs is not None and not (service.engine is Engine.SGLANG and service.mode is Mode.TREE):
+        warnings.append(
+            f"{path}.ddtree.round_graphs_max_bs has no effect: it sizes SGLang's tree-mode round graphs "
             f"(this service: engine {service.engine.value}, mode {service.mode.value})"
         )
     if knobs.policy.mode is not PolicyMode.OFF and service.mode is not Mode.TREE:

@@ -112,6 +112,7 @@ class DDTreeKnobs:
     allow_hybrid_unsafe: bool = False  # permit flat-order tree verify on hybrid targets (inexact; loud)
     log_interval: int = 50  # rounds between DDTREE metrics lines
     selfcheck_every: int = 0  # SGLang tree mode: re-verify every Nth round's paths as chains (0: off)
+    round_graphs_max_bs: int | None = None  # SGLang tree mode on CUDA: plan/commit graphs up to this batch size
     policy: DDTreePolicy = field(
         default_factory=lambda: DDTreePolicy()
     )  # tree mode: each round's shape (off: the configured tree)

@@ -293,6 +293,25 @@ def test_selfcheck_renders_for_sglang_tree_and_warns_where_it_does_nothing(tmp_p
     assert result.exit_code == 1 and "selfcheck_every" in result.stderr
 
 
+def test_round_graphs_max_bs_renders_for_sglang_tree_and_is_validated_whole(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    tree = with_key(GOOD_SERVICE.replace("linear", "tree"), "ddtree: {budget: 7, round_graphs_max_bs: 32}")
+    inv.write_text(host(svc(body=tree)))
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0 and "has no effect" not in result.stderr, result.stderr
+    assert "DDTREE_ROUND_GRAPHS_MAX_BS=32\n" in next((tmp_path / "out").rglob("env")).read_text()
+    inv.write_text(host(svc(body=with_key(GOOD_SERVICE, "ddtree: {round_graphs_max_bs: 32}"))))  # linear
+    result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "out2"))
+    assert result.exit_code == 0 and "ddtree.round_graphs_max_bs has no effect" in result.stderr
+    assert "DDTREE_ROUND_GRAPHS_MAX_BS" not in next((tmp_path / "out2").rglob("env")).read_text()
+    for bad in ("-1", "2000", "true", '"32"', '"32\\n"', "[32]"):
+        body = with_key(GOOD_SERVICE.replace("linear", "tree"), f"ddtree: {{budget: 7, round_graphs_max_bs: {bad}}}")
+        inv.write_text(host(svc(body=body)))
+        result = run_cli("render", "-i", str(inv), "--out", str(tmp_path / "bad"))
+        assert result.exit_code == 1 and "ddtree.round_graphs_max_bs" in result.stderr, (bad, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_a_dense_sglang_tree_keeps_cuda_graphs_on_triton_only(tmp_path: Path) -> None:
     """Its verify graphs read the tree mask on triton (ddtree.sglang.graph_masks); another attention backend's
     graphs would verify the tree causally, so that one renders eager. Other modes keep SGLang's CUDA graphs."""
