@@ -453,7 +453,7 @@ def test_ddtree_tree_policy_switches_shape_mid_request_and_keeps_the_baseline_to
     assert all(span == "1" for span, _, _ in notes), notes  # the one request's rounds
     lines = metrics_lines(log)
     assert lines and all(fields["policy"] == "auto" for fields in lines), log[-4000:]
-    assert list(lines[-1])[-6:] == ["policy", "shape", "choice", "est", "switches", "probes"]
+    assert list(lines[-1])[-7:] == ["policy", "shape", "choice", "est", "switches", "probes", "gap"]
     assert int(lines[-1]["switches"]) >= 2 and int(lines[-1]["probes"]) >= 1
     print("\n".join(m.group(0) for m in METRICS.finditer(log)))
 
