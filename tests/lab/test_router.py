@@ -366,7 +366,8 @@ def test_canary_rolls_back_a_release_whose_tokens_differ(router_inventory: Path,
 def test_canary_rolls_back_a_much_slower_release(router_inventory: Path, tmp_path: Path) -> None:
     """Same mode (no replay), but lab1/ref's release sleeps 1 s before every decode round's tokens: its
     inter-token latency falls far behind the old group's, and it is rolled back by itself (run 4: ITL p95
-    3.58x; 300 ms was within this loaded machine's noise in run 2: 2.05x, promoted). The client runs at
+    3.58x; 300 ms was within this loaded machine's noise in run 2: 2.05x, promoted; a loaded CI run: 1.63x,
+    so the rule here is 1.3x). The client runs at
     1 request/s here: the reference server answers one request at a time, and at 10/s the slowed canary's
     queue would outgrow the client's timeout before the window closes."""
     router = f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}"
@@ -374,7 +375,9 @@ def test_canary_rolls_back_a_much_slower_release(router_inventory: Path, tmp_pat
 
     def slowed(doc: dict[str, Any]) -> None:
         _with_canary(doc)
-        doc["routers"]["front"]["canary"].update(window=20, min_requests=5, max_itl_ratio=3, min_tok_s_ratio=0.5)
+        # ITL p95 within 1.3x: the old group's own p95 rises with the machine's load (360 ms in a loaded CI
+        # run, where 1 s per round gave the canary only 1.63x and a 3x rule promoted it; its p50 was 5.75x)
+        doc["routers"]["front"]["canary"].update(window=20, min_requests=5, max_itl_ratio=1.3, min_tok_s_ratio=0.5)
         service(doc, "lab1", "ref")["extra_env"] = {"OPSCTL_FAULT_DELAY_MS": "1000"}
 
     slow_inv = derived_inventory(tmp_path / "slowed.yaml", slowed)
