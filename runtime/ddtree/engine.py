@@ -334,11 +334,11 @@ class ReferenceEngine:
         held: _HeldRound | None = None
         try:
             while True:
-                decision = self.policy.decide(1) if self.policy is not None else None
                 t0 = self._now()
-                if held is not None:
+                if held is not None:  # before the decision, as when rounds were observed at once
                     self._observe(held, depth, gap_ms=(t0 - held.end) * 1e3)
                     held = None
+                decision = self.policy.decide(1) if self.policy is not None else None
                 lp = self.drafter.draft(DraftRequest(committed, features, bonus))  # [D, V]
                 t1 = self._now()
                 tree, stats_tree = self._make_tree(lp, bonus, depth, decision.shape if decision else None)
