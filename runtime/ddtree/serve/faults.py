@@ -1,10 +1,11 @@
 """Test faults for the lab: a server that is slower, or answers other tokens than it computed, on purpose.
 
 A canary's lab test needs a release that is bad in one known way and fine in every other. The faults are
-asked for by the service's environment (`DELAY_ENV`: milliseconds slept before every decode round's tokens;
-`FLIP_ENV=1`: every output token id with its lowest bit flipped) and are armed only while the file `MARKER`
-exists when the worker starts, which no production host has: an environment alone does nothing. Decided
-once at start; unarmed, the engine's stream is used as it is.
+asked for by the service's environment (`DELAY_ENV`: milliseconds slept inside every decode round, in the
+target's decode or verify forward, so that the engine's own round timings and DDTREE tok/s see it as they
+would a slow flag; `FLIP_ENV=1`: every output token id with its lowest bit flipped) and are armed only while
+the file `MARKER` exists when the worker starts, which no production host has: an environment alone does
+nothing. Decided once at start; unarmed, the engine and its stream are used as they are.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("ddtree.serve")
 
@@ -25,9 +26,19 @@ FLIP_ENV = "OPSCTL_FAULT_FLIP"
 StreamFn = Callable[..., Iterator[Sequence[int]]]
 
 
+class _Runner(Protocol):
+    decode: Callable[..., Any]  # baseline's round
+    verify: Callable[..., Any]  # a speculative round's target forward
+
+
+class _Engine(Protocol):
+    runner: _Runner
+    stream: StreamFn
+
+
 @dataclass(frozen=True)
 class Faults:
-    delay_s: float = 0.0  # slept before each decode round's tokens (not the prefill's first token)
+    delay_s: float = 0.0  # slept in each decode round's target forward (not the prefill's)
     flip: bool = False
 
     @property
@@ -46,28 +57,39 @@ def from_env(environ: Mapping[str, str], armed: bool) -> Faults:
     return Faults(delay_ms / 1000, environ.get(FLIP_ENV, "") == "1")
 
 
-def wrap(stream: StreamFn, faults: Faults, sleep: Callable[[float], None] = time.sleep) -> StreamFn:
-    if not faults.any:
-        return stream
+def slow_rounds(runner: _Runner, delay_s: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Every decode round's target forward of `runner` takes `delay_s` longer (the prefill's does not)."""
 
-    def faulty(*args: Any, **kwargs: Any) -> Iterator[Sequence[int]]:
-        for i, chunk in enumerate(stream(*args, **kwargs)):
-            if i > 0 and faults.delay_s:
-                sleep(faults.delay_s)
-            yield [int(t) ^ 1 for t in chunk] if faults.flip else chunk
+    def slowed(forward: Callable[..., Any]) -> Callable[..., Any]:
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            sleep(delay_s)
+            return forward(*args, **kwargs)
 
-    return faulty
+        return slow
+
+    runner.decode = slowed(runner.decode)
+    runner.verify = slowed(runner.verify)
 
 
-def for_worker(stream: StreamFn, environ: Mapping[str, str] | None = None, marker: str = MARKER) -> StreamFn:
+def flip_tokens(stream: StreamFn) -> StreamFn:
+    def flipped(*args: Any, **kwargs: Any) -> Iterator[Sequence[int]]:
+        for chunk in stream(*args, **kwargs):
+            yield [int(t) ^ 1 for t in chunk]
+
+    return flipped
+
+
+def for_worker(engine: _Engine, environ: Mapping[str, str] | None = None, marker: str = MARKER) -> StreamFn:
     """The stream the worker runs: the engine's, or with the armed faults (logged as a warning)."""
     env = os.environ if environ is None else environ
     if DELAY_ENV not in env and FLIP_ENV not in env:
-        return stream
+        return engine.stream
     faults = from_env(env, os.path.exists(marker))
-    if faults.any:
-        log.warning("TEST FAULTS ARMED (%s exists): delay %.0f ms a round, flip %s", marker, faults.delay_s * 1000,
-                    faults.flip)  # fmt: skip
-    else:
+    if not faults.any:
         log.info("test faults asked for but not armed (%s absent): serving normally", marker)
-    return wrap(stream, faults)
+        return engine.stream
+    log.warning("TEST FAULTS ARMED (%s exists): delay %.0f ms a round, flip %s", marker, faults.delay_s * 1000,
+                faults.flip)  # fmt: skip
+    if faults.delay_s:
+        slow_rounds(engine.runner, faults.delay_s)
+    return flip_tokens(engine.stream) if faults.flip else engine.stream

@@ -96,7 +96,7 @@ class AppState:
                 ids = list(tok.encode("The capital of France is", add_special_tokens=False)) or [0]
                 engine.generate(ids, max_new_tokens=2, temperature=0.0)
                 log.info("Warmup done. took %.2f s", time.monotonic() - t1)
-            worker = EngineWorker(faults.for_worker(engine.stream), self.stats)
+            worker = EngineWorker(faults.for_worker(engine), self.stats)
             worker.start()
             self.loaded = Loaded(engine, tok, worker, stops, str(getattr(engine, "hybrid", "none")))
             if self.phase is Phase.STARTING:
