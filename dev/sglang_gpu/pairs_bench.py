@@ -10,9 +10,10 @@ Run through `bash dev/sglang_gpu/run.sh pairs` (SGLang's wheels, the runtime and
    by hand (no systemd here): its rendered ExecStart with the rendered EnvironmentFile, the venv's python and
    the release dir swapped for this host's, all services at once on the one GPU (`--mem-fraction`);
 3. greedy check: every held-out prompt (token ids) through each speculative service's native /generate, all
-   services at once, compared with the baseline's tokens; a first difference is a near-tie when the
-   baseline's top-2 logprob gap there is below `--tie-margin` (bf16) and the service took the baseline's
-   runner-up; every first difference keeps the baseline's top-2 and the service's (re-scored) top-2;
+   services at once, compared with the baseline's tokens; a first difference is a near-tie when the token the
+   service took is in the baseline's top-5 there within `--tie-margin` (bf16) of its best (exact ties in any
+   order, three-way ties included); every first difference keeps the baseline's top-2 and the service's
+   (re-scored) top-2;
 4. `opsctl.bench.load.bench_levels` (what `opsctl bench --concurrency` runs) per service, one service at a time,
    every service greedy first, then linear / tree / tree-policy at temperature 1; each level keeps a summary
    of its slice of the server's log (`summarize_window`: DDTREE phase timings, Decode batch lines, policy
@@ -317,7 +318,8 @@ def generate(base: str, prompt: str | list[int], new_tokens: int, logprobs: bool
     body: dict[str, Any] = {"input_ids" if isinstance(prompt, list) else "text": prompt}
     body["sampling_params"] = {"temperature": 0, "max_new_tokens": new_tokens}
     if logprobs:
-        body |= {"return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True}
+        # top-5: at a 3-way bf16 tie the service's token may be the third
+        body |= {"return_logprob": True, "top_logprobs_num": 5, "return_text_in_logprobs": True}
     response = httpx.post(f"{base}/generate", json=body, timeout=300)
     response.raise_for_status()
     out: dict[str, Any] = response.json()
@@ -343,18 +345,24 @@ def top2_gap(ranked: list[list[Any]]) -> float | None:
     return round(ranked[0][0] - ranked[1][0], 4) if len(ranked) > 1 else None
 
 
+def gap_to(ranked: list[list[Any]], token: int) -> float | None:
+    """The baseline's best logprob minus its logprob of `token` (None when `token` is not in its top list)."""
+    mine = next((e[0] for e in ranked if e[1] == token), None)
+    return None if mine is None or not ranked else round(ranked[0][0] - mine, 4)
+
+
 def first_difference(
     ref: list[int], out: list[int], ref_top: list[list[list[Any]]], margin: float
 ) -> tuple[str, int | None]:
-    """-> (row, position): "equal"; "tie@P(gap)" when the baseline's top-2 gap at the first difference P is
-    below `margin` and the service took the baseline's runner-up; else "DIFF@P" (P: the shorter length when
-    one output is a prefix of the other)."""
+    """-> (row, position): "equal"; "tie@P(gap)" when, at the first difference P, the token the service took is
+    within `margin` of the baseline's best logprob (its gap to it shown; at an exact tie 0.000, whichever
+    order SGLang listed the tied tokens in); else "DIFF@P" (P: the shorter length when one output is a prefix
+    of the other)."""
     at = next((i for i, (a, b) in enumerate(zip(ref, out, strict=False)) if a != b), None)
     if at is None:
         return ("equal", None) if len(ref) == len(out) else (f"DIFF@{min(len(ref), len(out))}", None)
-    top = ref_top[at] if at < len(ref_top) else []
-    gap = top2_gap(top)
-    if gap is not None and gap < margin and out[at] == top[1][1]:
+    gap = gap_to(ref_top[at], out[at]) if at < len(ref_top) else None
+    if gap is not None and gap < margin:
         return f"tie@{at}({gap:.3f})", at
     return f"DIFF@{at}", at
 

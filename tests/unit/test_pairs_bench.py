@@ -103,6 +103,10 @@ def test_first_difference_verdicts() -> None:
     assert bench.first_difference(ref, [10, 21, 30], REF_TOP, 0.5) == ("tie@1(0.030)", 1)
     assert bench.first_difference(ref, [10, 20, 31], REF_TOP, 0.5) == ("DIFF@2", 2)  # gap 1.8
     assert bench.first_difference(ref, [10, 20], REF_TOP, 0.5) == ("DIFF@2", None)  # a prefix: no position
+    # an exact bf16 tie listed with the service's token first: still a near-tie (was read as DIFF)
+    tied = [REF_TOP[0], [[-0.70, 21, "d"], [-0.70, 20, "c"]], REF_TOP[2]]
+    assert bench.first_difference(ref, [10, 21, 30], tied, 0.5) == ("tie@1(0.000)", 1)
+    assert bench.first_difference(ref, [10, 22, 30], tied, 0.5) == ("DIFF@1", 1)  # not in the baseline's top
 
 
 def test_difference_record_keeps_both_top2() -> None:
