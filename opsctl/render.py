@@ -182,9 +182,9 @@ def server_env(host: Host, service: Service, release_dir: str) -> list[tuple[str
             ("DDTREE_ALLOW_HYBRID_UNSAFE", "1" if knobs.allow_hybrid_unsafe else "0"),
             ("DDTREE_LOG_INTERVAL", str(knobs.log_interval)),
         ]
-        if knobs.selfcheck_every and service.engine is Engine.SGLANG and service.mode is Mode.TREE:
+        if knobs.selfcheck_every and service.sglang_tree:
             env.append(("DDTREE_SELFCHECK_EVERY", str(knobs.selfcheck_every)))
-        if knobs.round_graphs_max_bs is not None and service.engine is Engine.SGLANG and service.mode is Mode.TREE:
+        if knobs.round_graphs_max_bs is not None and service.sglang_tree:
             env.append(("DDTREE_ROUND_GRAPHS_MAX_BS", str(knobs.round_graphs_max_bs)))
         if knobs.policy.mode is not PolicyMode.OFF and service.mode is Mode.TREE:  # off: the runtime's default
             env.append(("DDTREE_POLICY", knobs.policy.text))

@@ -489,16 +489,16 @@ def _service(
         warnings.append(
             f"{path}.ddtree.allow_hybrid_unsafe has no effect: sglang's tree verify on a hybrid target is exact"
         )
-    if knobs.selfcheck_every and not (service.engine is Engine.SGLANG and service.mode is Mode.TREE):
-        warnings.append(
-            f"{path}.ddtree.selfcheck_every has no effect: the self-check is part of SGLang's tree mode "
-            f"(this service: engine {service.engine.value}, mode {service.mode.value})"
-        )
-    if knobs.round_graphs_max_bs is not None and not (service.engine is Engine.SGLANG and service.mode is Mode.TREE):
-        warnings.append(
-            f"{path}.ddtree.round_graphs_max_bs has no effect: it sizes SGLang's tree-mode round graphs "
-            f"(this service: engine {service.engine.value}, mode {service.mode.value})"
-        )
+    sglang_tree_only = (
+        ("selfcheck_every", bool(knobs.selfcheck_every), "the self-check is part of SGLang's tree mode"),
+        ("round_graphs_max_bs", knobs.round_graphs_max_bs is not None, "it sizes SGLang's tree-mode round graphs"),
+    )
+    for key, set_here, why in sglang_tree_only:
+        if set_here and not service.sglang_tree:
+            warnings.append(
+                f"{path}.ddtree.{key} has no effect: {why} "
+                f"(this service: engine {service.engine.value}, mode {service.mode.value})"
+            )
     if knobs.policy.mode is not PolicyMode.OFF and service.mode is not Mode.TREE:
         warnings.append(
             f"{path}.ddtree.policy has no effect: it chooses tree mode's round shapes "

@@ -161,16 +161,21 @@ class Service:
         )
 
     @property
+    def sglang_tree(self) -> bool:
+        """SGLang's tree worker verifies trees: what the self-check and the round graphs belong to."""
+        return self.engine is Engine.SGLANG and self.mode is Mode.TREE
+
+    @property
     def sglang_hybrid_tree(self) -> bool:
         """SGLang tree verify on a hybrid target: exact through SGLang's GDN tree kernels, replayed from the
         target's verify CUDA graphs like DFLASH's (ddtree.sglang.hybrid_graphs; docs/sglang.md)."""
-        return self.engine is Engine.SGLANG and self.mode is Mode.TREE and self.model.hybrid
+        return self.sglang_tree and self.model.hybrid
 
     @property
     def sglang_wide_tree(self) -> bool:
         """SGLang tree verify of more nodes than the drafter's block holds: verified in the 2 * block window
         DFLASH reserves, a shape SGLang's verify CUDA graphs are not captured for (docs/sglang.md)."""
-        return self.engine is Engine.SGLANG and self.mode is Mode.TREE and self.ddtree.budget > SGLANG_DRAFT_BLOCK - 1
+        return self.sglang_tree and self.ddtree.budget > SGLANG_DRAFT_BLOCK - 1
 
     @property
     def sglang_eager_verify(self) -> bool:

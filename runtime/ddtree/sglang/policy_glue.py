@@ -100,6 +100,12 @@ class PolicyGlue:
         self._ran: dict[int, Shape] = {}
         self._shown: dict[int, Shape] = {}  # bucket -> the current shape last reported by `switch_note`
 
+    @property
+    def runs_chain_rounds(self) -> bool:
+        """Whether DFLASH's own chain rounds may run for the policy (auto, or pinned to the chain)."""
+        pinned = self.policy.setting.pinned
+        return self.enabled and (pinned is None or pinned.is_chain)
+
     @classmethod
     def from_env(cls, config: DDTreeConfig, env: Mapping[str, str]) -> PolicyGlue:
         return cls(config, test=env.get(TEST_POLICY_KEY, ""))

@@ -461,10 +461,7 @@ def tree_worker_class() -> type:
             """After the target's attention backend and CUDA graphs exist (SGLang initializes the target's before
             the draft worker's): decide how a hybrid target is verified, then log the DDTREE init line."""
             super().init_cuda_graphs()
-            glue = self._ddtree_glue
-            setting = glue.policy.setting
-            runs_chain = glue.enabled and (setting.pinned is None or setting.pinned.is_chain)  # auto, or chain
-            folded = folded_draft_head_warning(self._draft_sampler, runs_chain)
+            folded = folded_draft_head_warning(self._draft_sampler, self._ddtree_glue.runs_chain_rounds)
             if folded and self._ddtree_rank == 0:
                 logger.warning(folded)
             graphs = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None) is not None
