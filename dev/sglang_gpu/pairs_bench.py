@@ -348,7 +348,7 @@ def top2_gap(ranked: list[list[Any]]) -> float | None:
 def gap_to(ranked: list[list[Any]], token: int) -> float | None:
     """The baseline's best logprob minus its logprob of `token` (None when `token` is not in its top list)."""
     mine = next((e[0] for e in ranked if e[1] == token), None)
-    return None if mine is None or not ranked else round(ranked[0][0] - mine, 4)
+    return None if mine is None else round(ranked[0][0] - mine, 4)  # a match means `ranked` is not empty
 
 
 def first_difference(
