@@ -423,7 +423,11 @@ def greedy_check(
             rows.append(row)
             if at is not None:
                 svc_top = rescore(url, prompts[i], out[:at])
-                firsts.append(difference_record(i, row, at, ref, out, top, svc_top))
+                rec = difference_record(i, row, at, ref, out, top, svc_top)
+                # the baseline's whole top-5 there and the service token's gap to its best: a 3-way tie shows
+                rec["base_top5"] = top[at][:5] if at < len(top) else []
+                rec["svc_token_gap"] = gap_to(top[at], out[at]) if at < len(top) else None
+                firsts.append(rec)
         return {
             "equal": rows.count("equal"),
             "ties": sum(r.startswith("tie") for r in rows),

@@ -71,6 +71,182 @@ def ratios(data: dict[str, Any], temp: float = 0.0) -> str:
     return "\n".join(out) + "\n"
 
 
+def _by_c(entry: dict[str, Any] | None, key: str = "tok_s_per_request") -> dict[int, float]:
+    return {lv["concurrency"]: lv[key] for lv in entry["levels"] if lv.get(key)} if entry else {}
+
+
+def baseline_ratios(data: dict[str, Any], temp: float = 0.0) -> str:
+    """Every speculative service over its pair's baseline (the baseline runs greedy only: at temperature 1 the
+    speculative services are compared with the greedy baseline, which says what sampling costs them)."""
+    out = [
+        f"Over the baseline (greedy), tok/s per request, temperature {temp:g}:\n",
+        "| pair | service | " + " | ".join(f"c={c}" for c in CONCURRENCY) + " |",
+        "|---|---" + "|---:" * len(CONCURRENCY) + "|",
+    ]
+    for pair in ("dense", "hybrid"):
+        base = _by_c(data["levels"].get(f"{pair}-base@t0"))
+        if not base:
+            continue
+        for e in data["levels"].values():
+            if e["pair"] != pair or e["temperature"] != temp or variant(e) == "baseline":
+                continue
+            mine = _by_c(e)
+            cells = [f"{mine[c] / base[c]:.2f}x" if mine.get(c) and base.get(c) else "-" for c in CONCURRENCY]
+            out.append(f"| {pair} | {label(e)} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def policy_vs_best(data: dict[str, Any], temp: float = 0.0, within: float = 0.03) -> str:
+    """Issue 29's goal, per pair and level: tree-policy against the better of linear and the best fixed tree
+    (variant `tree`: every plain budget of the run), tok/s per request, in the same run."""
+    out = [
+        f"tree-policy against the best of linear and the fixed trees, tok/s per request, temperature {temp:g}:\n",
+        "| pair | policy | conc. | linear | best fixed tree | best | policy | policy / best | within 3% "
+        "| policy's shapes |",
+        "|---|---|---:|---:|---|---|---:|---:|---|---|",
+    ]
+    for pair in ("dense", "hybrid"):
+        rows = [e for e in data["levels"].values() if e["pair"] == pair and e["temperature"] == temp]
+        linear = _by_c(next((e for e in rows if variant(e) == "linear"), None))
+        trees = [(label(e), _by_c(e)) for e in rows if variant(e) == "tree"]
+        for pol in (e for e in rows if variant(e) == "tree-policy"):
+            mine = _by_c(pol)
+            logs = {lv["concurrency"]: lv.get("log") or {} for lv in pol["levels"]}
+            for c in CONCURRENCY:
+                if not mine.get(c):
+                    continue
+                fixed = max(((t[c], name) for name, t in trees if t.get(c)), default=None)
+                cands = [(v, n) for v, n in ((linear.get(c), "linear"), fixed or (None, "")) if v]
+                if not cands:
+                    continue
+                best, best_name = max(cands)
+                choice = ((logs[c].get("ddtree") or {}).get("policy") or {}).get("choice", "-")
+                ratio = mine[c] / best
+                out.append(
+                    f"| {pair} | {label(pol)} | {c} | {_cell(linear.get(c), 0)} | "
+                    f"{f'{fixed[1]} {fixed[0]:.0f}' if fixed else '-'} | {best_name} | {mine[c]:.0f} | "
+                    f"{ratio:.3f} | {'yes' if ratio >= 1 - within else 'no'} | {choice} |"
+                )
+    return "\n".join(out) + "\n"
+
+
+def iteration_table(data: dict[str, Any], temp: float = 0.0) -> str:
+    """Time per decode iteration per request, from SGLang's `Decode batch` lines of each level: 1000 *
+    accept_len / gen_tok_s ms (an iteration serves `running` requests and yields accept_len tokens each), with
+    the accept length beside it (the baseline's is 1); docs/runtime-perf.md session 12 reads the policy's
+    chain iterations against DFLASH's with it."""
+    out = [
+        f"Decode iteration per request (ms) and accept length, from the Decode batch lines, temperature {temp:g}:\n",
+        "| pair | service | " + " | ".join(f"c={c}" for c in CONCURRENCY) + " |",
+        "|---|---" + "|---:" * len(CONCURRENCY) + "|",
+    ]
+    for e in data["levels"].values():
+        if e["temperature"] != temp:
+            continue
+        cells = []
+        for c in CONCURRENCY:
+            lv = next((x for x in e["levels"] if x["concurrency"] == c), None)
+            dec = ((lv or {}).get("log") or {}).get("decode") or {}
+            gen, acc = dec.get("gen_tok_s"), dec.get("accept_len") or 1.0
+            cells.append(f"{1000 * acc / gen:.2f} ({acc:.2f})" if gen else "-")
+        out.append(f"| {e['pair']} | {label(e)} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def _spread(values: list[float], digits: int = 0, suffix: str = "") -> str:
+    """`median [min-max]` of the runs' values (one run: the value alone)."""
+    if not values:
+        return "-"
+    med = f"{_median(values):.{digits}f}{suffix}"
+    return med if len(values) == 1 else f"{med} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
+
+
+def runs_tables(runs: list[dict[str, Any]], temp: float = 0.0) -> str:
+    """Several runs of the same services (separate JSON files): tok/s per request as the median of the runs with
+    their range, tau, ITL and TTFT medians; then each tree variant over DFLASH and each service over the
+    baseline as the median [range] of the per-run ratios (a ratio is taken within one run, never across)."""
+    names: dict[str, dict[str, Any]] = {}
+    for data in runs:
+        for key, e in data.get("levels", {}).items():
+            if e["temperature"] == temp:
+                names.setdefault(key, e)
+    if not names:
+        return ""
+    head = "| pair | service | runs | " + " | ".join(f"c={c}" for c in CONCURRENCY)
+    out = [f"tok/s per request, temperature {temp:g}: median of the runs [min-max]\n"]
+    out += [
+        head + " | tau | ITL ms c=1 / c=32 | TTFT ms c=1 |",
+        "|---|---|---:" + "|---:" * (len(CONCURRENCY) + 3) + "|",
+    ]
+    for key, e in names.items():
+        got = [d["levels"][key] for d in runs if key in d.get("levels", {})]
+        cells = [_spread([v for g in got if (v := _by_c(g).get(c))]) for c in CONCURRENCY]
+        taus = [lv["tau"] for g in got for lv in g["levels"] if lv.get("tau")]
+        itl1 = [lv["itl_s"] * 1000 for g in got for lv in g["levels"] if lv["concurrency"] == 1]
+        itl32 = [lv["itl_s"] * 1000 for g in got for lv in g["levels"] if lv["concurrency"] == 32]
+        ttft = [lv["ttft_s"] * 1000 for g in got for lv in g["levels"] if lv["concurrency"] == 1]
+        out.append(
+            f"| {e['pair']} | {label(e)} | {len(got)} | " + " | ".join(cells) + f" | {_spread(taus, 2)} | "
+            f"{_spread(itl1, 2)} / {_spread(itl32, 2)} | {_spread(ttft, 1)} |"
+        )
+    for title, ref_key, keep in (
+        ("each tree variant over DFLASH (linear)", f"-linear@t{temp:g}", TREES),
+        ("each service over the greedy baseline", "-base@t0", ("linear", *TREES)),
+    ):
+        out += [
+            f"\nRatios, {title}, temperature {temp:g}: median of the per-run ratios [min-max]\n",
+            "| pair | service | " + " | ".join(f"c={c}" for c in CONCURRENCY) + " |",
+            "|---|---" + "|---:" * len(CONCURRENCY) + "|",
+        ]
+        for key, e in names.items():
+            if not variant(e).startswith(keep):
+                continue
+            cells = []
+            for c in CONCURRENCY:
+                per_run = []
+                for d in runs:
+                    mine, ref = d.get("levels", {}).get(key), d.get("levels", {}).get(e["pair"] + ref_key)
+                    if (a := _by_c(mine).get(c)) and (b := _by_c(ref).get(c)):
+                        per_run.append(a / b)
+                cells.append(_spread(per_run, 2, "x"))
+            out.append(f"| {e['pair']} | {label(e)} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def greedy_runs(runs: list[dict[str, Any]]) -> str:
+    """The greedy checks of several runs: counts per check, and over every first difference the largest gap
+    between the baseline's best log-prob and the token the service took (top-5), and how many of those tokens
+    were not in the baseline's top-2 (three-way ties or wider)."""
+    out = [
+        "| service | checks | prompts | equal | near-ties | differ | largest gap of a taken token | taken token "
+        "outside the baseline's top-2 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    totals: dict[str, list[Any]] = {}
+    for data in runs:
+        for verdicts in data.get("greedy", {}).values():
+            for name, v in verdicts.items():
+                t = totals.setdefault(name, [0, 0, 0, 0, 0, [], 0])
+                if not isinstance(v, dict) or "equal" not in v:
+                    continue
+                t[0] += 1
+                t[1] += len(v["rows"])
+                t[2], t[3], t[4] = t[2] + v["equal"], t[3] + v["ties"], t[4] + v["diffs"]
+                for f in v.get("firsts", []):
+                    if f.get("svc_token_gap") is not None:
+                        t[5].append(f["svc_token_gap"])
+                    t[6] += f["svc_token"] not in [x[1] for x in f["base_top2"]]
+    for name, (checks, prompts, eq, ties, diffs, gaps, outside) in totals.items():
+        gap = f"{max(gaps):.3f}" if gaps else "-"
+        out.append(f"| {name} | {checks} | {prompts} | {eq} | {ties} | {diffs} | {gap} | {outside} |")
+    return "\n".join(out) + "\n"
+
+
 def fmt_top2(top: Any) -> str:
     """[[logprob, id, text], ...] -> `104 'h' -0.031, 32 ' ' -3.500` (text when the server sent it)."""
     if not top:
@@ -194,13 +370,23 @@ def chart(data: dict[str, Any], path: Path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("json", type=Path)
+    p.add_argument("json", type=Path, nargs="+", help="one run; several: the runs' medians and ranges only")
     p.add_argument("--chart", type=Path)
     args = p.parse_args()
-    data = json.loads(args.json.read_text())
+    if len(args.json) > 1:
+        runs = [json.loads(f.read_text()) for f in args.json]
+        for temp in sorted({float(e["temperature"]) for d in runs for e in d.get("levels", {}).values()}):
+            print(runs_tables(runs, temp))
+        print("Greedy checks against the baseline, every run:\n")
+        print(greedy_runs(runs))
+        return 0
+    data = json.loads(args.json[0].read_text())
     print(tables(data))
     for temp in sorted({float(e["temperature"]) for e in data.get("levels", {}).values()}):
         print(ratios(data, temp))
+        print(baseline_ratios(data, temp))
+        print(policy_vs_best(data, temp))
+        print(iteration_table(data, temp))
     print("Greedy check against the baseline:\n")
     print(greedy_summary(data))
     print("First differences of the greedy check (1-based prompt and token):\n")
