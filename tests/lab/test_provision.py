@@ -11,6 +11,7 @@ import json
 import os
 import posixpath
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -266,24 +267,50 @@ def test_corrupted_model_file_is_detected_and_recopied(
     assert (code, body["hosts"][0]["changes"]) == (0, 0)
 
 
-def test_interrupted_copy_leaves_no_partial_model(opsctl: Provision, hosts: dict[str, SshHost]) -> None:
+def _slowed_model_copy(folder: Path, started: Path) -> str:
+    """A PATH whose first `rsync` notes that the model's copy into its staging dir began (the file `started`) and
+    caps that copy at 1 MiB/s, so the 120 MiB model takes about two minutes however fast or loaded the machine is;
+    every other rsync runs unchanged. (The test polled `ps` for the copy instead: under load the copy finished
+    between two polls, and the test failed.)"""
+    real = shutil.which("rsync")
+    assert real is not None
+    folder.mkdir()
+    wrapper = folder / "rsync"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *.opsctl-sync-provtest-target*) : > {shlex.quote(str(started))}; '
+        f'exec {shlex.quote(real)} --bwlimit=1024 "$@";; esac\n'
+        f'exec {shlex.quote(real)} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return f"{folder}:{os.environ['PATH']}"
+
+
+def _staged_bytes(remote: SshHost) -> int:
+    done = remote.run(Cmd.of("sh", "-c", "du -sb /dev/shm/.opsctl-sync-provtest-target 2>/dev/null"), check=False)
+    return int(done.stdout.split()[0]) if done.stdout.strip() else 0
+
+
+def test_interrupted_copy_leaves_no_partial_model(opsctl: Provision, hosts: dict[str, SshHost], tmp_path: Path) -> None:
     lab1 = hosts["lab1"]
     lab1.run(Cmd.of("rm", "-rf", TARGET))
+    started = tmp_path / "copy-started"
     proc = subprocess.Popen(
         opsctl.argv("--host", "lab1"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env=opsctl.env,
+        env={**opsctl.env, "PATH": _slowed_model_copy(tmp_path / "bin", started)},
     )
-    # Ctrl-C (to the whole process group, as a terminal does) as soon as the model's rsync is running
+    # Ctrl-C (to the whole process group, as a terminal does) once the model's copy has begun and written bytes
+    # into the staging dir: a partial model exists there when the interrupt comes
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
-        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-        if any(line.startswith("rsync") and ".opsctl-sync-provtest-target" in line for line in ps.splitlines()):
+        if started.exists() and _staged_bytes(lab1) > 0:
             break
-        time.sleep(0.02)
+        time.sleep(0.1)
     assert proc.poll() is None, "provision finished before the copy could be interrupted"
+    assert started.exists(), "the model copy never started"
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=120) == 130
     assert lab1.run(Cmd.of("test", "-e", TARGET), check=False).exit_code == 1  # no partial model

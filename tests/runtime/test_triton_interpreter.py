@@ -33,6 +33,16 @@ def kernel(x_ptr, out_ptr, N: tl.constexpr, STEPS: tl.constexpr):
         x = step(x, i)
     tl.store(out_ptr + offs, x)
 
+from triton.language import semantic
+
+casts = []  # Triton-level casts built per launch: the overflow check of every integer + - * makes some
+cast = semantic.TritonSemantic.cast
+def counting_cast(self, *args, **kwargs):
+    casts.append(1)
+    return cast(self, *args, **kwargs)
+semantic.TritonSemantic.cast = counting_cast
+slow_np_dtype = interp._get_np_dtype
+
 calls = []
 original = interp._patch_lang
 def counting(fn):
@@ -47,9 +57,11 @@ def run():
     return out
 
 plain = run()
+plain_casts = len(casts)
 before = len(calls)
 assert triton_interpreter.install() and triton_interpreter.install()  # idempotent
 fast = run()
+fast_casts = len(casts) - plain_casts
 after = len(calls) - before
 assert torch.equal(plain, fast), (plain - fast).abs().max()
 where, tensor_add = tl.where, tl.tensor.__add__
@@ -57,6 +69,11 @@ again = run()  # a second launch: the same patches replayed (no getmembers), the
 assert torch.equal(plain, again), (plain - again).abs().max()
 assert tl.where is where and tl.tensor.__add__ is tensor_add  # every patch undone after the launch
 print(before, after, len(calls) - before - after)
+dtypes = [tl.float32, tl.float16, tl.bfloat16, tl.int1, tl.int32, tl.uint8, tl.int64, tl.pointer_type(tl.float32),
+          tl.block_type(tl.float16, [4]), tl.block_type(tl.int32, [2, 8]), tl.block_type(tl.pointer_type(tl.int8), [2])]
+for dt in dtypes * 2:  # the second pass answers from the cache
+    assert interp._get_np_dtype(dt) == slow_np_dtype(dt), dt
+print(plain_casts, fast_casts)
 """
 
 
@@ -69,8 +86,13 @@ def test_device_calls_skip_repatching_and_compute_the_same() -> None:
     }
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    before, after, replayed = map(int, done.stdout.split())
+    launches, checks = done.stdout.splitlines()
+    before, after, replayed = map(int, launches.split())
+    plain_casts, fast_casts = map(int, checks.split())
     assert before == 1 + 4 * 6 * 2  # the launch, then each device call (step, and tl.sigmoid in it) x 4 x 6
     # the launch, and tl.sigmoid's first call (its module sees triton.language.core, which the kernel's does not)
     assert after == 2
     assert replayed == 1  # a later launch replays its patches: only tl.sigmoid's module is patched the slow way
+    # integer + and * (the index math `program_id * N + arange` among them) were checked for int32 overflow, two
+    # casts to int64 each, the result thrown away without `debug`: no longer built; the values above are the same
+    assert plain_casts - fast_casts >= 4 * 2 * 2, (plain_casts, fast_casts)

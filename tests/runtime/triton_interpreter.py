@@ -11,6 +11,14 @@ restored: the enclosing kernel's restore undoes it). Inside a running kernel tho
 (the grid executor patched them before its first program), and the repeated pass finds no builtin left to wrap,
 so skipping it changes no value a kernel computes; it was a quarter of SGLang's hybrid verify on the CPU
 (py-spy: `_getmembers`, `is_builtin`, `_patch_attr`). Installed triton files are never edited.
+
+Two more costs go, each without changing a value or a check (docs/ci.md, "Triton's interpreter"):
+- integer `+`, `-` and `*` built an overflow check (casts to int64, the operation again, two compares, an and) whose
+  only use is a `device_assert`, which Triton drops unless the kernel runs with `debug` (never, here; nor in a
+  compiled kernel on a GPU). Without `debug` the check is now not built: 4 in 10 of SGLang's extend-attention
+  kernel's interpreted time went there.
+- `_get_np_dtype` built a 20-entry dict of numpy dtypes on every call (every cast, splat, load and store): its
+  answers are now looked up once per Triton dtype.
 """
 
 from __future__ import annotations
@@ -21,10 +29,20 @@ from typing import Any
 _active: list[set[int]] = []  # per running kernel (nested grids are possible): ids of the patched modules
 
 
+_ids_of_globals: dict[int, tuple[int, frozenset[int]]] = {}  # id(globals) -> (its size then, the ids)
+
+
 def _lang_ids(fn: Any) -> frozenset[int]:
+    """The ids of triton.language and triton.language.core among `fn`'s globals: looked up once per module (and
+    again if its globals grew), not on every device call."""
     import triton.language as tl
 
-    return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+    space = fn.__globals__
+    seen = _ids_of_globals.get(id(space))
+    if seen is None or seen[0] != len(space):
+        ids = frozenset(id(v) for v in space.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        seen = _ids_of_globals[id(space)] = (len(space), ids)
+    return seen[1]
 
 
 def install() -> bool:
@@ -74,5 +92,42 @@ def install() -> bool:
         return scope
 
     interp._patch_lang = patch_lang
+    _skip_overflow_checks_without_debug()
+    _cache_numpy_dtypes(interp)
     interp._opsctl_fast_device_calls = True
     return True
+
+
+def _skip_overflow_checks_without_debug() -> None:
+    """The overflow check's only effect is `device_assert`, a no-op without `debug` (triton/language/semantic.py
+    `device_assert` returns at once): with `debug` off, skip building it."""
+    from triton.language import semantic
+
+    check = semantic.TritonSemantic.binary_op_sanitize_overflow_impl
+
+    def sanitize_overflow(self: Any, lhs: Any, rhs: Any, binary_op: Any) -> None:
+        if self.builder.options.debug:
+            check(self, lhs, rhs, binary_op)
+
+    semantic.TritonSemantic.binary_op_sanitize_overflow_impl = sanitize_overflow
+
+
+def _cache_numpy_dtypes(interp: Any) -> None:
+    """`_get_np_dtype` maps a Triton dtype (a block's: its element's) to a numpy one; the same answer every time."""
+    import triton.language as tl
+
+    slow = interp._get_np_dtype
+    known: dict[Any, Any] = {}
+
+    def np_dtype(tt_dtype: Any) -> Any:
+        if isinstance(tt_dtype, tl.block_type):
+            tt_dtype = tt_dtype.element_ty  # what the original does with a block (a block of pointers: uint64)
+        if isinstance(tt_dtype, tl.pointer_type):
+            return slow(tt_dtype)
+        try:
+            return known[tt_dtype]
+        except KeyError:
+            known[tt_dtype] = slow(tt_dtype)
+            return known[tt_dtype]
+
+    interp._get_np_dtype = np_dtype
