@@ -42,6 +42,7 @@ def counting_cast(self, *args, **kwargs):
     return cast(self, *args, **kwargs)
 semantic.TritonSemantic.cast = counting_cast
 slow_np_dtype = interp._get_np_dtype
+slow_block_type = tl.block_type.__init__
 
 calls = []
 original = interp._patch_lang
@@ -73,6 +74,20 @@ dtypes = [tl.float32, tl.float16, tl.bfloat16, tl.int1, tl.int32, tl.uint8, tl.i
           tl.block_type(tl.float16, [4]), tl.block_type(tl.int32, [2, 8]), tl.block_type(tl.pointer_type(tl.int8), [2])]
 for dt in dtypes * 2:  # the second pass answers from the cache
     assert interp._get_np_dtype(dt) == slow_np_dtype(dt), dt
+shapes = [(tl.float32, [4, 8]), (tl.int32, tl.tuple([16])), (tl.float16, [tl.constexpr(2), 4]),
+          (tl.pointer_type(tl.int8), [8])]
+for element, shape in shapes * 2:  # the second pass answers from the cache (not the pointer's: unhashable)
+    made, want = tl.block_type(element, shape), object.__new__(tl.block_type)
+    slow_block_type(want, element, shape)
+    assert made == want and (made.shape, made.numel, made.name) == (want.shape, want.numel, want.name), shape
+# refused as before, however often asked; a builtin tuple too (`tuple` in triton's isinstance is its own)
+for bad in ([3], [], [0, 4], (4, 8)) * 2:
+    try:
+        tl.block_type(tl.float32, bad)
+    except (AssertionError, TypeError, ValueError):
+        pass
+    else:
+        raise AssertionError(f"block_type accepted {bad}")
 print(plain_casts, fast_casts)
 """
 

@@ -19,6 +19,10 @@ Two more costs go, each without changing a value or a check (docs/ci.md, "Triton
   kernel's interpreted time went there.
 - `_get_np_dtype` built a 20-entry dict of numpy dtypes on every call (every cast, splat, load and store): its
   answers are now looked up once per Triton dtype.
+- every operation builds its result's `block_type`, whose shape is a `triton.language.tuple` (typed, named,
+  validated) built anew each time: a block type's shape, size and name are now computed once per (element type,
+  shape) and shared (nothing in triton changes a block type's shape in place). The hybrid target's tree run
+  7% faster (Gated DeltaNet's verify kernel builds them in every step of its token loop).
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ def install() -> bool:
     interp._patch_lang = patch_lang
     _skip_overflow_checks_without_debug()
     _cache_numpy_dtypes(interp)
+    _cache_block_types()
     interp._opsctl_fast_device_calls = True
     return True
 
@@ -131,3 +136,32 @@ def _cache_numpy_dtypes(interp: Any) -> None:
             return known[tt_dtype]
 
     interp._get_np_dtype = np_dtype
+
+
+def _cache_block_types() -> None:
+    """`block_type(element_ty, shape)`: its shape (a triton tuple), numel and name computed and validated once per
+    (element type, shape), then assigned. What is not cached (an unhashable element type, such as a pointer's, or
+    a shape that is neither a list nor a triton tuple) and a shape the original refuses go through the original
+    every time."""
+    import triton.language as tl
+
+    build = tl.block_type.__init__
+    known: dict[tuple[Any, ...], tuple[Any, int, str]] = {}
+
+    def init(self: Any, element_ty: Any, shape: Any) -> None:
+        key: tuple[Any, ...] | None = None
+        if isinstance(shape, (list, tl.tuple)):  # what the original accepts (`tuple` there is triton's)
+            key = (element_ty, *(s.value if isinstance(s, tl.constexpr) else s for s in shape))
+            try:
+                attrs = known.get(key)
+            except TypeError:
+                key = attrs = None
+            if attrs is not None:
+                self.element_ty = element_ty
+                self.shape, self.numel, self.name = attrs
+                return
+        build(self, element_ty, shape)
+        if key is not None:
+            known[key] = (self.shape, self.numel, self.name)
+
+    tl.block_type.__init__ = init
