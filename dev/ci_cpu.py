@@ -1,0 +1,97 @@
+"""Where a CI run's CPU goes, process by process (docs/ci.md, "Session 14").
+
+    python3 dev/ci_cpu.py sample OUT.json &    # every 2 s: every process's CPU time, command line and parent
+    bash .ci/run; touch OUT.json.stop          # the sampler writes OUT.json and exits
+    python3 dev/ci_cpu.py report OUT.json      # CPU seconds per command (and per subtree with --under REGEX)
+
+scripts/check prints each tier's CPU seconds (a cpuacct cgroup per tier); this says which processes inside a tier
+used them. A process that lives less than one period is missed (short CLIs, ssh): compare the total with the
+machine's busy CPU-seconds that scripts/check prints at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+Row = tuple[int, int, float, str, int]  # pid, start tick, CPU seconds, command line, parent pid
+
+
+def _read(pid: str) -> Row | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (OSError, ValueError):
+        return None  # gone between listing and reading
+    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    cpu = (int(fields[11]) + int(fields[12])) / TICK  # utime + stime, all threads
+    return int(pid), int(fields[19]), cpu, cmd[:300] or f"[{comm}]", int(fields[1])
+
+
+def sample(out: Path, period: float) -> None:
+    seen: dict[tuple[int, int], Row] = {}
+    stop = out.with_name(out.name + ".stop")
+    running = [True]
+    signal.signal(signal.SIGTERM, lambda *_: running.clear())
+    while running and not stop.exists():
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            if (row := _read(pid)) is not None:
+                seen[(row[0], row[1])] = row
+        time.sleep(period)
+    out.write_text(json.dumps(list(seen.values())))
+
+
+def report(path: Path, under: str | None, top: int) -> None:
+    rows: list[Row] = [(int(p), int(t), float(c), str(m), int(pp)) for p, t, c, m, pp in json.loads(path.read_text())]
+    children: dict[int, list[Row]] = collections.defaultdict(list)
+    for row in rows:
+        children[row[4]].append(row)
+    chosen = rows
+    if under is not None:
+        picked: dict[tuple[int, int], Row] = {}
+        todo = [r for r in rows if re.search(under, r[3])]
+        while todo:
+            row = todo.pop()
+            if (row[0], row[1]) not in picked:
+                picked[(row[0], row[1])] = row
+                todo += [c for c in children[row[0]] if c[1] >= row[1]]  # started after it: not a reused pid's
+        chosen = list(picked.values())
+    per: dict[str, float] = collections.defaultdict(float)
+    count: collections.Counter[str] = collections.Counter()
+    for row in chosen:
+        cpu, cmd = row[2], row[3]
+        kind = re.sub(r"\d+", "#", re.sub(r"/releases/\S+|/tmp/\S+", "X", cmd))[:120]
+        per[kind] += cpu
+        count[kind] += 1
+    print(f"{sum(per.values()):.0f} CPU-seconds in {len(chosen)} processes")
+    for kind, used in sorted(per.items(), key=lambda item: -item[1])[:top]:
+        print(f"{used:8.1f} {count[kind]:5d}  {kind}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="verb", required=True)
+    s = sub.add_parser("sample")
+    s.add_argument("out", type=Path)
+    s.add_argument("--period", type=float, default=2.0)
+    r = sub.add_parser("report")
+    r.add_argument("path", type=Path)
+    r.add_argument("--under", help="only the processes whose command matches REGEX, and their descendants")
+    r.add_argument("--top", type=int, default=40)
+    args = parser.parse_args()
+    if args.verb == "sample":
+        sample(args.out, args.period)
+    else:
+        report(args.path, args.under, args.top)
+
+
+if __name__ == "__main__":
+    main()
