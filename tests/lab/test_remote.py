@@ -3,6 +3,7 @@ secrets, file transfer, and a host that dies mid-run (last: it restarts that hos
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import hashlib
 import json
@@ -36,26 +37,48 @@ def _with_ssh(host: Host, **changes: object) -> Host:
 
 
 def test_commands_run_on_both_hosts_in_parallel(lab_inventory: Inventory) -> None:
-    """Both workers hold their connection at once (a barrier a one-at-a-time pool never passes), then each host
-    stamps its command's start and end: the two runs overlap. No wall-clock budget: load cannot fail it."""
+    """Both workers hold their connection at once (a barrier a one-at-a-time pool never passes), then each host's
+    command marks that it started and waits for a go file that the test writes only once both have started: the
+    two runs overlap by construction (one at a time, the first would wait until its bound and fail). No clock is
+    raced: a command that started late on a loaded machine still overlaps (the test slept 2 s in each command
+    instead, and under load lab2's began after lab1's had ended)."""
     hosts = list(lab_inventory.hosts)
     both_connected = threading.Barrier(len(hosts), timeout=120)
     stamp = "date +%s.%N"
+    started, go = "/root/opsctl-parallel.started", "/root/opsctl-parallel.go"
+    wait_for_go = f"for i in $(seq 2400); do [ -e {go} ] && break; sleep 0.05; done; test -e {go}"  # <= 120 s
 
-    def work(h: Host) -> tuple[str, float, float, float]:
+    def work(h: Host) -> tuple[str, float, float]:
         with connect(h) as remote:
             both_connected.wait()
-            result = remote.run(sh(f"{stamp}; sleep 2; hostname; {stamp}"))
+            result = remote.run(sh(f"{stamp}; touch {started}; {wait_for_go}; hostname; {stamp}"))
         began, name, ended = result.stdout.split()
-        return name, float(began), float(ended), result.duration
+        return name, float(began), float(ended)
 
-    outcomes = run_parallel(hosts, lambda h: h.name, work)
+    watchers = [connect(h) for h in hosts]
+    try:
+        for watcher in watchers:
+            watcher.run(Cmd.of("rm", "-f", started, go))
+        with cf.ThreadPoolExecutor(1) as pool:
+            running = pool.submit(run_parallel, hosts, lambda h: h.name, work)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not running.done():
+                if all(w.run(Cmd.of("test", "-e", started), check=False).exit_code == 0 for w in watchers):
+                    break
+                time.sleep(0.1)
+            for watcher in watchers:  # both have started (or the bound passed): let them finish
+                watcher.run(Cmd.of("touch", go))
+            outcomes = running.result(timeout=300)
+        for watcher in watchers:
+            watcher.run(Cmd.of("rm", "-f", started, go))
+    finally:
+        for watcher in watchers:
+            watcher.close()
     assert [o.host for o in outcomes] == ["lab1", "lab2"]
     assert [o.error for o in outcomes] == [None, None]
     runs = [o.value for o in outcomes if o.value]
     assert [r[0] for r in runs] == ["lab1", "lab2"]
-    assert all(r[3] >= 2.0 and r[2] - r[1] >= 2.0 for r in runs)
-    (_, began1, ended1, _), (_, began2, ended2, _) = runs  # the hosts share the control machine's clock
+    (_, began1, ended1), (_, began2, ended2) = runs  # the hosts share the control machine's clock
     assert began1 < ended2 and began2 < ended1, f"lab1 ran {began1}-{ended1}, lab2 {began2}-{ended2}: not at once"
 
 
