@@ -21,9 +21,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from runtime_parts import RuntimePartError, in_part, part
 from sglang_cpu import sglang_skip_reason
 from sglang_host import EngineHost
 from tiny_cache import ensure_tiny
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """OPSCTL_RUNTIME_PART=1|2: this pytest runs only its part's runtime modules (tests/runtime/runtime_parts.py)."""
+    try:
+        part()
+    except RuntimePartError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    keep, drop = [], []
+    for item in items:
+        (keep if item.path.parent != HERE or in_part(item.path.name) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
