@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host
+from opsctl.localfiles import write_text_atomic
 from opsctl.ops.errors import ProvisionError
 from opsctl.ops.facts.manifest import Manifest
 from opsctl.remote.base import Connection, RunResult
@@ -71,10 +72,7 @@ class KeepLocal:
         return f"keep {self.local} on the control machine ({len(self.text.encode())} bytes)"
 
     def write(self) -> None:
-        self.local.parent.mkdir(parents=True, exist_ok=True)
-        temp = self.local.with_name(f".{self.local.name}.tmp")
-        temp.write_text(self.text)
-        temp.replace(self.local)
+        write_text_atomic(self.local, self.text)
 
 
 Action = Cmd | Push | PutText | Verify | KeepLocal

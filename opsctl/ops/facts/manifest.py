@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.commands import Cmd
+from opsctl.localfiles import write_text_atomic
 from opsctl.ops.errors import FactError
 
 MANIFEST_NAME = ".opsctl-manifest.json"
@@ -155,11 +155,8 @@ def build_local_manifest(root: Path, cache_file: Path | None = None) -> Manifest
         files[rel] = FileEntry(st.st_size, digest)
         stamps[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
         new_cache[rel] = [*key, digest]
-    if cache_file is not None:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(new_cache))
-        os.replace(tmp, cache_file)
+    if cache_file is not None:  # two provisions of one source may write it at once
+        write_text_atomic(cache_file, json.dumps(new_cache))
     return Manifest(files, stamps)
 
 

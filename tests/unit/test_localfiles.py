@@ -1,0 +1,44 @@
+"""opsctl.localfiles.write_text_atomic: concurrent writers of one file never fail and leave one whole text."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from opsctl.localfiles import write_text_atomic
+
+
+def _write_many(path: str, text: str) -> None:
+    for _ in range(300):
+        write_text_atomic(Path(path), text)
+
+
+def test_concurrent_writers_of_one_file_never_fail(tmp_path: Path) -> None:
+    """Processes writing one cache file at once (two lab parts provisioning one model source did): the fixed
+    `.tmp` name made one writer's rename fail with FileNotFoundError."""
+    target = tmp_path / "cache" / "manifest.json"
+    texts = [str(n) * 5000 for n in range(4)]
+    ctx = multiprocessing.get_context("fork")
+    workers = [ctx.Process(target=_write_many, args=(str(target), text)) for text in texts]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert [w.exitcode for w in workers] == [0, 0, 0, 0]
+    assert target.read_text() in texts  # one writer's whole text
+    assert [p.name for p in target.parent.iterdir()] == ["manifest.json"]  # no temporary file left
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "trust.json"
+    write_text_atomic(target, "old")
+
+    def broken(*_: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr("opsctl.localfiles.os.replace", broken)
+    with pytest.raises(OSError, match="disk full"):
+        write_text_atomic(target, "new")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["trust.json"]
