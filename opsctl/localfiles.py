@@ -5,19 +5,20 @@ renames it over the target, so readers see a whole old or a whole new file and n
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` (parent dirs made). The temporary file is unique to this call: a fixed name
-    (`path.tmp`) let a second writer rename it away first, and the first failed with FileNotFoundError."""
+    """Replace `path` with `text` (parent dirs made; the file's mode from the umask, as `Path.write_text` gives).
+    The temporary file is unique to this call: a fixed name (`path.tmp`) let a second writer rename it away first,
+    and the first failed with FileNotFoundError."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(temp, path)
     except BaseException:
-        Path(temp).unlink(missing_ok=True)
+        temp.unlink(missing_ok=True)
         raise

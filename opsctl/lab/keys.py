@@ -13,6 +13,7 @@ from pathlib import Path
 from opsctl.lab import system
 from opsctl.lab.config import LabConfig
 from opsctl.lab.state import HostRecord
+from opsctl.localfiles import write_text_atomic
 
 
 def ensure_client_key(cfg: LabConfig) -> None:
@@ -48,6 +49,4 @@ def install_authorized_key(root: Path, public_key: str) -> None:
 def write_known_hosts(cfg: LabConfig, hosts: Iterable[HostRecord]) -> None:
     """Exactly the running lab's hosts: `address keytype base64` per line (port 22)."""
     lines = [f"{h.address} {h.host_key}\n" for h in sorted(hosts, key=lambda h: h.index) if h.host_key]
-    tmp = cfg.known_hosts.with_suffix(".tmp")
-    tmp.write_text("".join(lines))
-    os.replace(tmp, cfg.known_hosts)
+    write_text_atomic(cfg.known_hosts, "".join(lines))

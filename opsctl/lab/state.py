@@ -8,13 +8,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from opsctl.errors import LabError
 from opsctl.lab.config import LabConfig
+from opsctl.localfiles import write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,7 @@ def load(cfg: LabConfig) -> LabState | None:
 
 
 def save(cfg: LabConfig, state: LabState) -> None:
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cfg.state_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
-    os.replace(tmp, cfg.state_file)
+    write_text_atomic(cfg.state_file, json.dumps(asdict(state), indent=2) + "\n")
 
 
 def remove(cfg: LabConfig) -> None:

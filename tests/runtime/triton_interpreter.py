@@ -12,7 +12,7 @@ restored: the enclosing kernel's restore undoes it). Inside a running kernel tho
 so skipping it changes no value a kernel computes; it was a quarter of SGLang's hybrid verify on the CPU
 (py-spy: `_getmembers`, `is_builtin`, `_patch_attr`). Installed triton files are never edited.
 
-Two more costs go, each without changing a value or a check (docs/ci.md, "Triton's interpreter"):
+Three more costs go, each without changing a value or a check (docs/ci.md, "Triton's interpreter"):
 - integer `+`, `-` and `*` built an overflow check (casts to int64, the operation again, two compares, an and) whose
   only use is a `device_assert`, which Triton drops unless the kernel runs with `debug` (never, here; nor in a
   compiled kernel on a GPU). Without `debug` the check is now not built: 4 in 10 of SGLang's extend-attention

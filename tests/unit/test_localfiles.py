@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,18 @@ def test_concurrent_writers_of_one_file_never_fail(tmp_path: Path) -> None:
     assert [w.exitcode for w in workers] == [0, 0, 0, 0]
     assert target.read_text() in texts  # one writer's whole text
     assert [p.name for p in target.parent.iterdir()] == ["manifest.json"]  # no temporary file left
+
+
+def test_the_mode_follows_the_umask_as_write_text_does(tmp_path: Path) -> None:
+    """Readers other than the writer (a cache under /var/cache) keep the access Path.write_text gave them."""
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "a.json", "{}")
+        (tmp_path / "b.json").write_text("{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == stat.S_IMODE((tmp_path / "b.json").stat().st_mode)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
