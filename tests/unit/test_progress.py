@@ -92,10 +92,10 @@ def test_run_streamed_kills_on_timeout_and_on_cancel() -> None:
     sleeper = [sys.executable, "-c", "import time; print('start', flush=True); time.sleep(30)"]
     start = time.monotonic()
     timed = run_streamed(sleeper, lambda _: None, timeout=0.5)
-    assert timed.timed_out and not timed.cancelled and time.monotonic() - start < 5
+    assert timed.timed_out and not timed.cancelled and time.monotonic() - start < 15
     start = time.monotonic()
     cancelled = run_streamed(sleeper, lambda _: None, cancelled=lambda: time.monotonic() - start > 0.5)
-    assert cancelled.cancelled and time.monotonic() - start < 5
+    assert cancelled.cancelled and time.monotonic() - start < 15
 
 
 def test_provision_json_keeps_progress_on_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,7 +29,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     start = time.monotonic()
     with pytest.raises(CommandTimeout) as info:
         LocalHost().run(sh(script), timeout=0.5)
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 10  # far below the 30 s the command would run
     assert "timed out after 0.5s" in info.value.one_line()
     time.sleep(1.5)
     assert not marker.exists(), "the background child outlived the timeout"

@@ -86,6 +86,6 @@ def test_ctrl_c_cancels_workers_and_reraises() -> None:
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         run_parallel(list(range(6)), str, work, forks=2)
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 4  # the workers would run their full 5 s without the cancel
     assert sorted(saw_cancel) == sorted(started) and len(started) == 2
     assert not base.CANCEL.is_set()  # cleared for the next run
