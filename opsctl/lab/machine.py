@@ -54,6 +54,7 @@ def prepare(cfg: LabConfig, record: HostRecord, rootfs: Path) -> HostRecord:
             f"lowerdir={rootfs},upperdir={upper},workdir={work}",
             str(root),
         )
+    write_manager_defaults(root)
     if fresh or not record.host_key:
         (root / "etc/hostname").write_text(record.name + "\n")
         (root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
@@ -61,6 +62,25 @@ def prepare(cfg: LabConfig, record: HostRecord, rootfs: Path) -> HostRecord:
         keys.install_authorized_key(root, keys.client_public_key(cfg))
         record = replace(record, host_key=keys.make_host_key(root / "etc/ssh", record.name))
     return record
+
+
+# Every lab host shares the control machine's few cores with the other hosts (and, in CI, with the test tiers).
+# torch's CPU thread pool spins while it waits for work: on a 2-core box a reference server at its default
+# 2 threads used twice the CPU of one thread for the same tokens per second (docs/ci.md, "Session 15").
+# So the lab's services run one OpenMP/MKL thread, the way a small CPU host would be set up; a real GPU host
+# is not touched (this is the lab's systemd, not opsctl's unit).
+MANAGER_DROP_IN = """\
+# opsctl lab: hosts share the control machine's cores; one CPU thread per service process
+[Manager]
+DefaultEnvironment=OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+"""
+
+
+def write_manager_defaults(root: Path) -> None:
+    """The systemd manager defaults every lab service starts with (written on each start: no rootfs rebuild)."""
+    conf_dir = root / "etc/systemd/system.conf.d"
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    (conf_dir / "opsctl-lab.conf").write_text(MANAGER_DROP_IN)
 
 
 def spawn(cfg: LabConfig, record: HostRecord) -> HostRecord:

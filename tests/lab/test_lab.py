@@ -32,6 +32,9 @@ def test_hosts_boot_systemd_with_ssh_and_journald(remotes: dict[str, SshHost]) -
         journal = host.run(Cmd.of("journalctl", "-u", "ssh", "-n", "20", "--no-pager")).stdout
         assert "sshd" in journal
         assert host.run(Cmd.of("python3", "-c", "import venv, sys; print(sys.version_info[0])")).stdout == "3\n"
+        # a service sees the lab's manager defaults (opsctl.lab.machine.MANAGER_DROP_IN): one CPU thread
+        seen = host.run(Cmd.of("systemd-run", "--wait", "--pipe", "--quiet", "printenv", "OMP_NUM_THREADS")).stdout
+        assert seen == "1\n"
 
 
 def test_hosts_have_a_sized_writable_dev_shm(remotes: dict[str, SshHost]) -> None:
