@@ -99,6 +99,8 @@ def install() -> bool:
     _skip_overflow_checks_without_debug()
     _cache_numpy_dtypes(interp)
     _cache_block_types()
+    _cache_tensor_shapes()
+    _same_shape_needs_no_broadcast()
     interp._opsctl_fast_device_calls = True
     return True
 
@@ -138,30 +140,98 @@ def _cache_numpy_dtypes(interp: Any) -> None:
     interp._get_np_dtype = np_dtype
 
 
+# A cached block type carries its shape's record here: one object per distinct shape (whatever the element
+# type), so two block types have equal shapes when their records are the same object.
+SHAPE_ATTR = "_opsctl_shape"
+
+
+class _ShapeRecord:
+    """What every tensor and block type of one shape would otherwise build anew: the block type's shape (a
+    triton tuple of ints) and numel, and a tensor's shape (a triton tuple of constexprs) and numel (a constexpr)."""
+
+    def __init__(self, block_shape: Any, numel: int) -> None:
+        import triton.language as tl
+
+        self.block_shape, self.numel = block_shape, numel
+        self.tensor_shape = tl.tuple([tl.constexpr(s) for s in block_shape])
+        self.tensor_numel = tl.constexpr(numel)
+
+
 def _cache_block_types() -> None:
     """`block_type(element_ty, shape)`: its shape (a triton tuple), numel and name computed and validated once per
-    (element type, shape), then assigned. What is not cached (an unhashable element type, such as a pointer's, or
-    a shape that is neither a list nor a triton tuple) and a shape the original refuses go through the original
-    every time."""
+    (element type, shape), then assigned, with the shape's record. A block of pointers (their element type is not
+    hashable) goes through the original every time but shares its shape's record; a shape that is neither a list
+    nor a triton tuple, and a shape the original refuses, go through the original (which raises)."""
     import triton.language as tl
 
     build = tl.block_type.__init__
-    known: dict[tuple[Any, ...], tuple[Any, int, str]] = {}
+    shapes: dict[tuple[Any, ...], _ShapeRecord] = {}
+    names: dict[tuple[Any, ...], str] = {}
 
     def init(self: Any, element_ty: Any, shape: Any) -> None:
-        key: tuple[Any, ...] | None = None
-        if isinstance(shape, (list, tl.tuple)):  # what the original accepts (`tuple` there is triton's)
-            key = (element_ty, *(s.value if isinstance(s, tl.constexpr) else s for s in shape))
-            try:
-                attrs = known.get(key)
-            except TypeError:
-                key = attrs = None
-            if attrs is not None:
-                self.element_ty = element_ty
-                self.shape, self.numel, self.name = attrs
-                return
-        build(self, element_ty, shape)
-        if key is not None:
-            known[key] = (self.shape, self.numel, self.name)
+        if not isinstance(shape, (list, tl.tuple)):  # what the original accepts (`tuple` there is triton's)
+            build(self, element_ty, shape)  # refuses it
+            return
+        dims = tuple(s.value if isinstance(s, tl.constexpr) else s for s in shape)
+        try:
+            record = shapes.get(dims)
+        except TypeError:  # not a shape of ints: the original says what is wrong
+            build(self, element_ty, shape)
+            return
+        key: tuple[Any, ...] | None = (element_ty, *dims)
+        try:
+            name = names.get(key)
+        except TypeError:  # a pointer's element type is not hashable: its name is built every time
+            key = name = None
+        if name is not None and record is not None:
+            self.element_ty = element_ty
+            self.shape, self.numel, self.name = record.block_shape, record.numel, name
+        else:
+            build(self, element_ty, shape)  # validates the shape (a refused one raises here)
+            if record is None:
+                record = shapes[dims] = _ShapeRecord(self.shape, self.numel)
+            if key is not None:
+                names[key] = self.name
+        setattr(self, SHAPE_ATTR, record)
 
     tl.block_type.__init__ = init
+
+
+def _cache_tensor_shapes() -> None:
+    """`tensor(handle, type)` turned its type's shape into a fresh triton tuple of constexprs (and its numel into a
+    constexpr) for every value every operation makes; a tensor of a cached block type, or of a scalar type, now
+    takes its shape's shared ones. The attributes set are the original's, with equal values."""
+    import triton.language as tl
+
+    build = tl.tensor.__init__
+    scalar = _ShapeRecord(tl.tuple([]), 1)
+
+    def init(self: Any, handle: Any, type: Any) -> None:
+        record = getattr(type, SHAPE_ATTR, None) if type.is_block() else scalar
+        if record is None:  # a block type the cache did not make
+            build(self, handle, type)
+            return
+        self.handle = handle
+        self.type = type
+        self.dtype = type.scalar
+        self.shape, self.numel = record.tensor_shape, record.tensor_numel
+
+    tl.tensor.__init__ = init
+
+
+def _same_shape_needs_no_broadcast() -> None:
+    """`broadcast_impl_value(lhs, rhs)` of two blocks of equal shapes returns them unchanged, after comparing their
+    shapes dimension by dimension through triton tuples (a fifth of SGLang's interpreted extend-attention
+    kernel): when both types carry the same shape record, return them at once. Every other case (a scalar, a
+    different rank or shape, an uncached type) goes through the original."""
+    from triton.language import semantic
+
+    broadcast = semantic.TritonSemantic.broadcast_impl_value
+
+    def fast(self: Any, lhs: Any, rhs: Any) -> Any:
+        record = getattr(lhs.type, SHAPE_ATTR, None)
+        if record is not None and record is getattr(rhs.type, SHAPE_ATTR, None):
+            return lhs, rhs
+        return broadcast(self, lhs, rhs)
+
+    semantic.TritonSemantic.broadcast_impl_value = fast
