@@ -110,16 +110,16 @@ def pip_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_probe_tells_up_refused_and_silent_apart(index: Index) -> None:
-    # three silent addresses (nobody holds .3-.5): one at a time that is 3 timeouts (>= 6 s, however idle the
-    # machine); at once one timeout (2 s) and 3 s of slack for a loaded machine
+    # three silent addresses (nobody holds .3-.5): one at a time that is 3 timeouts (>= 12 s, however idle the
+    # machine); at once one timeout (4 s) and 6 s of slack for a loaded CI machine
     silent = [index.silent, *(index.silent.replace(f"{NET}.3:", f"{NET}.{n}:") for n in (4, 5))]
     start = time.monotonic()
-    got = pip_index.probe_all([index.up, index.refused, *silent], timeout=2.0)
+    got = pip_index.probe_all([index.up, index.refused, *silent], timeout=4.0)
     took = time.monotonic() - start
     assert got[index.up] is None
     assert got[index.refused] is not None and "refused" in got[index.refused].lower()
     assert all(got[s] is not None for s in silent) and len(set(silent)) == 3
-    assert took < 5.0  # all at once: one timeout, not three
+    assert took < 10.0  # all at once: one timeout, not three
 
 
 @pytest.mark.usefixtures("pip_env")
@@ -135,7 +135,7 @@ def test_unreachable_lock_index_is_skipped_and_the_download_succeeds(
     took = time.monotonic() - start
     assert built.files == (WHEEL,)
     assert lines[0].startswith(f"wheelhouse demo.txt: skipping package index {index.silent}: unreachable (")
-    assert took < 20.0  # without the probe pip retries the silent index for minutes
+    assert took < 45.0  # without the probe pip retries the silent index for minutes
 
 
 @pytest.mark.usefixtures("pip_env")
@@ -147,7 +147,7 @@ def test_no_reachable_index_fails_in_seconds_with_one_line(
     start = time.monotonic()
     with pytest.raises(wheelhouse.WheelhouseError) as info:
         wheelhouse.ensure(lock, tmp_path / "wh", out=lambda _: None)
-    assert time.monotonic() - start < 10.0
+    assert time.monotonic() - start < 30.0  # pip alone retries the indexes for minutes
     line = info.value.one_line()
     assert line.startswith(f"wheelhouse for demo.txt: no package index is reachable: {index.refused} (")
     assert line.endswith("and 1 more (fix the control machine's pip configuration (pip config list), or pass "
