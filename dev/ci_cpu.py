@@ -44,6 +44,9 @@ def sample(out: Path, period: float) -> None:
     while running and not stop.exists():
         for pid in filter(str.isdigit, os.listdir("/proc")):
             if (row := _read(pid)) is not None:
+                known = seen.get((row[0], row[1]))
+                if known is not None and row[3].startswith("[") and not known[3].startswith("["):
+                    row = (*row[:3], known[3], row[4])  # an exiting process (a zombie) has no command line left
                 seen[(row[0], row[1])] = row
         time.sleep(period)
     out.write_text(json.dumps(list(seen.values())))
