@@ -136,3 +136,31 @@ def _keyfile(tmp_path: Path, name: str = "k") -> str:
     path = tmp_path / name
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
     return str(path)
+
+
+def test_an_authentication_timeout_is_retried_and_a_refused_key_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retry policy alone (no network): paramiko raises AuthenticationException both when the host refuses the
+    key and when it does not answer in time (a busy host, an sshd just booted); only the second is retried."""
+    monkeypatch.setattr("opsctl.remote.ssh.BACKOFF_S", 0.01)
+    connected = object()
+    answers: list[Exception | object] = [paramiko.AuthenticationException("Authentication timeout."), connected]
+
+    def connect_once(self: SshHost) -> object:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(SshHost, "_connect_once", connect_once)
+    host = SshHost(_host(connect_retries=3, connect_timeout=0.5))
+    assert host._connect_with_retries() is connected and answers == []
+
+    answers[:] = [paramiko.AuthenticationException("Authentication timeout.")] * 3
+    with pytest.raises(UnreachableError) as info:
+        host._connect_with_retries()
+    assert "no answer to authentication within 0.5s (after 3 attempts)" in info.value.one_line()
+
+    answers[:] = [paramiko.AuthenticationException("Authentication failed."), connected]
+    with pytest.raises(UnreachableError) as info:
+        host._connect_with_retries()
+    assert "authentication failed for root@10.0.0.5" in info.value.one_line() and len(answers) == 1
