@@ -12,7 +12,7 @@ restored: the enclosing kernel's restore undoes it). Inside a running kernel tho
 so skipping it changes no value a kernel computes; it was a quarter of SGLang's hybrid verify on the CPU
 (py-spy: `_getmembers`, `is_builtin`, `_patch_attr`). Installed triton files are never edited.
 
-Three more costs go, each without changing a value or a check (docs/ci.md, "Triton's interpreter"):
+Five more costs go, each without changing a value or a check (docs/ci.md, "Triton's interpreter"):
 - integer `+`, `-` and `*` built an overflow check (casts to int64, the operation again, two compares, an and) whose
   only use is a `device_assert`, which Triton drops unless the kernel runs with `debug` (never, here; nor in a
   compiled kernel on a GPU). Without `debug` the check is now not built: 4 in 10 of SGLang's extend-attention
@@ -23,6 +23,10 @@ Three more costs go, each without changing a value or a check (docs/ci.md, "Trit
   validated) built anew each time: a block type's shape, size and name are now computed once per (element type,
   shape) and shared (nothing in triton changes a block type's shape in place). The hybrid target's tree run
   7% faster (Gated DeltaNet's verify kernel builds them in every step of its token loop).
+- every value's `tensor.__init__` turned its type's shape into a fresh triton tuple of constexprs: a tensor of a
+  cached block type (or a scalar) now takes its shape record's shared one (`_ShapeRecord`, one per distinct shape).
+- `broadcast_impl_value` compared two blocks' shapes dimension by dimension through triton tuples before returning
+  them unchanged: blocks with the same shape record return at once (a fifth of the extend-attention kernel).
 """
 
 from __future__ import annotations
