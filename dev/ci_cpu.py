@@ -3,6 +3,7 @@
     python3 dev/ci_cpu.py sample OUT.json &    # every 2 s: every process's CPU time, command line and parent
     bash .ci/run; touch OUT.json.stop          # the sampler writes OUT.json and exits
     python3 dev/ci_cpu.py report OUT.json      # CPU seconds per command (and per subtree with --under REGEX)
+    python3 dev/ci_cpu.py timeline OUT.json    # the machine's busy and I/O-wait share, minute by minute
 
 scripts/check prints each tier's CPU seconds (a cpuacct cgroup per tier); this says which processes inside a tier
 used them. A process that lives less than one period is missed (short CLIs, ssh): compare the total with the
@@ -36,12 +37,21 @@ def _read(pid: str) -> Row | None:
     return int(pid), int(fields[19]), cpu, cmd[:300] or f"[{comm}]", int(fields[1])
 
 
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, iowait) clock ticks of all CPUs so far (/proc/stat's first line; busy: all but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4], fields[4]
+
+
 def sample(out: Path, period: float) -> None:
     seen: dict[tuple[int, int], Row] = {}
     stop = out.with_name(out.name + ".stop")
     running = [True]
     signal.signal(signal.SIGTERM, lambda *_: running.clear())
+    began = time.monotonic()
+    timeline: list[tuple[float, int, int]] = []  # (seconds since the start, busy ticks, iowait ticks)
     while running and not stop.exists():
+        timeline.append((round(time.monotonic() - began, 1), *_machine_ticks()))
         for pid in filter(str.isdigit, os.listdir("/proc")):
             if (row := _read(pid)) is not None:
                 known = seen.get((row[0], row[1]))
@@ -50,6 +60,22 @@ def sample(out: Path, period: float) -> None:
                 seen[(row[0], row[1])] = row
         time.sleep(period)
     out.write_text(json.dumps(list(seen.values())))
+    out.with_name(out.name + ".timeline").write_text(json.dumps(timeline))
+
+
+def timeline(path: Path, window: float) -> None:
+    """Per window: how much of the machine's CPUs was busy and how much waited on I/O (an idle core with a
+    process blocked on the disk), from the samples `sample` took."""
+    points = json.loads(path.with_name(path.name + ".timeline").read_text())
+    cpus = os.cpu_count() or 1
+    start = 0
+    for end in range(1, len(points)):
+        if points[end][0] - points[start][0] >= window or end == len(points) - 1:
+            span = (points[end][0] - points[start][0]) * TICK * cpus
+            busy = (points[end][1] - points[start][1]) / span
+            iowait = (points[end][2] - points[start][2]) / span
+            print(f"{points[start][0]:7.0f}-{points[end][0]:<7.0f} busy {busy:4.0%}  iowait {iowait:4.0%}")
+            start = end
 
 
 def report(path: Path, under: str | None, top: int) -> None:
@@ -89,9 +115,14 @@ def main() -> None:
     r.add_argument("path", type=Path)
     r.add_argument("--under", help="only the processes whose command matches REGEX, and their descendants")
     r.add_argument("--top", type=int, default=40)
+    t = sub.add_parser("timeline")
+    t.add_argument("path", type=Path)
+    t.add_argument("--window", type=float, default=60.0)
     args = parser.parse_args()
     if args.verb == "sample":
         sample(args.out, args.period)
+    elif args.verb == "timeline":
+        timeline(args.path, args.window)
     else:
         report(args.path, args.under, args.top)
 
