@@ -38,9 +38,12 @@ def _read(pid: str) -> Row | None:
 
 
 def _machine_ticks() -> tuple[int, int]:
-    """(busy, iowait) clock ticks of all CPUs so far (/proc/stat's first line; busy: all but idle and iowait)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(fields) - fields[3] - fields[4], fields[4]
+    """(busy, iowait) clock ticks of all CPUs so far, from /proc/stat's first line. Busy is what scripts/check's
+    busy_jiffies counts: user, nice, system, irq, softirq and steal (guest time is inside user already)."""
+    user, nice, system, _idle, iowait, irq, softirq, steal = (
+        int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    return user + nice + system + irq + softirq + steal, iowait
 
 
 def sample(out: Path, period: float) -> None:
