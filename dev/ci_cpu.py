@@ -1,4 +1,4 @@
-"""Where a CI run's CPU goes, process by process (docs/ci.md, "Session 14").
+"""Where a CI run's CPU goes, process by process (docs/ci.md, "Reading a run's times").
 
     python3 dev/ci_cpu.py sample OUT.json &    # every 2 s: every process's CPU time, command line and parent
     bash .ci/run; touch OUT.json.stop          # the sampler writes OUT.json and exits

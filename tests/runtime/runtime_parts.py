@@ -2,12 +2,12 @@
 module, a tier of its own) as two pytests at once.
 
 Why: on a fresh machine the runtime tier is the last to end. Its tests wait for the tiny models, built in the
-run, and the other tiers finish meanwhile; one pytest then has one core and the other core sits idle (session 14's
-cold-cache run). Two pytests use both. While every tier runs, the cores are full either way: the split costs one
+run, and the other tiers finish meanwhile; one pytest then has one core and the other core sits idle (seen in
+cold-cache runs). Two pytests use both. While every tier runs, the cores are full either way: the split costs one
 more pytest start-up (a few seconds of CPU) and saves the idle tail.
 
 Part 2 holds SECOND's modules, part 1 every other one (so a new module lands in part 1). The split is by the
-modules' time in session 13's and 14's runs (docs/ci.md): about half the tier each. Unset (a plain pytest, or
+modules' measured times (docs/ci.md): about half the tier each. Unset (a plain pytest, or
 `bash scripts/check tests/runtime`): every module.
 """
 
@@ -17,7 +17,7 @@ import os
 
 PARTS = ("1", "2")
 # In-process reference-engine runs (lossless, sampling, the tiny models' held-out tau, the batched builders), the
-# plugin's contract probe and the policy's engine runs: ~640 of the tier's ~1350 s in session 13's fresh run.
+# plugin's contract probe and the policy's engine runs: ~640 of the tier's ~1350 s in a fresh-machine run.
 SECOND = frozenset(
     {
         "test_lossless.py",
