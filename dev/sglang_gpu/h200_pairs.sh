@@ -15,7 +15,7 @@
 #   python3 dev/sglang_gpu/pairs_report.py pairs_bench1.json pairs_bench2.json pairs_bench3.json
 #
 # The copy is taken from HEAD (git archive), not the working tree, so edits in progress elsewhere in the checkout do
-# not travel; only dev/sglang_gpu comes from the working tree. docs/runtime-perf.md "Session 14" has the results.
+# not travel; only dev/sglang_gpu comes from the working tree. docs/runtime-perf.md "Small pairs on real text" has the results.
 set -euo pipefail
 case "${1:-}" in
 stage)

@@ -133,8 +133,8 @@ def policy_vs_best(data: dict[str, Any], temp: float = 0.0, within: float = 0.03
 def iteration_table(data: dict[str, Any], temp: float = 0.0) -> str:
     """Time per decode iteration per request, from SGLang's `Decode batch` lines of each level: 1000 *
     accept_len / gen_tok_s ms (an iteration serves `running` requests and yields accept_len tokens each), with
-    the accept length beside it (the baseline's is 1); docs/runtime-perf.md session 12 reads the policy's
-    chain iterations against DFLASH's with it."""
+    the accept length beside it (the baseline's is 1); docs/runtime-perf.md ("Small pairs on real text")
+    reads the policy's chain iterations against DFLASH's with it."""
     out = [
         f"Decode iteration per request (ms) and accept length, from the Decode batch lines, temperature {temp:g}:\n",
         "| pair | service | " + " | ".join(f"c={c}" for c in CONCURRENCY) + " |",

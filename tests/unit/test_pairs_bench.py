@@ -191,7 +191,7 @@ def test_report_phase_table_at_c32() -> None:
 
 def test_report_reads_the_last_gpu_run() -> None:
     data = json.loads((REPO / "docs/results/h200-pairs-bench.json").read_text())
-    # session 11's run (docs/runtime-perf.md quotes these rows): a rerun on the GPU changes them here too
+    # the recorded run of 2026-12-03 (docs/runtime-perf.md): a rerun on the GPU changes these rows here too
     assert "| dense | tree b15 | 1.03x | 1.17x | 0.67x | 0.76x | 0.94x |" in report.ratios(data)
     assert "| dense-tree15 | 0 | 16 | 18 " in report.phase_table(data)
     assert "| dense-tree15 | 25 | 2 | 5 |" in report.greedy_summary(data)
