@@ -23,10 +23,12 @@ class Scrape:
     skipped: int = 0  # lines that did not parse
     error: str = ""  # why there is no scrape (the worker did not answer, or not 200): nothing was read
 
-    def total(self, name: str) -> float | None:
-        """A counter or gauge summed over its label sets; None when the worker does not export it."""
-        found = self.samples.get(name)
-        return sum(v for _, v in found) if found else None
+    def total(self, name: str, where: Mapping[str, str] | None = None) -> float | None:
+        """A counter or gauge summed over its label sets (those carrying every label of `where`); None when the
+        scrape has no such sample."""
+        want = tuple((where or {}).items())
+        found = [v for labels, v in self.samples.get(name, ()) if all(labels.get(k) == x for k, x in want)]
+        return sum(found) if found else None
 
     def histogram(self, name: str) -> Histogram | None:
         """`name`'s buckets (summed over the other labels); None when absent."""

@@ -239,7 +239,7 @@ class CanaryConfig:
     window: float = 300.0  # seconds of live traffic compared (a hard failure rolls back sooner)
     max_window: float = 900.0  # too little traffic at `window`: measure on up to this long, then roll back
     min_requests: int = 20  # per group before a verdict; still fewer at `max_window`: rolled back
-    max_error_rate: float = 0.01  # canary's aborted requests per request, above the old group's
+    max_error_rate: float = 0.01  # canary's aborted + refused requests per request, above the old group's
     max_ttft_ratio: float = 1.5  # canary p95 time to first token / the old group's
     max_itl_ratio: float = 1.5  # canary p95 inter-token latency / the old group's
     min_tok_s_ratio: float = 0.8  # canary decode tok/s (DDTREE metrics) / the old group's

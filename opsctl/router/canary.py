@@ -91,8 +91,9 @@ def plan_lines(router: Router, selection: Selection) -> list[str]:
         f"canary behind router {router.name}: {', '.join(map(str, canary))} first (drain-aware deploy); "
         f"{', '.join(map(str, old))} stay on the old release",
         f"compare for {config.window:g}s of live traffic (a look every {tick_s(config.window):g}s; a self-check "
-        f"failure, a restart or differing tokens roll back at once; on up to {config.max_window:g}s while "
-        f"traffic is short): >= {config.min_requests} requests each, error rate <= "
+        f"failure, a restart, refused requests (the router's counts) or differing tokens roll back at once; on "
+        f"up to {config.max_window:g}s while traffic is short): >= {config.min_requests} requests each, error "
+        f"rate (aborted + refused) <= "
         f"old + {config.max_error_rate:.2%}, TTFT/ITL p95 <= {config.max_ttft_ratio:g}x/{config.max_itl_ratio:g}x, "
         f"tok/s >= {config.min_tok_s_ratio:g}x, tau >= {config.min_tau_ratio:g}x, self-check failures <= "
         f"{config.max_selfcheck_failures}, restarts <= {config.max_restarts}"
@@ -184,6 +185,17 @@ class Canary:
             return promtext.Scrape({}, error=f"HTTP {response.status_code}")
         return promtext.parse(response.text)
 
+    def _router_scrape(self) -> promtext.Scrape:
+        """The router's own counters (its Prometheus listener, no key): what each worker answered clients."""
+        host = self.inventory.host(self.router.host)
+        try:
+            response = self.http.get(worker_url(host, self.router.prometheus_port) + "/metrics", timeout=10.0)
+        except httpx.HTTPError as exc:
+            return promtext.Scrape({}, error=type(exc).__name__)
+        if response.status_code != 200:
+            return promtext.Scrape({}, error=f"HTTP {response.status_code}")
+        return promtext.parse(response.text)
+
     def _restarts(self, ref: WorkerRef) -> int:
         unit = self._service(ref).unit_name
         try:
@@ -205,11 +217,21 @@ class Canary:
 
     def _windows(
         self, refs: Sequence[WorkerRef], start: dict[WorkerRef, promtext.Scrape], restarts: dict[WorkerRef, int],
-        since: int,
+        since: int, router_start: promtext.Scrape,
     ) -> dict[WorkerRef, judge.WorkerWindow]:  # fmt: skip
+        # The router first, then the workers (at the start the other way round): a request in between is then
+        # counted by a worker and not by the router, never sent and unanswered
+        router_end = self._router_scrape()
         return {
             r: judge.WorkerWindow(
-                self._url(r), start[r], self._scrape(r), self._journal(r, since), restarts[r], self._restarts(r)
+                self._url(r),
+                start[r],
+                self._scrape(r),
+                self._journal(r, since),
+                restarts[r],
+                self._restarts(r),
+                router_start,
+                router_end,
             )
             for r in refs
         }
@@ -221,6 +243,7 @@ class Canary:
         since = int(time.time())
         restarts = {r: self._restarts(r) for r in refs}
         start = {r: self._scrape(r) for r in refs}
+        router_start = self._router_scrape()
         t0 = self.clock()
         # Different tokens are known already: one look now, for the table, and the canary goes at once
         due = -1.0 if replay is not None and replay.equal < replay.sent else 0.0
@@ -228,7 +251,7 @@ class Canary:
             due = next_look(due, self.config)
             while self.clock() - t0 < due:
                 self.sleep(min(1.0, max(0.0, due - (self.clock() - t0))))
-            windows = self._windows(refs, start, restarts, since)
+            windows = self._windows(refs, start, restarts, since, router_start)
             elapsed = self.clock() - t0
             verdict = judge.judge(
                 judge.group_stats([windows[r] for r in self.canary]),

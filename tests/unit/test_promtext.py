@@ -58,3 +58,16 @@ def test_window_is_the_difference_and_a_restart_counts_from_zero() -> None:
     assert promtext.Histogram(((float("inf"), 0.0),), 0.0).quantile(0.95) is None
     both = window.plus(window)
     assert both.count == 22.0 and both.quantile(0.5) == window.quantile(0.5)
+
+
+def test_total_where_selects_label_sets() -> None:
+    from opsctl import promtext as pt
+
+    scrape = pt.parse(
+        'smg_worker_cb_outcomes_total{worker="http://a:1",outcome="success"} 7\n'
+        'smg_worker_cb_outcomes_total{worker="http://a:1",outcome="failure"} 2\n'
+        'smg_worker_cb_outcomes_total{worker="http://b:1",outcome="success"} 5\n'
+    )
+    assert scrape.total("smg_worker_cb_outcomes_total") == 14
+    assert scrape.total("smg_worker_cb_outcomes_total", {"worker": "http://a:1"}) == 9
+    assert scrape.total("smg_worker_cb_outcomes_total", {"worker": "http://b:1", "outcome": "failure"}) is None

@@ -93,13 +93,26 @@ def test_ctrl_c_while_measuring_rolls_the_canary_back(monkeypatch: pytest.Monkey
 
 class Fleet:
     """Two workers under scripted traffic: each /metrics scrape is a later moment (10 requests and 40 tokens
-    more per look); the canary's tokens come `slow` times slower; its journal says what `journal` holds."""
+    more per look); the canary's tokens come `slow` times slower; its journal says what `journal` holds; it
+    refuses `refuse` requests more per look (answered 400: counted by the router, not by the worker)."""
 
-    def __init__(self, slow: float = 1.0, journal: str = "", restarts: int = 0) -> None:
-        self.slow, self.journal, self.restarts = slow, journal, restarts
+    def __init__(self, slow: float = 1.0, journal: str = "", restarts: int = 0, refuse: int = 0) -> None:
+        self.slow, self.journal, self.restarts, self.refuse = slow, journal, restarts, refuse
         self.scrapes: dict[str, int] = {}
 
+    def router(self) -> httpx.Response:
+        """sglang-router 0.3.2's per-worker outcomes (names as tests/fixtures/router/metrics-0.3.2-*.txt)."""
+        n = self.scrapes["router"] = self.scrapes.get("router", -1) + 1
+        name = "smg_worker_cb_outcomes_total"
+        return httpx.Response(200, text=(
+            f'{name}{{worker="http://10.0.0.1:30000",outcome="success"}} {10 * n}\n'
+            f'{name}{{worker="http://10.0.0.2:30000",outcome="success"}} {10 * n}\n'
+            + (f'{name}{{worker="http://10.0.0.1:30000",outcome="failure"}} {self.refuse * n}\n' if n else "")
+        ))  # fmt: skip
+
     def metrics(self, request: httpx.Request) -> httpx.Response:
+        if request.url.port == 30081:  # the router's Prometheus port (its port + 1)
+            return self.router()
         host = request.url.host
         n = self.scrapes[host] = self.scrapes.get(host, -1) + 1
         fast = 40 * n if host == "10.0.0.2" or self.slow == 1.0 else 0  # the canary's all past 0.01 s
@@ -160,6 +173,31 @@ def test_measure_rolls_back_a_slow_canary_and_a_crashing_one_at_once() -> None:
     assert crashed.reason == "restarts 1 vs 0 (needs <= 0)"
     job, now, _ = scripted(Fleet(journal="DDTREE self-check FAILED: round 3 ...\n"), window=300)
     assert job.measure().reason == "self-check failures 1 vs 0 (needs <= 0)" and now[0] == 30.0
+
+
+def test_a_canary_refusing_requests_the_old_group_serves_is_rolled_back_at_the_first_look() -> None:
+    job, now, _ = scripted(Fleet(refuse=5), window=300)
+    verdict = job.measure()
+    assert verdict.decision is Decision.ROLL_BACK and now[0] == 30.0  # the first look, not the window's end
+    assert verdict.reason == "refused 5 (33.33%) vs 0 (0.00%) (needs < 5 or <= old + 1.00%)"
+    assert any(line.startswith("requests  ") and "15" in line for line in job.report.table), job.report.table
+    job, now, _ = scripted(Fleet(refuse=1), window=20)  # 4 refusals of 44 at the window's end: the error rate
+    late = job.measure()
+    assert late.decision is Decision.ROLL_BACK and now[0] == 20.0
+    assert late.reason.startswith("error rate 9.09% vs 0.00% (needs <= old + 1.00%)"), late.reason
+
+
+def test_an_unread_router_is_no_comparison_yet() -> None:
+    fleet = Fleet()
+    job, now, said = scripted(fleet, window=5, max_window=10)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503) if request.url.port == 30081 else fleet.metrics(request)
+
+    job.http = httpx.Client(transport=httpx.MockTransport(answer))
+    verdict = job.measure()
+    assert verdict.decision is Decision.ROLL_BACK and now[0] == 10.0
+    assert "/metrics unread (router /metrics: HTTP 503)" in said[0]
 
 
 def test_differing_replay_rolls_back_without_waiting_and_quiet_traffic_measures_on() -> None:

@@ -194,3 +194,57 @@ def test_a_hard_failure_before_the_window_names_only_the_hard_rules() -> None:
         "greedy replay 0/1 equal vs reference (needs all identical tokens): prompt arith differs at token 0"
     )
     assert [r.metric for r in verdict.rows if not r.ok] == ["requests", "greedy replay"]  # the table shows both
+
+
+# sglang-router 0.3.2's /metrics, recorded from the real router (round robin) in front of two stand-in workers
+# at 127.0.0.1:39101 (serves every request) and :39102 (answers SGLang's 400 "longer than the model's context
+# length" to long prompts): the start after 40 served requests, the end after 40 more, 20 of them long.
+ROUTER_START = promtext.parse((FIXTURES / "router" / "metrics-0.3.2-start.txt").read_text())
+ROUTER_END = promtext.parse((FIXTURES / "router" / "metrics-0.3.2-end.txt").read_text())
+REFUSING, SERVING = "http://127.0.0.1:39102", "http://127.0.0.1:39101"
+
+
+def test_the_router_counts_what_clients_saw_and_a_refusing_canary_rolls_back_at_once() -> None:
+    # The workers' own counters: the refusing one counts only the 10 it served, no abort (as SGLang)
+    canary = group_stats([WorkerWindow(REFUSING, scrape(20, 0, (0, 0, 0)), scrape(30, 0, (0, 0, 0)), (), 0, 0,
+                                       ROUTER_START, ROUTER_END)])  # fmt: skip
+    old = group_stats([WorkerWindow(SERVING, scrape(20, 0, (0, 0, 0)), scrape(40, 0, (0, 0, 0)), (), 0, 0,
+                                    ROUTER_START, ROUTER_END)])  # fmt: skip
+    assert (canary.requests, canary.sent, canary.refused, canary.offered) == (10, 20, 10, 20)
+    assert (old.requests, old.sent, old.refused) == (20, 20, 0)
+    assert canary.error_rate == 0.5 and old.error_rate == 0.0
+    verdict = judge(canary, old, CONFIG, None, elapsed=30.0)  # long before the window closes
+    assert verdict.decision is Decision.ROLL_BACK
+    assert verdict.reason == "refused 10 (50.00%) vs 0 (0.00%) (needs < 5 or <= old + 1.00%)"
+    row = next(line for line in table(verdict) if line.startswith("refused"))
+    assert row.split()[-1] == "FAIL"
+    # Without the router's counters the same workers look healthy: 10 vs 20 requests, no errors
+    blind = group_stats([WorkerWindow(REFUSING, scrape(20, 0, (0, 0, 0)), scrape(30, 0, (0, 0, 0)), (), 0, 0)])
+    assert (blind.sent, blind.refused, blind.error_rate) == (None, 0.0, 0.0)
+
+
+def test_router_counters_read_as_deltas_per_worker_with_restarts_and_older_names() -> None:
+    # An aborted request the router also saw fail is one error, not two
+    aborted = WorkerWindow(REFUSING, scrape(20, 0, (0, 0, 0)), scrape(30, 3, (0, 0, 0)), (), 0, 0,
+                           ROUTER_START, ROUTER_END)  # fmt: skip
+    stats = group_stats([aborted])
+    assert (stats.errors, stats.refused, stats.error_rate) == (3, 7, 0.5)
+    # A router restarted in the window counts from zero: its end is the delta
+    restarted = WorkerWindow(SERVING, scrape(20, 0, (0, 0, 0)), scrape(40, 0, (0, 0, 0)), (), 0, 0, ROUTER_END,
+                             ROUTER_START)  # fmt: skip
+    assert group_stats([restarted]).sent == 20
+    # Routers that count only requests sent: refused = sent - counted by the worker - its queue's growth
+    older = promtext.parse(f'sgl_router_processed_requests_total{{worker="{A}"}} 50\n')
+    zero = promtext.parse(f'sgl_router_processed_requests_total{{worker="{A}"}} 0\n')
+    window = WorkerWindow(A, scrape(0, 0, (0, 0, 0)), scrape(40, 0, (0, 0, 0)), (), 0, 0, zero, older)
+    assert (group_stats([window]).sent, group_stats([window]).refused) == (50, 10)
+    # A worker the router never sent to has no series: 0 sent, nothing refused
+    assert group_stats([WorkerWindow("http://elsewhere:1", scrape(0, 0, (0, 0, 0)), scrape(0, 0, (0, 0, 0)), (),
+                                     0, 0, ROUTER_START, ROUTER_END)]).sent == 0  # fmt: skip
+    # An unread router: no refusals claimed, the comparison waits (metrics read fails)
+    unread = WorkerWindow(A, scrape(0, 0, (0, 0, 0)), scrape(40, 0, (0, 0, 0)), (), 0, 0, ROUTER_START,
+                          promtext.Scrape({}, error="ConnectError"))  # fmt: skip
+    stats = group_stats([unread])
+    assert (stats.sent, stats.router_unread) == (None, "ConnectError")
+    verdict = judge(stats, OLD, CONFIG, None, elapsed=400.0)
+    assert verdict.decision is Decision.CONTINUE and "router /metrics: ConnectError" in verdict.reason
