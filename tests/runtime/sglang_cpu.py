@@ -1,4 +1,4 @@
-"""Import SGLang 0.5.23 on a CPU-only test host (docs/sglang.md, "Importing SGLang without a GPU").
+"""Import SGLang 0.5.23 on a CPU-only test host (docs/ci.md, "Importing SGLang without a GPU").
 
 The test environment has torch 2.13 (CPU) and sglang installed with --no-deps plus the few modules its import
 chain needs (.ci/sglang-test-requirements.txt). One module cannot be installed honestly: the only torchvision

@@ -8,7 +8,7 @@ runs baseline, DDTREE shadow and DDTREE tree (exact through the recurrent layers
 
 Each mode is one Engine launch, run by the session's engine host (the `sglang_engine` fixture,
 tests/runtime/sglang_host.py: SGLang imported once, each launch forked from it); SGLang is never imported into
-the pytest process. docs/sglang.md, "SGLang's engine on CPU, in CI", lists the stub and patches
+the pytest process. docs/ci.md, "SGLang's engine on CPU, in CI", lists the stub and patches
 (tests/runtime/sglang_engine/) this needs on a CPU and what it does and does not prove.
 """
 
@@ -212,8 +212,58 @@ def engine_runs(tiny_dense: Path, dense_reference: Reference, sglang_engine: Eng
         ),
         "wide": ({"speculative_algorithm": "DDTREE", **draft}, [tree], NEW_TOKENS, WIDE_ENV, {}),
         "policy": ({"speculative_algorithm": "DDTREE", **draft}, [tree[:1]], POLICY_TOKENS, POLICY_ENV, {}),
+        # every request kind in one batch, seeded sampling on (--enable-deterministic-inference): baseline and tree
+        "kinds-baseline": (KINDS_ENGINE, [kinds_prompts(prompts)], KINDS_TOKENS, {}, {"0": kinds(tiny_dense)}),
+        "kinds-tree": (
+            {**KINDS_ENGINE, "speculative_algorithm": "DDTREE", **draft},
+            [kinds_prompts(prompts)],
+            KINDS_TOKENS,
+            TREE_ENV,
+            {"0": kinds(tiny_dense)},
+        ),
     }
     return launcher("", engine_kwargs(tiny_dense / "target"), modes, sglang_engine)
+
+
+# Request kinds (docs/sglang.md, "Request kinds"): one batch holding every kind a tree round serves, decoded by
+# the baseline and by tree mode with seeded sampling on; each request's tokens must be the baseline's.
+KINDS_ENGINE = {"enable_deterministic_inference": True, "sampling_backend": "pytorch", "max_running_requests": 8}
+KINDS_TOKENS = 24
+KIND_NAMES = [
+    "greedy, logit_bias bans its 4th greedy token",
+    "greedy, frequency_penalty 1.5",
+    "greedy, presence_penalty 0.8, repetition_penalty 1.3",
+    "greedy, EOS pushed up by logit_bias, min_new_tokens 12",
+    "seeded, temperature 0.7",
+    "seeded, temperature 1.0, top_k 20, top_p 0.9",
+    "seeded, temperature 1.0",
+    "greedy",
+]
+
+
+def kinds_prompts(prompts: list[list[int]]) -> list[list[int]]:
+    """The prompt of each request kind (KIND_NAMES): the tree prompts and one chat prompt."""
+    t0, t1, c0 = prompts[TREE[0]], prompts[TREE[1]], prompts[CHAT[0]]
+    return [t0, t1, t0, c0, t1, t0, c0, t1]
+
+
+def kinds(models: Path) -> list[dict[str, Any]]:
+    """The sampling parameters of each request kind (KIND_NAMES). The banned token is transformers' 4th greedy
+    token of the first tree prompt; EOS is the tokenizer's."""
+    from transformers import AutoTokenizer
+
+    reference = greedy_reference(models, [DENSE_TEXTS[TREE[0]]])
+    eos = AutoTokenizer.from_pretrained(models / "target").eos_token_id
+    return [
+        {"logit_bias": {str(reference.outputs[0][3]): -100.0}},
+        {"frequency_penalty": 1.5},
+        {"presence_penalty": 0.8, "repetition_penalty": 1.3},
+        {"logit_bias": {str(eos): 30.0}, "min_new_tokens": 12},
+        {"temperature": 0.7, "sampling_seed": 11},
+        {"temperature": 1.0, "top_k": 20, "top_p": 0.9, "sampling_seed": 12},
+        {"temperature": 1.0, "sampling_seed": 13},
+        {},
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -351,7 +401,7 @@ def test_ddtree_tree_engine_matches_baseline_and_transformers_and_accepts_off_th
     assert_matches_reference(mixed[:1], expected.pick([1]), NEW_TOKENS)
     assert_equals_baseline(batched + single + mixed[:1], baseline_outputs(engine_runs))
     assert len(mixed[1]["output_ids"]) == 6
-    assert "DDTREE tree verify: batches with sampling requests take DFLASH's chain verify" in log
+    assert "take DFLASH's chain verify" not in log  # the sampled request rides the tree rounds too
     assert SELFCHECK_OK in log and "self-check FAILED" not in log
     assert all(length > 1 for length in accept_lengths(batched + single)), accept_lengths(batched + single)
     assert f"DDTREE init mode=tree budget={TREE_BUDGET} topk={TREE_TOPK} block={DRAFT_BLOCK} hybrid=none" in log
@@ -363,6 +413,33 @@ def test_ddtree_tree_engine_matches_baseline_and_transformers_and_accepts_off_th
     print("\n".join(m.group(0) for m in METRICS.finditer(log)))
     # A tree that only ever accepted its spine would be a chain verify with extra nodes: show it is not.
     assert off_spine > 0, "no round accepted a non-spine node"
+
+
+@needs_sglang
+def test_every_request_kind_takes_tree_rounds_and_gets_the_baseline_tokens(
+    engine_runs: Launcher, tiny_dense: Path
+) -> None:
+    """logit_bias, each penalty, min_new_tokens and seeded sampling (with and without top-k / top-p), batched
+    with greedy rows: tree mode's tokens equal the baseline's token for token, and the batch takes tree rounds
+    (no DFLASH chain round)."""
+    base, _ = engine_runs("kinds-baseline")
+    tree, log = engine_runs("kinds-tree")
+    (want,) = base["batches"]
+    (got,) = tree["batches"]
+    params = kinds(tiny_dense)
+    banned = int(next(iter(params[0]["logit_bias"])))
+    assert banned not in want[0]["output_ids"], "the banned token is in the baseline's output"
+    eos = int(next(iter(params[3]["logit_bias"])))
+    assert eos not in want[3]["output_ids"][:12] and eos in want[3]["output_ids"][12:], want[3]["output_ids"]
+    greedy = baseline_outputs(engine_runs)
+    assert want[1]["output_ids"][: len(greedy[tuple(want[1]["prompt_ids"])])] != greedy[tuple(want[1]["prompt_ids"])]
+    for name, w, g in zip(KIND_NAMES, want, got, strict=True):
+        assert g["output_ids"] == w["output_ids"], f"{name}: tree {g['output_ids']} != baseline {w['output_ids']}"
+    assert "take DFLASH's chain verify" not in log, log[-3000:]
+    lines = metrics_lines(log)
+    assert lines and sum(int(fields["rounds"]) for fields in lines) > 0, log[-3000:]
+    assert SELFCHECK_OK in log and "self-check FAILED" not in log
+    print("\n".join(m.group(0) for m in METRICS.finditer(log)))
 
 
 @needs_sglang

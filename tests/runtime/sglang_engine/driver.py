@@ -1,4 +1,4 @@
-"""Run SGLang's real Engine once and write its greedy outputs as JSON (docs/sglang.md, "SGLang's engine on CPU,
+"""Run SGLang's real Engine once and write its greedy outputs as JSON (docs/ci.md, "SGLang's engine on CPU,
 in CI").
 
     python driver.py JOB.json RESULT.json

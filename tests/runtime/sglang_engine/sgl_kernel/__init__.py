@@ -1,4 +1,4 @@
-"""Stand-in for the CPU build of `sgl_kernel`, for SGLang's engine in CI (docs/sglang.md, "SGLang's engine on
+"""Stand-in for the CPU build of `sgl_kernel`, for SGLang's engine in CI (docs/ci.md, "SGLang's engine on
 CPU, in CI").
 
 With `SGLANG_USE_CPU_ENGINE=1`, SGLang 0.5.23 imports a few `*_cpu` ops from `sgl_kernel` at module level
