@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.errors import InventoryError
+from opsctl.inventory import credfiles
 from opsctl.inventory import schema as s
 from opsctl.inventory.model import (
     SGLANG_DRAFT_BLOCK,
@@ -187,7 +188,7 @@ def _refuse_tokens(value: Any, path: str, depth: int) -> None:
 
 
 def _inventory(data: Any, source: str, base_dir: Path | None) -> Inventory:
-    top = s.mapping(data, "", {"defaults", "hosts", "routers"}, {"hosts"})
+    top = s.mapping(data, "", {"defaults", "hosts", "routers", credfiles.KEY}, {"hosts"})
     defaults = s.mapping(top.get("defaults"), "defaults", HOST_SCALARS | {"ssh", "service"})
     hosts_data = s.mapping(top["hosts"], "hosts", set(top["hosts"] or {}) if isinstance(top["hosts"], dict) else set())
     if not hosts_data:
@@ -204,7 +205,15 @@ def _inventory(data: Any, source: str, base_dir: Path | None) -> Inventory:
         if seen != host.name:
             raise InventoryError(f"hosts.{host.name}.address", f"{host.address} is already used by host {seen}")
     routers = parse_routers(top["routers"], hosts) if top.get("routers") is not None else ()
-    return Inventory(path=source, hosts=hosts, warnings=tuple(warnings), routers=routers)
+    inventory = Inventory(path=source, hosts=hosts, warnings=tuple(warnings), routers=routers)
+    policy = s.choice(top.get(credfiles.KEY, "refuse"), credfiles.KEY, credfiles.CredentialFiles)
+    loose = credfiles.find_loose(inventory)
+    if loose and policy is credfiles.CredentialFiles.REFUSE:
+        raise InventoryError(loose[0].where, loose[0].reason, loose[0].fix)
+    if loose:
+        extra = tuple(f"{f.where}: {f.reason}: {f.fix}" for f in loose)
+        inventory = replace(inventory, warnings=inventory.warnings + extra)
+    return inventory
 
 
 def _merged(defaults: dict[str, Any], own: dict[str, Any], key: str) -> Any:
