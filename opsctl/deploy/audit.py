@@ -4,6 +4,8 @@ Line format (key=value, values with spaces JSON-quoted): `time=... who=... host=
 release=... result=... detail="..." inventory=...`. Never contains a secret: callers pass ids, modes and
 messages only. On the control machine each inventory file has its own log (`local_log_path`), so the lines of
 a lab inventory and a production one are never mixed; `inventory=` names the file in both logs.
+
+Every audit line is written by `record`: the control machine's line, then (when connected) the host's copy.
 """
 
 from __future__ import annotations
@@ -16,8 +18,14 @@ import shlex
 import socket
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsctl.commands import Cmd, sh
+from opsctl.errors import OpsctlError
+
+if TYPE_CHECKING:
+    from opsctl.inventory.model import Host
+    from opsctl.remote.base import Connection
 
 HOST_LOG = "/var/lib/opsctl/audit.log"
 
@@ -67,3 +75,20 @@ def append_local(line: str, inventory: str = "", path: Path | None = None) -> No
             fh.write(line + "\n")
     except OSError:
         pass  # the local copy is a convenience; the host's log is the record
+
+
+def record(
+    host: Host, service: str, action: str, release: str | None, result: str, detail: str = "",
+    conn: Connection | None = None,
+) -> str:  # fmt: skip
+    """Audit one action: the line goes to the control machine's log of the host's inventory, and through `conn`
+    (when given) to the host's own log. The host's copy is best effort: a host that is gone keeps the local
+    line. Returns the line."""
+    line = audit_line(host.name, service, action, release, result, detail, inventory=host.inventory)
+    append_local(line, host.inventory)
+    if conn is not None:
+        try:
+            conn.run(append_host_cmd(line), check=False, timeout=30)
+        except OpsctlError:
+            pass  # host gone: the local line still records it
+    return line

@@ -93,18 +93,11 @@ class ServiceContext:
         return systemd.parse_show(self.run(systemd.show_cmd(self.paths.unit_name), timeout=LIVE_TIMEOUT_S))
 
     def audit_local(self, action: str, release_id: str | None, result: str, detail: str = "") -> str:
-        """The control machine's line (in its inventory's log); returned for the host's copy."""
-        inv = self.host.inventory
-        line = audit.audit_line(self.host.name, self.service.name, action, release_id, result, detail, inventory=inv)
-        audit.append_local(line, inv)
-        return line
+        """The control machine's line only (the host is unreachable)."""
+        return audit.record(self.host, self.service.name, action, release_id, result, detail)
 
     def audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
-        line = self.audit_local(action, release_id, result, detail)
-        try:
-            self.conn.run(audit.append_host_cmd(line), check=False, timeout=30)
-        except OpsctlError:
-            pass  # host gone: the local line still records it
+        audit.record(self.host, self.service.name, action, release_id, result, detail, conn=self.conn)
 
 
 def read_facts(ctx: ServiceContext) -> ReleaseFacts:

@@ -279,13 +279,7 @@ def _audit_refusal(
     """A refused deploy is an action too: who tried, and why (who held the lock, the guard that refused), in
     the control machine's log of the host's inventory and (when connected) on the host."""
     for svc in services:
-        line = audit.audit_line(host.name, svc, action, None, result, why, inventory=host.inventory)
-        audit.append_local(line, host.inventory)
-        if conn is not None:
-            try:
-                conn.run(audit.append_host_cmd(line), check=False, timeout=30)
-            except OpsctlError:
-                pass
+        audit.record(host, svc, action, None, result, why, conn=conn)
 
 
 def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:

@@ -148,12 +148,13 @@ class Canary:
         self.http.close()
 
     def _audit(self, action: str, result: str, detail: str) -> None:
-        line = audit.audit_line(self.router.host, self.router.unit_base, action, None, result, detail)
-        audit.append_local(line)
+        """In the router's inventory's own log, as the same run's deploy lines are."""
         try:
-            self._conn(self.router.host).run(audit.append_host_cmd(line), check=False, timeout=30)
+            conn: Connection | None = self._conn(self.router.host)
         except OpsctlError:
-            pass
+            conn = None
+        host = self.inventory.host(self.router.host)
+        audit.record(host, self.router.unit_base, action, None, result, detail, conn=conn)
 
     def _save(self, phase: str, message: str = "") -> None:
         """The phase (and comparison) on the router's host, for `opsctl status`; best effort."""

@@ -98,13 +98,7 @@ class RouterDeploy:
         return self.remote.run(cmd, timeout=timeout, check=check).stdout
 
     def _audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
-        inv, name = self.host.inventory, self.router.unit_base
-        line = audit.audit_line(self.host.name, name, action, release_id, result, detail, inventory=inv)
-        audit.append_local(line, inv)
-        try:
-            self.remote.run(audit.append_host_cmd(line), check=False, timeout=30)
-        except OpsctlError:
-            pass
+        audit.record(self.host, self.router.unit_base, action, release_id, result, detail, conn=self.remote)
 
     def facts(self) -> ReleaseFacts:
         return release.parse_release_facts(self._run(release.facts_cmd(self.paths)))

@@ -125,9 +125,4 @@ def remove(
 
 
 def _audit(conn: Connection, host: Host, router: str, result: str, detail: str) -> None:
-    line = audit.audit_line(host.name, PREFIX + router, "router-remove", None, result, detail, inventory=host.inventory)
-    audit.append_local(line, host.inventory)
-    try:
-        conn.run(audit.append_host_cmd(line), check=False, timeout=30)
-    except OpsctlError:
-        pass  # host gone: the local line records it
+    audit.record(host, PREFIX + router, "router-remove", None, result, detail, conn=conn)

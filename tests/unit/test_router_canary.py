@@ -5,12 +5,13 @@ release it replaced, audits it and leaves the rest untouched."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import httpx
 import pytest
 
-from opsctl.deploy import runner
+from opsctl.deploy import audit, runner
 from opsctl.deploy.flow import DeploySettings, ServiceResult
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.runner import RolloutOptions, RunReport
@@ -89,6 +90,42 @@ def test_ctrl_c_while_measuring_rolls_the_canary_back(monkeypatch: pytest.Monkey
     audit = (tmp_path / "opsctl" / "audit.log").read_text()
     assert "action=canary-start" in audit and "action=canary release=- result=interrupted" in audit
     assert canary_mod.state_path(router) in hosts["h1"].files
+
+
+def test_the_canary_audits_into_its_inventorys_own_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """The canary's lines land in the log of the inventory file, beside the same run's deploy lines (they used
+    to land in the catch-all log), and on the router's host."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    where = str(tmp_path / "fleet.yaml")
+    inv = inventory()
+    inv = dataclasses.replace(inv, hosts=tuple(dataclasses.replace(h, inventory=where) for h in inv.hosts))
+    router = inv.router("front")
+    monkeypatch.setattr(
+        runner,
+        "deploy",
+        lambda *a, **k: RunReport("deploy", [ServiceResult("h1", "a", Outcome.DEPLOYED, "R-new", "R-old")]),
+    )
+    monkeypatch.setattr(
+        runner,
+        "rollback",
+        lambda *a, **k: RunReport("rollback", [ServiceResult("h1", "a", Outcome.REVERTED, "R-old", "R-new")]),
+    )
+    hosts: dict[str, FakeHost] = {}
+    job = Canary(inv, router, selection(inv), lambda _: None, lambda h: hosts.setdefault(h.name, FakeHost(h.name)))
+    answer = {"workers": [{"id": "1", "url": "http://10.0.0.1:30000", "is_healthy": True},
+                          {"id": "2", "url": "http://10.0.0.2:30000", "is_healthy": True}]}  # fmt: skip
+    job.http = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200, json=answer)))
+
+    def interrupted(*_: Any, **__: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(job, "measure", interrupted)
+    job.run(None, DeploySettings(), RolloutOptions())  # type: ignore[arg-type]
+    own = audit.local_log_path(where).read_text().splitlines()
+    assert [ln.split(" action=")[1].split(" ")[0] for ln in own] == ["canary-start", "canary"]
+    assert all(ln.endswith(f"inventory={where}") and f"service={router.unit_base}" in ln for ln in own)
+    assert not (tmp_path / "opsctl" / "audit.log").exists()
+    assert sum("audit.log" in c and "action=canary" in c for c in hosts[router.host].ran) == 2
 
 
 class Fleet:
