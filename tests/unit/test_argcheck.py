@@ -50,3 +50,30 @@ def test_existing_paths_repo_ids_and_managed_models_pass(tmp_path: Path, model: 
 def test_the_parser_still_speaks_first(tmp_path: Path, model: Path) -> None:
     refused = _check(tmp_path, ["--model-path", str(model), "--port", "0", "--tokenizer-path", "/nonexistent"])
     assert refused is not None and "port" in refused and "not on the host" not in refused
+
+
+def test_a_path_of_the_wrong_kind_is_refused_with_what_the_flag_needs(tmp_path: Path, model: Path) -> None:
+    """Issue 42: `--tokenizer-path` naming a file passed pre-flight; the service then failed every request."""
+    (model / "tokenizer.json").write_text("{}")
+    (tmp_path / "template.jinja").write_text("{{ messages }}")
+    refused = _check(tmp_path, ["--model-path", str(model), "--tokenizer-path", f"{model}/tokenizer.json"])
+    assert refused == (
+        f"error: wrong kind of path: --tokenizer-path {model}/tokenizer.json is a file, needs a directory"
+    )
+    refused = _check(tmp_path, ["--model-path", str(model), "--chat-template", str(model), "--tokenizer-path", "/no"])
+    assert refused == (
+        "error: not on the host (no such file or directory): --tokenizer-path /no; "
+        f"wrong kind of path: --chat-template {model} is a directory, needs a file"
+    )
+    ok = ["--model-path", str(model), "--tokenizer-path", str(model), "--chat-template", f"{tmp_path}/template.jinja"]
+    assert _check(tmp_path, ok) is None
+
+
+def test_each_engine_says_what_each_path_flag_needs() -> None:
+    reference, sglang = argcheck.path_kinds(Engine.REFERENCE), argcheck.path_kinds(Engine.SGLANG)
+    assert set(reference) == set(sglang) == argcheck.PATH_FLAGS
+    assert argcheck.needs(reference["--tokenizer-path"]) == "a directory"
+    assert argcheck.needs(sglang["--tokenizer-path"]) == "a directory or a .json or .gguf file"  # tiktoken, GGUF
+    assert argcheck.needs(sglang["--model-path"]) == "a directory or a .gguf file"
+    assert argcheck.needs(sglang["--ssl-keyfile"]) == "a file"
+    assert argcheck.needs(sglang["--kt-weight-path"]) == "a directory or a file"
