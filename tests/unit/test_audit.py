@@ -12,7 +12,7 @@ from opsctl.commands import Cmd
 from opsctl.deploy import audit, runner
 from opsctl.deploy.flow import DeploySettings
 from opsctl.deploy.runner import RolloutOptions
-from opsctl.errors import DeployError
+from opsctl.errors import DeployError, RemoteError
 from opsctl.inventory.load import load_inventory
 from opsctl.remote.fake import FakeHost
 
@@ -114,3 +114,21 @@ def test_plan_writes_no_audit_line(state: Path, tmp_path: Path) -> None:
         connect=lambda h: FakeHost(h.name, handler=_host_handler(NEW, [OLD, NEW])),
     )  # fmt: skip
     assert report.failures == 1 and _local_lines(GOLDEN) == []
+
+
+class _Gone:
+    def run(self, cmd: Cmd, timeout: float | None = None, check: bool = True) -> None:
+        raise RemoteError("lab1", "printf", None, "connection lost")
+
+
+def test_record_writes_the_inventorys_log_then_the_hosts_and_survives_a_host_that_is_gone(state: Path) -> None:
+    host = load_inventory(GOLDEN).hosts[0]
+    fake = FakeHost(host.name)
+    line = audit.record(host, "ref-shadow", "deploy", NEW, "ok", "previous=-", conn=fake)
+    assert line.endswith(f"inventory={GOLDEN.resolve()}") and f"release={NEW} result=ok" in line
+    assert _local_lines(GOLDEN) == [line]
+    assert len(fake.ran) == 1 and audit.HOST_LOG in fake.ran[0] and "action=deploy" in fake.ran[0]
+    gone = audit.record(host, "ref-shadow", "deploy", NEW, "unreachable", conn=_Gone())  # type: ignore[arg-type]
+    assert _local_lines(GOLDEN) == [line, gone]
+    local_only = audit.record(host, "ref-shadow", "deploy", NEW, "failed")
+    assert _local_lines(GOLDEN)[-1] == local_only and len(fake.ran) == 1
