@@ -12,10 +12,10 @@ from opsctl.commands import sh
 from opsctl.deploy import release, secret_fp
 from opsctl.errors import DeployError, OpsctlError
 from opsctl.ops.errors import FactError
-from opsctl.ops.facts.system import gib, parse_df
+from opsctl.ops.facts.system import parse_df, size_iec
 
 if TYPE_CHECKING:
-    from opsctl.deploy.flow import ServiceContext
+    from opsctl.deploy.context import ServiceContext
 
 # A release is a few small files plus the runtime installed with `pip --target` (~1-5 MB); pip also needs
 # room for its temporary unpacking. Below this much free space, staging is refused before it starts.
@@ -78,8 +78,8 @@ def check_free_space(ctx: ServiceContext, need: int = MIN_FREE_BYTES) -> None:
         return  # cannot tell; staging itself will say what is wrong
     if space.available < need:
         raise DeployError(
-            f"{ctx.host.name}: only {gib(space.available)} free in {space.mount} ({root}), "
-            f"a release needs {gib(need)}; nothing was changed",
+            f"{ctx.host.name}: only {size_iec(space.available)} free in {space.mount} ({root}), "
+            f"a release needs {size_iec(need)}; nothing was changed",
             f"free space on {space.mount} (old releases in {ctx.paths.releases}, logs, caches), then deploy again",
         )
 

@@ -49,7 +49,7 @@ from opsctl.ops.facts.manifest import (
     size_listing_cmd,
     source_stamps,
 )
-from opsctl.ops.facts.system import DiskSpace, gib, parse_df
+from opsctl.ops.facts.system import DiskSpace, parse_df, size_iec
 from opsctl.remote.base import Connection
 
 NAME = "model_sync"
@@ -101,7 +101,7 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
     state = compare(manifest, facts.final) if facts.final_exists else None
     if state is not None and state.matches:
         actions: list[Action] = []
-        notes = [f"{p.final}: {len(manifest.files)} files, {gib(manifest.total_bytes)}, manifest verified"]
+        notes = [f"{p.final}: {len(manifest.files)} files, {size_iec(manifest.total_bytes)}, manifest verified"]
         if facts.stored_manifest != manifest:
             actions.append(PutText(f"{p.final}/{MANIFEST_NAME}", manifest.to_json()))
             notes.append(f"{p.final}: write the manifest")
@@ -117,8 +117,8 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
     need = sum(e.size for path, e in manifest.files.items() if path not in have)
     if need > facts.space.available:
         raise ShmTooSmallError(
-            f"{spec.name} needs {gib(need)} more in {facts.space.mount} ({need} bytes; model "
-            f"{gib(manifest.total_bytes)}), only {gib(facts.space.available)} available "
+            f"{spec.name} needs {size_iec(need)} more in {facts.space.mount} ({need} bytes; model "
+            f"{size_iec(manifest.total_bytes)}), only {size_iec(facts.space.available)} available "
             f"({facts.space.available} bytes)",
             f"free space in {facts.space.mount} (remove unused models) or enlarge it",
         )
@@ -166,9 +166,9 @@ def _copy(spec: ModelSpec, manifest: Manifest, staging: str) -> list[Action]:
 
 
 def _why(p: ModelPaths, manifest: Manifest, state: DirState | None, need: int) -> str:
-    size = f"{len(manifest.files)} files, {gib(manifest.total_bytes)}"
+    size = f"{len(manifest.files)} files, {size_iec(manifest.total_bytes)}"
     if state is None:
-        return f"{p.final}: absent; copy {size} ({gib(need)} to transfer)"
+        return f"{p.final}: absent; copy {size} ({size_iec(need)} to transfer)"
     parts = []
     if state.bad:
         parts.append(f"{len(state.bad)} corrupted or changed ({', '.join(sorted(state.bad)[:3])})")
@@ -176,7 +176,7 @@ def _why(p: ModelPaths, manifest: Manifest, state: DirState | None, need: int) -
         parts.append(f"{len(state.missing)} missing")
     if state.extra:
         parts.append(f"{len(state.extra)} not in the source")
-    return f"{p.final}: {'; '.join(parts)}; re-copy ({gib(need)} to transfer)"
+    return f"{p.final}: {'; '.join(parts)}; re-copy ({size_iec(need)} to transfer)"
 
 
 def _verify_judge(name: str, manifest: Manifest) -> Callable[[int, str, str], None]:

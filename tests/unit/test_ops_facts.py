@@ -183,3 +183,13 @@ def test_manifest_json_round_trip() -> None:
     assert parse_manifest_json("") is None
     assert parse_manifest_json("{not json") is None
     assert parse_manifest_json('{"files": {"x": {"size": 1}}}') is None
+
+
+def test_sizes_keep_a_readable_unit() -> None:
+    """Issue 42: a model of 1.8 MB read `0.00 GiB`."""
+    from opsctl.ops.facts.system import size_iec
+
+    assert size_iec(1_800_000) == "1.7 MiB"
+    assert size_iec(2 * 2**30) == "2.00 GiB"
+    assert size_iec(1100) == "1.1 KiB"
+    assert (size_iec(512), size_iec(0)) == ("512 B", "0 B")

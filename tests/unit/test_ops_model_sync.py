@@ -99,7 +99,7 @@ def test_absent_model_is_staged_verified_and_renamed() -> None:
         verify.judge(0, "100 config.json\n999 model.safetensors\n", "")
     with pytest.raises(ManifestMismatchError, match=r"does not match the source manifest: extra\.bin"):
         verify.judge(0, "100 config.json\n1000 model.safetensors\n5 extra.bin\n", "")
-    assert notes == ["/dev/shm/m: absent; copy 2 files, 0.00 GiB (0.00 GiB to transfer)"]
+    assert notes == ["/dev/shm/m: absent; copy 2 files, 1.1 KiB (1.1 KiB to transfer)"]
 
 
 def test_manifest_without_stamps_hashes_the_copy() -> None:
@@ -117,7 +117,7 @@ def test_manifest_without_stamps_hashes_the_copy() -> None:
 def test_matching_model_with_manifest_is_unchanged() -> None:
     actions, notes = plan_model(SPEC, MANIFEST, facts(dict(MANIFEST.files), stored=MANIFEST))
     assert actions == []
-    assert notes == ["/dev/shm/m: 2 files, 0.00 GiB, manifest verified"]
+    assert notes == ["/dev/shm/m: 2 files, 1.1 KiB, manifest verified"]
 
 
 def test_matching_model_without_manifest_only_writes_it() -> None:
@@ -135,7 +135,7 @@ def test_corrupted_file_is_recopied_good_files_are_hard_linked() -> None:
         "push /models/m -> /dev/shm/.opsctl-sync-m",
     ]
     assert displays(actions)[-1] == SWAP
-    assert notes == ["/dev/shm/m: 1 corrupted or changed (model.safetensors); re-copy (0.00 GiB to transfer)"]
+    assert notes == ["/dev/shm/m: 1 corrupted or changed (model.safetensors); re-copy (1000 B to transfer)"]
 
 
 def test_leftover_staging_is_reused_and_its_bad_files_dropped() -> None:
@@ -149,7 +149,7 @@ def test_too_small_shm_is_refused_with_the_numbers() -> None:
     with pytest.raises(ShmTooSmallError) as info:
         plan_model(SPEC, MANIFEST, facts(None, space=small))
     assert info.value.message == (
-        "m needs 0.00 GiB more in /dev/shm (1100 bytes; model 0.00 GiB), only 0.00 GiB available (500 bytes)"
+        "m needs 1.1 KiB more in /dev/shm (1100 bytes; model 1.1 KiB), only 500 B available (500 bytes)"
     )
     # the bytes already good (at the final path or staged) do not count
     final = {"model.safetensors": FileEntry(1000, B)}

@@ -41,5 +41,10 @@ def parse_python_version(exit_code: int, text: str) -> tuple[int, int, int] | No
     return int(match[1]), int(match[2]), int(match[3])
 
 
-def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def size_iec(n: int) -> str:
+    """Bytes in the largest binary unit that keeps the number >= 1: `1.8 MiB`, `2.00 GiB`, `512 B` (a model of
+    1.8 MB read `0.00 GiB`)."""
+    for unit, scale, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 1), ("KiB", 2**10, 1)):
+        if abs(n) >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return f"{n} B"
