@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 
 from opsctl import promtext, remote, smoke, systemd
-from opsctl.artifact import RuntimeWheel
 from opsctl.commands import Cmd, sh
 from opsctl.deploy import audit, release, runner
 from opsctl.deploy.flow import DeploySettings, ServiceResult
@@ -38,6 +37,7 @@ from opsctl.router.api import RouterClient
 from opsctl.router.render import router_url, worker_url
 from opsctl.router.rolling import RouterGuard
 from opsctl.router.status import STATE_DIR, state_path
+from opsctl.wheel import RuntimeWheel
 
 Selection = Sequence[tuple[Host, Sequence[Service]]]
 # Tokens per replayed prompt: a divergence of tree verify shows within the first rounds, and the replay runs
@@ -411,6 +411,8 @@ class Canary:
                     report.results.append(result)
 
     def _finish(self, phase: str, message: str) -> CanaryReport:
+        if self.report.table and self.report.table[-1].startswith(f"verdict: {judge.Decision.CONTINUE.value.upper()}"):
+            self.report.table[-1] = f"verdict: NONE ({phase}: {message})"  # the last look's, stale from now on
         self._save(phase, message)
         self._audit("canary", phase, message)
         self.say(f"canary: {message}")

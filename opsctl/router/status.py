@@ -22,8 +22,12 @@ from opsctl.systemd import UnitState, parse_show, show_cmd
 STATE_DIR = "/var/lib/opsctl/canary"  # the router's last canary (opsctl.router.canary writes it)
 
 
+def state_file(name: str) -> str:
+    return f"{STATE_DIR}/{name}.json"
+
+
 def state_path(router: Router) -> str:
-    return f"{STATE_DIR}/{router.name}.json"
+    return state_file(router.name)
 
 
 def parse_state(text: str) -> dict[str, Any] | None:

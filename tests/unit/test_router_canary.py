@@ -282,3 +282,36 @@ def test_a_slow_canary_is_rolled_back_by_itself_and_audited(monkeypatch: pytest.
     assert any(line.startswith("canary: ITL p95") and line.endswith("FAIL") for line in said), said
     audit = (tmp_path / "opsctl" / "audit.log").read_text()
     assert "action=canary-verdict release=- result=roll-back" in audit and "result=rolled-back" in audit
+
+
+def test_an_interrupted_canary_leaves_no_continue_verdict(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Issue 42: status kept showing the last look's `verdict: CONTINUE (window open ...)` after Ctrl-C."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    monkeypatch.setattr(runner, "deploy", lambda *a, **k: RunReport("deploy", [
+        ServiceResult("h1", "a", Outcome.DEPLOYED, "R-new", "R-old")]))  # fmt: skip
+    monkeypatch.setattr(runner, "rollback", lambda *a, **k: RunReport("rollback", [
+        ServiceResult("h1", "a", Outcome.REVERTED, "R-old", "R-new")]))  # fmt: skip
+    fleet = Fleet()
+    inv = inventory(min_requests=10, window=20, replay=0)
+    now = [0.0]
+    hosts: dict[str, FakeHost] = {}
+
+    def sleep(s: float) -> None:
+        if now[0] >= 5.0:  # after the first look (at 5 s): Ctrl-C
+            raise KeyboardInterrupt
+        now[0] += s
+
+    job = Canary(inv, inv.router("front"), selection(inv), lambda _: None,
+                 lambda h: hosts.setdefault(h.name, fleet.host(h.name)), clock=lambda: now[0], sleep=sleep)  # fmt: skip
+    members = {"workers": [{"id": "1", "url": "http://10.0.0.1:30000", "is_healthy": True},
+                           {"id": "2", "url": "http://10.0.0.2:30000", "is_healthy": True}]}  # fmt: skip
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return fleet.metrics(request) if request.url.path == "/metrics" else httpx.Response(200, json=members)
+
+    job.http = httpx.Client(transport=httpx.MockTransport(answer))
+    _, state = job.run(None, DeploySettings(), RolloutOptions())  # type: ignore[arg-type]
+    assert state.phase == "interrupted" and state.table[0].startswith("metric")
+    assert state.table[-1] == "verdict: NONE (interrupted: interrupted: canary rolled back, the old release serves)"
+    saved = hosts["h1"].files[canary_mod.state_path(inv.router("front"))]
+    assert "CONTINUE" not in str(saved) and "verdict: NONE" in str(saved)

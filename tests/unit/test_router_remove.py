@@ -59,11 +59,13 @@ def test_remove_runs_the_teardown_in_order_under_the_lock(monkeypatch: pytest.Mo
     inv, fake = _inventory(), _host()
     result = remove.remove(fake, inv, inv.host("h1"), "old", plan=False, say=lambda _m: None)
     assert result.removed
-    teardown = [c for c in fake.ran if "router-old" in c and "audit" not in c and "show" not in c]
+    ours = ("router-old", "canary/old")
+    teardown = [c for c in fake.ran if any(o in c for o in ours) and "audit" not in c and "show" not in c]
     assert teardown == [
         "systemctl disable --now --quiet -- opsctl-router-old.service",
         "rm -f -- /etc/systemd/system/opsctl-router-old.service",
         "rm -rf -- /opt/opsctl/services/router-old",
+        "rm -f -- /var/lib/opsctl/canary/old.json",  # its last canary's state, shown by status until now
         "sh -c 'systemctl reset-failed -- opsctl-router-old.service 2>/dev/null || true'",
     ]
     lock = [i for i, c in enumerate(fake.ran) if "deploy.lock" in c]
