@@ -16,50 +16,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.commands import Cmd
 from opsctl.errors import DeployError
 from opsctl.ops.base import Action, Push, execute, read
-from opsctl.ops.facts.manifest import sha256_file
 from opsctl.remote.base import Connection
+from opsctl.wheel import RuntimeWheel
 
-REMOTE_WHEELS = "/opt/opsctl/wheels"
 RUNTIME_SRC = Path(__file__).resolve().parents[1] / "runtime"
-
-
-def wheel_version(wheel_name: str) -> str:
-    """`ddtree_runtime-0.1.0-py3-none-any.whl` -> `0.1.0`."""
-    parts = wheel_name.split("-")
-    return parts[1] if len(parts) >= 5 and wheel_name.endswith(".whl") else "unknown"
-
-
-def remote_wheel_path(wheel_name: str, sha256: str) -> str:
-    """Where a wheel lives on a host, content-addressed: `<REMOTE_WHEELS>/<sha256[:16]>/<wheel>`."""
-    return f"{REMOTE_WHEELS}/{sha256[:16]}/{wheel_name}"
-
-
-@dataclass(frozen=True)
-class RuntimeWheel:
-    path: Path  # on the control machine
-    sha256: str
-
-    @staticmethod
-    def of(path: Path) -> RuntimeWheel:
-        return RuntimeWheel(path, sha256_file(path))
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    @property
-    def version(self) -> str:
-        return wheel_version(self.path.name)
-
-    @property
-    def remote_path(self) -> str:
-        return remote_wheel_path(self.path.name, self.sha256)
 
 
 # ---------------------------------------------------------------- build

@@ -9,33 +9,25 @@ is healthy, mark the failed release bad. The caller holds the host's deploy lock
 from __future__ import annotations
 
 import difflib
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-
-import httpx
 
 from opsctl import __version__, artifact, health, logs, modelcheck, systemd
-from opsctl.artifact import RuntimeWheel
 from opsctl.commands import Cmd
-from opsctl.deploy import argcheck, audit, corridor, guards, preflight, release, secret_fp
+from opsctl.deploy import argcheck, corridor, guards, preflight, release, secret_fp
+from opsctl.deploy.context import LIVE_TIMEOUT_S, ServiceContext
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate
-from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
+from opsctl.deploy.release import Manifest, ReleaseFacts
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.staged import StagedRelease
 from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError
-from opsctl.inventory.model import Engine, Host, Service
+from opsctl.inventory.model import Engine
 from opsctl.progress import Ticker
-from opsctl.remote.base import Connection
 from opsctl.render import SERVER_MODULE
 from opsctl.secrets import SecretError
 from opsctl.smoke import smoke_service
+from opsctl.wheel import RuntimeWheel
 
-# Commands after the switch are short (systemctl, ln, install): one that takes longer means the host is gone
-# or hung, and is reported like an unreachable host instead of waiting for the inventory's command timeout.
-LIVE_TIMEOUT_S = 60.0
 JOURNAL_TAIL_LINES = 30
 NOT_SWITCHED = "interrupted before the switch"  # a reason that needs no rollback: nothing live changed
 
@@ -63,41 +55,6 @@ class ServiceResult:
     journal_tail: str = ""
     plan: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)  # stage_s, restart_s, healthy_s, smoke_s, total_s
-
-
-@dataclass
-class ServiceContext:
-    host: Host
-    service: Service
-    conn: Connection
-    http: httpx.Client
-    cancel: threading.Event
-    say: Callable[[str], None]  # progress line (already prefixed by the caller)
-    now: datetime = field(default_factory=lambda: datetime.now(UTC))
-    # Called once staging passed, right before the switch: takes the service out of its routers
-    # (opsctl.router.rolling). An error there fails the deploy with nothing switched.
-    before_live: Callable[[], None] | None = None
-
-    @property
-    def paths(self) -> ServicePaths:
-        return ServicePaths(self.service.name)
-
-    def check_cancel(self) -> None:
-        if self.cancel.is_set():
-            raise Interrupted()
-
-    def run(self, cmd: Cmd, check: bool = True, timeout: float | None = None) -> str:
-        return self.conn.run(cmd, timeout=timeout, check=check).stdout
-
-    def unit_state(self) -> systemd.UnitState:
-        return systemd.parse_show(self.run(systemd.show_cmd(self.paths.unit_name), timeout=LIVE_TIMEOUT_S))
-
-    def audit_local(self, action: str, release_id: str | None, result: str, detail: str = "") -> str:
-        """The control machine's line only (the host is unreachable)."""
-        return audit.record(self.host, self.service.name, action, release_id, result, detail)
-
-    def audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
-        audit.record(self.host, self.service.name, action, release_id, result, detail, conn=self.conn)
 
 
 def read_facts(ctx: ServiceContext) -> ReleaseFacts:

@@ -65,6 +65,28 @@ class SshConfig:
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """Where to connect: address, port, user (the target or a jump host)."""
+
+    address: str
+    port: int
+    user: str
+
+    @staticmethod
+    def parse_jump(text: str, default_user: str) -> Endpoint:
+        """`[user@]host[:port]`."""
+        user, _, rest = text.rpartition("@")
+        host, sep, port = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
+        if not sep:
+            host = rest
+        return Endpoint(host, int(port) if port else 22, user or default_user)
+
+    @property
+    def known_hosts_name(self) -> str:
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+
+@dataclass(frozen=True)
 class CudaConfig:
     toolkit_package: str = "cuda-toolkit-13-0"  # apt package from NVIDIA's CUDA repository
     home: str = "/usr/local/cuda-13.0"  # CUDA_HOME in the units (FlashInfer JIT needs nvcc)

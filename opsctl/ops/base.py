@@ -20,7 +20,7 @@ from opsctl.ops.facts.manifest import Manifest
 from opsctl.remote.base import Connection, RunResult
 
 if TYPE_CHECKING:
-    from opsctl.artifact import RuntimeWheel
+    from opsctl.wheel import RuntimeWheel
 
 
 @dataclass(frozen=True)

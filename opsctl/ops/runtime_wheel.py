@@ -8,8 +8,8 @@ an unchanged runtime/ means the same bytes and no push.
 from __future__ import annotations
 
 from opsctl import artifact
-from opsctl.artifact import RuntimeWheel
 from opsctl.ops.base import Context, Plan, execute
+from opsctl.wheel import RuntimeWheel
 
 NAME = "runtime_wheel"
 

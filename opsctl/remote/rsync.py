@@ -9,14 +9,10 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from opsctl.errors import HostKeyError, OpsctlError, RemoteError, UnreachableError
-from opsctl.inventory.model import SshConfig
+from opsctl.inventory.model import Endpoint, SshConfig
 from opsctl.progress import human_bytes
-
-if TYPE_CHECKING:
-    from opsctl.remote.ssh import Endpoint
 
 # Whole-transfer progress (one line, rewritten with \r; Popen's universal newlines make each a line).
 PROGRESS_FLAGS = ["--info=progress2", "--no-inc-recursive"]

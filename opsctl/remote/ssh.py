@@ -21,7 +21,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -29,7 +28,7 @@ import paramiko
 
 from opsctl.commands import Cmd
 from opsctl.errors import CommandTimeout, HostKeyError, RemoteError, UnreachableError
-from opsctl.inventory.model import Host, HostKeyPolicy, SshConfig
+from opsctl.inventory.model import Endpoint, Host, HostKeyPolicy, SshConfig
 from opsctl.progress import run_streamed
 from opsctl.remote import base
 from opsctl.remote.base import RunResult
@@ -48,28 +47,6 @@ BACKOFF_S = 0.5  # first retry delay; doubles per attempt
 BACKOFF_MAX_S = 8.0
 MAX_SESSIONS = 8  # concurrent commands per connection; sshd's default MaxSessions is 10 (one spare for kills)
 _KNOWN_HOSTS_LOCK = threading.Lock()  # one writer of known_hosts files per process
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where to connect: address, port, user (the target or a jump host)."""
-
-    address: str
-    port: int
-    user: str
-
-    @staticmethod
-    def parse_jump(text: str, default_user: str) -> Endpoint:
-        """`[user@]host[:port]`."""
-        user, _, rest = text.rpartition("@")
-        host, sep, port = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
-        if not sep:
-            host = rest
-        return Endpoint(host, int(port) if port else 22, user or default_user)
-
-    @property
-    def known_hosts_name(self) -> str:
-        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
 
 
 class _UnknownHostKey(paramiko.SSHException):

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.artifact import RuntimeWheel
 from opsctl.commands import Cmd
 from opsctl.deploy import audit, runner
 from opsctl.deploy.flow import DeploySettings
@@ -15,6 +14,7 @@ from opsctl.deploy.runner import RolloutOptions
 from opsctl.errors import DeployError, RemoteError
 from opsctl.inventory.load import load_inventory
 from opsctl.remote.fake import FakeHost
+from opsctl.wheel import RuntimeWheel
 
 GOLDEN = Path(__file__).parent / "golden" / "inventory.yaml"
 OLD = "20261129T200000Z-aaaaaaaaaaaa"

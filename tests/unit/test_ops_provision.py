@@ -122,8 +122,8 @@ def test_whole_run_with_fake_hosts_in_parallel(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_runtime_wheel_plan_is_content_addressed(tmp_path: Path) -> None:
-    from opsctl.artifact import RuntimeWheel
     from opsctl.ops.runtime_wheel import PushRuntimeWheel
+    from opsctl.wheel import RuntimeWheel
 
     wheel = tmp_path / "ddtree_runtime-0.1.0-py3-none-any.whl"
     wheel.write_bytes(b"wheel bytes")

@@ -2,7 +2,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from opsctl import artifact, systemd
+from opsctl import systemd, wheel
 from opsctl.deploy import release
 from opsctl.deploy.release import Manifest, ReleaseId, ServicePaths
 from opsctl.errors import DeployError
@@ -67,8 +67,8 @@ def test_manifest_roundtrip():
 
 
 def test_wheel_version():
-    assert artifact.wheel_version("ddtree_runtime-0.1.0-py3-none-any.whl") == "0.1.0"
-    assert artifact.wheel_version("weird.whl") == "unknown"
+    assert wheel.wheel_version("ddtree_runtime-0.1.0-py3-none-any.whl") == "0.1.0"
+    assert wheel.wheel_version("weird.whl") == "unknown"
 
 
 FACTS = """current /opt/opsctl/services/gpu0/releases/20261129T221500Z-bbbbbbbbbbbb

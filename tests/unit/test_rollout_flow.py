@@ -11,14 +11,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from opsctl.artifact import RuntimeWheel
 from opsctl.commands import Cmd
 from opsctl.deploy import flow
-from opsctl.deploy.flow import DeploySettings, ServiceContext
+from opsctl.deploy.context import ServiceContext
+from opsctl.deploy.flow import DeploySettings
 from opsctl.deploy.rollout import Outcome
 from opsctl.errors import OpsctlError
 from opsctl.inventory.load import load_inventory
 from opsctl.remote.fake import FakeHost
+from opsctl.wheel import RuntimeWheel
 
 GOLDEN = Path(__file__).parent / "golden" / "inventory.yaml"
 NOW = datetime(2026, 11, 29, 22, 30, 0, tzinfo=UTC)

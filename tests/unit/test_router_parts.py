@@ -326,7 +326,7 @@ class StubGuard:
 
 
 def _ctx() -> Any:
-    from opsctl.deploy.flow import ServiceContext
+    from opsctl.deploy.context import ServiceContext
 
     inv = inventory()
     host = inv.host("h1")
