@@ -29,7 +29,7 @@ from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.runner import RolloutOptions, RunReport
 from opsctl.errors import DeployError, ExitCode
 from opsctl.inventory.load import Override
-from opsctl.inventory.model import Host, Mode, Service
+from opsctl.inventory.model import Host, Inventory, Mode, Service
 from opsctl.inventory.select import select, select_routers
 from opsctl.progress import Ticker
 from opsctl.remote.base import Connect
@@ -70,17 +70,9 @@ def overrides(
     return [Override(key, value, flag, *scope) for key, flag, value in given]
 
 
-def _selection(
-    inventory: Path,
-    host: list[str] | None,
-    service: list[str] | None,
-    mode: Mode | None = None,
-    health_timeout: float | None = None,
-    readiness_delay: float | None = None,
-) -> list[tuple[Host, list[Service]]]:
-    hosts, services = split_selector(host), split_selector(service)
-    inv = load_inventory(inventory, overrides(hosts, services, mode, health_timeout, readiness_delay))
-    picked = select(inv, hosts, services)
+def _selection(inv: Inventory, host: list[str] | None, service: list[str] | None) -> list[tuple[Host, list[Service]]]:
+    """The selected services of an inventory loaded once per command (its warnings printed once)."""
+    picked = select(inv, split_selector(host), split_selector(service))
     selection = [(h, svcs) for h, svcs in picked if svcs]
     if not selection:
         raise DeployError("no services selected", "the inventory's hosts have no services")
@@ -202,12 +194,13 @@ def register(app: typer.Typer) -> None:
             console.print(message, markup=False)
 
         routers_only = router is not None and host is None and service is None
-        inv = load_inventory(inventory, overrides(split_selector(host), split_selector(service), mode))
+        given = overrides(split_selector(host), split_selector(service), mode, health_timeout, readiness_delay)
+        inv = load_inventory(inventory, given)
         routers = select_routers(inv, split_selector(router), split_selector(host))
         report = RunReport("deploy")
         canary_report: CanaryReport | None = None
         if not routers_only:
-            selection = _selection(inventory, host, service, mode, health_timeout, readiness_delay)
+            selection = _selection(inv, host, service)
             if break_lock:
                 _break_locks(selection)
                 return
@@ -280,10 +273,11 @@ def register(app: typer.Typer) -> None:
             print_report(RunReport("rollback"), as_json, plan, results)
             raise typer.Exit(int(_exit(RunReport("rollback"), results, plan)))
         services = [*(service or []), *([service_arg] if service_arg else [])] or None
-        selection = _selection(inventory, host, services, None, health_timeout, readiness_delay)
+        given = overrides(split_selector(host), split_selector(services), None, health_timeout, readiness_delay)
+        inv = load_inventory(inventory, given)
+        selection = _selection(inv, host, services)
         settings = DeploySettings(plan=plan, allow_old_secrets=allow_old_secrets)
         options = RolloutOptions(lock_wait=lock_wait, forks=forks)
-        inv = load_inventory(inventory)
         guard = RouterGuard(inv) if inv.routers else None
         try:
             report = runner.rollback(

@@ -99,3 +99,12 @@ def test_the_cli_says_it_in_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert f"chmod 600 {tmp_path / 'key'}" in result.stderr and "Traceback" not in result.stderr
     assert "hunter2" not in result.stderr + result.stdout
+
+
+def test_deploy_prints_each_inventory_warning_once(tmp_path: Path) -> None:
+    """Issue 42: `opsctl deploy` loaded the inventory twice and printed each warning twice."""
+    file = tmp_path / "inv.yaml"
+    file.write_text(json.dumps(with_key(secret(tmp_path, 0o644), credential_files="warn")))
+    result = run_cli("deploy", "-i", str(file), "--service", "nosuch")  # refused after the load: nothing connects
+    assert result.exit_code == 1
+    assert result.stderr.count("WARNING:") == 1 and result.stderr.count("chmod 600") == 1, result.stderr
