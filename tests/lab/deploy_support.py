@@ -1,4 +1,4 @@
-"""Helpers for the deploy lab tests (no tests here): derived lab inventories, the real CLI as a subprocess,
+"""Helpers for the deploy lab tests: derived lab inventories, the real CLI as a subprocess,
 an HTTP poller, facts read through opsctl.remote, and a fault injector for "crash N s after healthy".
 
 `loading_held` holds a restarted reference server in its loading phase until the test releases it (the server's

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.lab import remove_host, status, up
-from tests.lab.test_deploy_support import REPO, derived_inventory, only_hosts, opsctl, provision, tune
+from tests.lab.deploy_support import REPO, derived_inventory, only_hosts, opsctl, provision, tune
 
 pytestmark = [
     pytest.mark.lab,

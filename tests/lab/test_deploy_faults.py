@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.lab import LabConfig
-from tests.lab.test_deploy_support import (
+from tests.lab.deploy_support import (
     MODE,
     background,
     crash_fault_installed,
@@ -79,7 +79,7 @@ def test_unchanged_redeploy_waits_for_a_service_still_starting(base_inventory: P
     # As right after a reboot: the unit is up but the server is still loading its model. The server stays in its
     # loading phase until the deploy has said it waits for it, whatever the machine's load: no race with the clock.
     from opsctl.commands import Cmd
-    from tests.lab.test_deploy_support import remote_run
+    from tests.lab.deploy_support import remote_run
 
     with loading_held(base_inventory, "lab1", "opsctl-ref.service") as release:
         remote_run(base_inventory, "lab1", Cmd.of("systemctl", "restart", "opsctl-ref.service", sudo=True))
@@ -196,7 +196,7 @@ def test_host_down_mid_deploy(base_inventory: Path, lab_config: LabConfig) -> No
 
 def test_logs_follow_stops_cleanly_on_ctrl_c(base_inventory: Path) -> None:
     from opsctl.commands import sh
-    from tests.lab.test_deploy_support import remote_run
+    from tests.lab.deploy_support import remote_run
 
     bg = background("logs", "-i", str(base_inventory), "ref", "--host", "lab1", "-f", "-n", "1", stdout_lines=True)
     # following: its first round printed the last line (a wait on its output: a loaded machine only slows it)
@@ -228,7 +228,7 @@ def test_api_key_rotation_is_deployed_and_never_leaks(base_inventory: Path, tmp_
     from datetime import datetime, timedelta
 
     from opsctl.commands import Cmd, sh
-    from tests.lab.test_deploy_support import remote_run
+    from tests.lab.deploy_support import remote_run
 
     keyed = variant(base_inventory, tmp_path, lambda d: service(d, "lab1").update(api_key="env:OPSCTL_LAB_KEY"))
     models_url = _health_url(base_inventory, "lab1").replace("/health", "/v1/models")
@@ -282,7 +282,7 @@ def test_models_missing_after_reboot_stop_the_deploy(base_inventory: Path) -> No
     import yaml
 
     from opsctl.commands import Cmd
-    from tests.lab.test_deploy_support import remote_run
+    from tests.lab.deploy_support import remote_run
 
     model = yaml.safe_load(base_inventory.read_text())["hosts"]["lab1"]["services"]["ref"]["model"]["path"]
     before = current_release(base_inventory, "lab1", "ref")

@@ -20,7 +20,7 @@ import yaml
 
 from opsctl.commands import Cmd, sh
 from opsctl.lab import LabConfig
-from tests.lab.test_deploy_support import (
+from tests.lab.deploy_support import (
     MODE,
     background,
     current_release,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.test_deploy_support import (
+from tests.lab.deploy_support import (
     add_service,
     current_mode,
     current_release,

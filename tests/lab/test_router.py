@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from opsctl.bench.steady import SteadyClient, SteadyReport
-from tests.lab.test_deploy_support import (
+from tests.lab.deploy_support import (
     REPO,
     add_service,
     crash_fault_installed,
@@ -177,7 +177,7 @@ def test_failed_gate_behind_the_router_restores_the_old_release_in_the_router(
 def test_last_healthy_worker_is_never_taken_out(router_inventory: Path) -> None:
     """With lab2/ref stopped, deploying lab1/ref would leave the router nobody: refused, nothing switched."""
     from opsctl.commands import Cmd
-    from tests.lab.test_deploy_support import remote_run
+    from tests.lab.deploy_support import remote_run
 
     before = current_release(router_inventory, "lab1", "ref")
     router_before = current_release(router_inventory, "lab1", "router-front")
@@ -278,7 +278,7 @@ def faults_armed(inventory: Path, host: str) -> Iterator[None]:
     from ddtree.serve import faults
 
     from opsctl.commands import Cmd
-    from tests.lab.test_deploy_support import remote_run
+    from tests.lab.deploy_support import remote_run
 
     marker = faults.MARKER
     remote_run(inventory, host, Cmd.of("sh", "-c", f"mkdir -p {Path(marker).parent} && touch {marker}"))
