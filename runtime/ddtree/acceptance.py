@@ -1,0 +1,218 @@
+"""What a tree round accepts, for every request kind: the logit rules SGLang's non-speculative decode applies
+(frequency / presence / repetition penalties, min_new_tokens, logit_bias), applied at every tree node as if the
+node's path had been decoded, and the walk that turns one target choice per node into the committed tokens.
+
+Why this is exact. The baseline picks each token from the target's logits at that position, adjusted by rules
+that read the request's output so far. A tree node at depth d stands for the output "committed tokens + the d
+tokens on its path"; its row of the verify logits is the target's row for that context. So node i's adjusted
+row is the baseline's adjusted row at that position when its path is what was decoded: penalties count the
+committed output AND the path's tokens, min_new_tokens counts the committed length plus the depth. One choice
+per node (argmax, or a draw from the adjusted, filtered distribution), then `walk`: from the root, follow the
+child whose token is the choice, and the first choice with no such child is the bonus. Every committed token is
+then the target's own choice given its accepted prefix: greedy rows get the baseline's argmax, sampled rows the
+baseline's law (each visited node is drawn independently), and seeded rows, drawn with the baseline's own
+noise keyed by (seed, position), the baseline's tokens.
+
+SGLang's order (`SamplingBatchInfo.copy_for_forward` then `apply_logits_bias`): additive penalties (frequency,
+presence, min_new_tokens' -inf on stop tokens), then the multiplicative repetition penalty, then the grammar
+mask, then logit_bias; the sampler then applies temperature, top-k, top-p and min-p. SGLang counts output
+tokens only (not the prompt) for all three penalties.
+
+Pure tensor code: the SGLang worker and the reference engine both call it; tests/runtime/test_acceptance.py
+checks it against a per-node reference and a distribution oracle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class RequestRules:
+    """One request's logit rules, as SGLang's SamplingParams carries them."""
+
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    stop_token_ids: frozenset[int] = frozenset()  # suppressed while the output is shorter than min_new_tokens
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+
+    @property
+    def reads_output(self) -> bool:
+        """True when the rules depend on the output so far (penalties, min_new_tokens)."""
+        return (
+            self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or self.min_new_tokens > 0
+        )
+
+    @property
+    def active(self) -> bool:
+        return self.reads_output or bool(self.logit_bias)
+
+
+@dataclass(frozen=True)
+class BatchRules:
+    """A batch's rules on the device. bs requests, V vocabulary entries."""
+
+    frequency: Tensor  # [bs] float32
+    presence: Tensor  # [bs] float32
+    repetition: Tensor  # [bs] float32 (1: off)
+    counts: Tensor  # [bs, V] float32: how often each token is in the committed output
+    output_lens: Tensor  # [bs] int64: committed output tokens
+    min_new_tokens: Tensor  # [bs] int64
+    stop_penalty: Tensor  # [bs, V] float32: -inf at the request's stop tokens, 0 elsewhere
+    logit_bias: Tensor | None  # [bs, V] float32, None when no request has one
+
+
+def batch_rules(
+    rules: Sequence[RequestRules],
+    outputs: Sequence[Sequence[int]],
+    vocab: int,
+    device: torch.device,
+    force: bool = False,
+) -> BatchRules | None:
+    """The device form of `rules`, with each request's committed output (`outputs`); None when no rule applies
+    (unless `force`: the caller adds a rule of its own, such as a logit_bias tensor it already holds)."""
+    if len(rules) != len(outputs):
+        raise ValueError(f"{len(rules)} rule sets for {len(outputs)} outputs")
+    if not force and not any(r.active for r in rules):
+        return None
+    bs = len(rules)
+    counts = torch.zeros((bs, vocab), dtype=torch.float32)
+    stop = torch.zeros((bs, vocab), dtype=torch.float32)
+    bias = torch.zeros((bs, vocab), dtype=torch.float32) if any(r.logit_bias for r in rules) else None
+    for b, (rule, out) in enumerate(zip(rules, outputs, strict=True)):
+        if rule.reads_output and out:
+            ids = torch.tensor([t for t in out if 0 <= t < vocab], dtype=torch.int64)
+            counts[b].scatter_add_(0, ids, torch.ones(ids.shape, dtype=torch.float32))
+        stops = [t for t in rule.stop_token_ids if 0 <= t < vocab]
+        if stops and rule.min_new_tokens > 0:
+            stop[b, stops] = float("-inf")
+        if bias is not None:
+            for token, value in rule.logit_bias.items():
+                if 0 <= token < vocab:
+                    bias[b, token] = float(value)
+
+    def column(values: list[float], dtype: torch.dtype = torch.float32) -> Tensor:
+        return torch.tensor(values, dtype=dtype).to(device)
+
+    return BatchRules(
+        frequency=column([r.frequency_penalty for r in rules]),
+        presence=column([r.presence_penalty for r in rules]),
+        repetition=column([r.repetition_penalty for r in rules]),
+        counts=counts.to(device),
+        output_lens=column([len(o) for o in outputs], torch.int64),
+        min_new_tokens=column([r.min_new_tokens for r in rules], torch.int64),
+        stop_penalty=stop.to(device),
+        logit_bias=None if bias is None else bias.to(device),
+    )
+
+
+def path_counts(base: Tensor, tokens: Tensor, tree_mask: Tensor, depths: Tensor) -> Tensor:
+    """[bs, S, V]: base [bs, V] plus, for node i, one count for every node on its path below the root (its
+    ancestors at depth >= 1 and itself). tokens, depths: [bs, S]; tree_mask: [bs, S, S], mask[b, i, j] = j is i
+    or an ancestor of i."""
+    bs, slots = tokens.shape
+    on_path = tree_mask & (depths >= 1).unsqueeze(1)  # [bs, S(i), S(j)]
+    counts = base.unsqueeze(1).expand(bs, slots, base.shape[-1]).clone()
+    counts.scatter_add_(2, tokens.unsqueeze(1).expand(bs, slots, slots), on_path.to(counts.dtype))
+    return counts
+
+
+def apply_node_rules(logits: Tensor, tokens: Tensor, tree_mask: Tensor, depths: Tensor, rules: BatchRules) -> Tensor:
+    """The verify logits [bs, S, V] adjusted per node as the baseline adjusts them at that node's position (a new
+    tensor, in the logits' dtype). tokens, depths: [bs, S]; tree_mask: [bs, S, S] (see `path_counts`)."""
+    out = logits.clone()
+    suppress = min_new_mask(rules, depths).unsqueeze(-1)  # [bs, S, 1]
+    additive = torch.where(suppress, rules.stop_penalty[:, None], 0.0)  # [bs, S, V]
+    if bool((rules.frequency != 0).any() or (rules.presence != 0).any() or (rules.repetition != 1).any()):
+        counts = path_counts(rules.counts, tokens, tree_mask, depths)  # [bs, S, V]
+        seen = counts > 0
+        additive = additive - rules.frequency.view(-1, 1, 1) * counts - rules.presence.view(-1, 1, 1) * seen
+        out.add_(additive.to(out.dtype))
+        scale = torch.where(seen, rules.repetition.view(-1, 1, 1), 1.0).to(out.dtype)
+        out = torch.where(out < 0, out * scale, out / scale)
+    else:
+        out.add_(additive.to(out.dtype))
+    if rules.logit_bias is not None:
+        out.add_(rules.logit_bias[:, None].to(out.dtype))
+    return out
+
+
+def min_new_mask(rules: BatchRules, depths: Tensor) -> Tensor:
+    """[bs, S] bool: node i's output so far (committed + its depth) is shorter than min_new_tokens."""
+    return (rules.output_lens.unsqueeze(1) + depths) < rules.min_new_tokens.unsqueeze(1)
+
+
+def chain_layout(width: int, batch: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The tree_mask [bs, W, W] and depths [bs, W] of a chain of `width` tokens (a self-check's re-verify)."""
+    mask = torch.ones((width, width), dtype=torch.bool, device=device).tril()
+    depths = torch.arange(width, device=device, dtype=torch.int64)
+    return mask.expand(batch, width, width), depths.expand(batch, width)
+
+
+@dataclass(frozen=True)
+class Walk:
+    """One request's walk: the accepted node ids from the root, and the bonus token after the last."""
+
+    accepted: tuple[int, ...]
+    bonus: int
+
+
+def walk(parents: Sequence[int], tokens: Sequence[int], choices: Sequence[int]) -> Walk:
+    """From the root (node 0), follow the child whose token is the current node's choice; the first choice
+    with no such child is the bonus. parents[i] < i (parents[0] = -1); choices[i]: the target's choice after
+    node i (argmax or a draw). Duplicate sibling tokens resolve to the smallest child id."""
+    children: dict[tuple[int, int], int] = {}
+    for node in range(1, len(parents)):
+        children.setdefault((int(parents[node]), int(tokens[node])), node)
+    accepted = [0]
+    while True:
+        choice = int(choices[accepted[-1]])
+        nxt = children.get((accepted[-1], choice))
+        if nxt is None:
+            return Walk(accepted=tuple(accepted), bonus=choice)
+        accepted.append(nxt)
+
+
+@dataclass(frozen=True)
+class BatchWalk:
+    """`walk` for n trees at once, on their device. S slots per tree, slot 0 the root."""
+
+    path: Tensor  # [n, S] int64: accepted slots in path order from the root, -1 after
+    commit_lens: Tensor  # [n] int64: accepted drafts + 1 (the bonus)
+    out_tokens: Tensor  # [n, S] int64: the committed tokens (the accepted drafts, then the bonus), 0 after
+
+
+def walk_batch(tokens: Tensor, parents: Tensor, real: Tensor, choices: Tensor) -> BatchWalk:
+    """Batched `walk`. tokens, parents, choices: [n, S] (parents[:, 0] = -1; choices[b, i]: the target's choice
+    after slot i); real: [n, S] bool, False for padding slots (never accepted). A child is found among real
+    slots whose parent is the current slot and whose token is its choice; ties go to the lowest slot."""
+    n, slots = tokens.shape
+    rows = torch.arange(n, device=tokens.device)
+    current = torch.zeros(n, dtype=torch.int64, device=tokens.device)
+    alive = torch.ones(n, dtype=torch.bool, device=tokens.device)
+    path = torch.full((n, slots), -1, dtype=torch.int64, device=tokens.device)
+    path[:, 0] = 0
+    out = torch.zeros((n, slots), dtype=torch.int64, device=tokens.device)
+    lens = torch.ones(n, dtype=torch.int64, device=tokens.device)
+    for step in range(slots):
+        choice = choices[rows, current]  # [n]
+        out[:, step] = torch.where(alive, choice, out[:, step])
+        match = (parents == current.unsqueeze(1)) & (tokens == choice.unsqueeze(1)) & real  # [n, S]
+        found = match.any(dim=1) & alive
+        if not bool(found.any()) or step + 1 == slots:
+            break
+        child = match.to(torch.int8).argmax(dim=1)  # the lowest matching slot
+        path[:, step + 1] = torch.where(found, child, path[:, step + 1])
+        current = torch.where(found, child, current)
+        lens += found.to(torch.int64)
+        alive = found
+    return BatchWalk(path=path, commit_lens=lens, out_tokens=out)
