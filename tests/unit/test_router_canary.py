@@ -4,7 +4,6 @@ release it replaced, audits it and leaves the rest untouched."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any
 
@@ -15,19 +14,16 @@ from opsctl.deploy import audit, runner
 from opsctl.deploy.flow import DeploySettings, ServiceResult
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.runner import RolloutOptions, RunReport
-from opsctl.inventory.load import parse_inventory
 from opsctl.inventory.model import Inventory, WorkerRef
 from opsctl.remote.fake import FakeHost
 from opsctl.router import canary as canary_mod
 from opsctl.router.canary import Canary, fronted_selection, plan_lines, split
 from opsctl.router.judge import Decision, Replay
-from tests.unit.test_router_inventory import BASE
+from tests.unit.router_fleet import fleet
 
 
 def inventory(**block: Any) -> Inventory:  # window 5 unless given
-    data = copy.deepcopy(BASE)
-    data["routers"]["front"].update(services=["h1/a", "h2/a"], canary={"window": 5, **block})
-    return parse_inventory(data)
+    return fleet(services=["h1/a", "h2/a"], canary={"window": 5, **block})
 
 
 def selection(inv: Inventory) -> list[Any]:
@@ -46,7 +42,7 @@ def test_split_and_plan() -> None:
     assert lines[1].startswith("compare for 5s of live traffic (a look every 5s; a self-check failure, a restart")
     assert "on up to 15s while traffic is short): >= 20 requests each" in lines[1]
     assert lines[2] == "then promote h1/b, h2/a (rolling) or roll the canary back"
-    plain = parse_inventory(copy.deepcopy(BASE))
+    plain = fleet()
     assert fronted_selection(plain, selection(plain)) is None
 
 

@@ -3,7 +3,6 @@ hostile blocks (hypothesis) load or fail in one line."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -13,12 +12,13 @@ from hypothesis import strategies as st
 from opsctl.errors import InventoryError
 from opsctl.inventory.load import parse_inventory
 from opsctl.inventory.model import CanaryConfig
-from tests.unit.test_router_inventory import BASE, VALUES
+from tests.unit.router_fleet import fleet_data
+from tests.unit.test_router_inventory import VALUES
 
 
 def inv(canary: Any, **router: Any) -> dict[str, Any]:
-    data = copy.deepcopy(BASE)
-    data["routers"]["front"].update(router, canary=canary)
+    data = fleet_data(**router)
+    data["routers"]["front"]["canary"] = canary  # None too: an explicit null
     return data
 
 
@@ -34,7 +34,7 @@ def test_defaults_and_given_values() -> None:
     assert router.canary.max_itl_ratio == 2.0
     assert router.canary.max_window == 15.0  # three windows unless given
     assert CanaryConfig().max_window == 3 * CanaryConfig().window
-    assert parse_inventory(copy.deepcopy(BASE)).routers[0].canary is None
+    assert parse_inventory(fleet_data()).routers[0].canary is None
 
 
 @pytest.mark.parametrize(

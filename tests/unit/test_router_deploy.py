@@ -14,10 +14,10 @@ import pytest
 
 from opsctl.commands import Cmd
 from opsctl.deploy.rollout import Outcome
-from opsctl.inventory.load import parse_inventory
 from opsctl.inventory.model import Inventory
 from opsctl.remote.fake import FakeHost
 from opsctl.router.deploy import RouterDeploy
+from tests.unit.router_fleet import ONE_REF, fleet
 
 HELP = (Path(__file__).parents[1] / "fixtures" / "router" / "launch_router_help-0.3.2.txt").read_text()
 SECRET = "s3cret-router-deploy-key"
@@ -25,17 +25,8 @@ ROOT = "/opt/opsctl/services/router-front"
 
 
 def inventory(**router: Any) -> Inventory:
-    svc = {
-        "port": 30000, "mode": "baseline", "engine": "reference", "device": "cpu",
-        "model": {"source": "/data/m", "source_on": "host", "path": "/dev/shm/m", "hybrid": False},
-    }  # fmt: skip
-    return parse_inventory(
-        {
-            "defaults": {"wheelhouse": "/var/cache/opsctl/wheelhouse"},
-            "hosts": {"h1": {"address": "10.0.0.1", "services": {"ref": svc}}},
-            "routers": {"front": {"host": "h1", "port": 30080, "api_key": "env:RK", "readiness_delay": 0, **router}},
-        }
-    )
+    wheelhouse = {"wheelhouse": "/var/cache/opsctl/wheelhouse"}
+    return fleet(ONE_REF, defaults=wheelhouse, api_key="env:RK", readiness_delay=0, **router)
 
 
 class Host(FakeHost):

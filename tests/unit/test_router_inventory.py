@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -16,38 +15,9 @@ from opsctl.errors import InventoryError
 from opsctl.inventory.load import load_inventory, parse_inventory
 from opsctl.inventory.model import RouterPolicy, WorkerRef
 from tests.conftest import run_cli
+from tests.unit.router_fleet import fleet_data, service
 
-
-def _svc(port: int = 30000, **extra: Any) -> dict[str, Any]:
-    return {
-        "port": port,
-        "mode": "baseline",
-        "engine": "reference",
-        "device": "cpu",
-        "model": {"source": "/data/m", "source_on": "host", "path": "/dev/shm/m", "hybrid": False},
-        **extra,
-    }
-
-
-BASE: dict[str, Any] = {
-    "hosts": {
-        "h1": {"address": "10.0.0.1", "services": {"a": _svc(), "b": _svc(30001)}},
-        "h2": {"address": "10.0.0.2", "services": {"a": _svc()}},
-    },
-    "routers": {"front": {"host": "h1", "port": 30080}},
-}
 SECRET = "hunter2-router-secret"
-
-
-def inv(**router: Any) -> dict[str, Any]:
-    data = copy.deepcopy(BASE)
-    spec = data["routers"]["front"]
-    for key, value in router.items():
-        if value is None:
-            spec.pop(key, None)
-        else:
-            spec[key] = value
-    return data
 
 
 def error(data: dict[str, Any]) -> str:
@@ -57,7 +27,7 @@ def error(data: dict[str, Any]) -> str:
 
 
 def test_defaults_front_every_service() -> None:
-    (router,) = parse_inventory(inv()).routers
+    (router,) = parse_inventory(fleet_data()).routers
     assert router.workers == (WorkerRef("h1", "a"), WorkerRef("h1", "b"), WorkerRef("h2", "a"))
     assert (router.policy, router.max_unavailable, router.prometheus_port, router.bind) == (
         RouterPolicy.CACHE_AWARE,
@@ -69,7 +39,7 @@ def test_defaults_front_every_service() -> None:
 
 
 def test_explicit_services_policy_and_key() -> None:
-    data = inv(services=["h2/a", "h1/a"], policy="round_robin", api_key="env:ROUTER_KEY", max_unavailable=2)
+    data = fleet_data(services=["h2/a", "h1/a"], policy="round_robin", api_key="env:ROUTER_KEY", max_unavailable=2)
     (router,) = parse_inventory(data).routers
     assert router.workers == (WorkerRef("h2", "a"), WorkerRef("h1", "a"))
     assert router.policy is RouterPolicy.ROUND_ROBIN and router.max_unavailable == 2
@@ -100,18 +70,18 @@ def test_explicit_services_policy_and_key() -> None:
     ],
 )
 def test_router_errors_name_the_key(change: dict[str, Any], fragment: str) -> None:
-    message = error(inv(**change))
+    message = error(fleet_data(**change))
     assert fragment in message and "\n" not in message and SECRET not in message
 
 
 def test_loopback_worker_on_another_host_is_refused() -> None:
-    data = inv()
+    data = fleet_data()
     data["hosts"]["h2"]["services"]["a"]["bind"] = "127.0.0.1"
     assert "routers.front.services: h2/a listens on 127.0.0.1 only: the router on h1 cannot reach it" in error(data)
 
 
 def test_keyed_services_need_a_router_key() -> None:
-    data = inv(services=["h1/a"])
+    data = fleet_data(services=["h1/a"])
     data["hosts"]["h1"]["services"]["a"]["api_key"] = "env:SVC_KEY"
     assert "routers.front.api_key: h1/a needs an API key" in error(data)
     data["routers"]["front"]["api_key"] = "env:SVC_KEY"
@@ -119,14 +89,14 @@ def test_keyed_services_need_a_router_key() -> None:
 
 
 def test_unit_clash_with_a_service_named_like_the_router() -> None:
-    data = inv()
-    data["hosts"]["h1"]["services"]["router-front"] = _svc(30002)
+    data = fleet_data()
+    data["hosts"]["h1"]["services"]["router-front"] = service(30002)
     assert "host h1 has a service named router-front" in error(data)
 
 
 def test_cli_error_is_one_line_exit_1(tmp_path: Path) -> None:
     file = tmp_path / "inv.yaml"
-    file.write_text(json.dumps(inv(api_key=SECRET)))
+    file.write_text(json.dumps(fleet_data(api_key=SECRET)))
     result = run_cli("render", "-i", str(file), "--router", "front")
     assert result.exit_code == 1 and result.stderr.count("\n") <= 2, result.stderr
     assert "routers.front.api_key" in result.stderr and SECRET not in result.stderr + result.stdout
@@ -134,7 +104,7 @@ def test_cli_error_is_one_line_exit_1(tmp_path: Path) -> None:
 
 def test_unknown_router_selector_is_an_error(tmp_path: Path) -> None:
     file = tmp_path / "inv.yaml"
-    file.write_text(json.dumps(inv()))
+    file.write_text(json.dumps(fleet_data()))
     result = run_cli("render", "-i", str(file), "--router", "back")
     assert result.exit_code == 1 and "--router back matches no router (known routers: front)" in result.stderr
 
@@ -161,7 +131,7 @@ KEYS = st.sampled_from(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(KEYS, VALUES, max_size=6), st.text(max_size=8) | st.sampled_from(["front", "r1"]))
 def test_hostile_router_sections_load_or_fail_in_one_line(spec: dict[str, Any], name: str) -> None:
-    data = copy.deepcopy(BASE)
+    data = fleet_data()
     data["routers"] = {name: spec}
     try:
         result = parse_inventory(data)
@@ -175,13 +145,13 @@ def test_hostile_router_sections_load_or_fail_in_one_line(spec: dict[str, Any], 
 
 def test_routers_section_of_a_file(tmp_path: Path) -> None:
     file = tmp_path / "inv.yaml"
-    file.write_text(json.dumps(inv(services=["h1/a", "h2/a"])))
+    file.write_text(json.dumps(fleet_data(services=["h1/a", "h2/a"])))
     assert [str(w) for w in load_inventory(file).router("front").workers] == ["h1/a", "h2/a"]
 
 
 def test_render_router_json_and_text_never_show_the_key(tmp_path: Path) -> None:
     file = tmp_path / "inv.yaml"
-    file.write_text(json.dumps(inv(api_key="env:ROUTER_KEY")))
+    file.write_text(json.dumps(fleet_data(api_key="env:ROUTER_KEY")))
     env = {"ROUTER_KEY": SECRET}
     shown = run_cli("render", "-i", str(file), "--router", "front", "--json", env=env)
     assert shown.exit_code == 0, shown.stderr

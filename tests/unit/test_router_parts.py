@@ -12,13 +12,13 @@ import httpx
 import pytest
 
 from opsctl.errors import DeployError
-from opsctl.inventory.load import parse_inventory
 from opsctl.inventory.model import Inventory, Router
 from opsctl.render import Secrets
 from opsctl.router.api import Member, RouterClient, RouterError, parse_load, parse_members
 from opsctl.router.render import LAUNCHER, render_router
 from opsctl.router.rolling import RouterGuard
 from opsctl.systemd import exec_argv, parse_unit
+from tests.unit.router_fleet import TWO_REFS, fleet
 
 SECRET = "s3cret-router-key-value"
 # GET /workers of sglang-router 0.3.2, recorded (two workers, one added at run time).
@@ -36,26 +36,8 @@ RECORDED_WORKERS = {
 }  # fmt: skip
 
 
-def _svc(port: int = 30000) -> dict[str, Any]:
-    return {
-        "port": port,
-        "mode": "baseline",
-        "engine": "reference",
-        "device": "cpu",
-        "model": {"source": "/data/m", "source_on": "host", "path": "/dev/shm/m", "hybrid": False},
-    }
-
-
 def inventory(**router: Any) -> Inventory:
-    return parse_inventory(
-        {
-            "hosts": {
-                "h1": {"address": "10.0.0.1", "services": {"ref": _svc()}},
-                "h2": {"address": "10.0.0.2", "services": {"ref": _svc()}},
-            },
-            "routers": {"front": {"host": "h1", "port": 30080, "policy": "round_robin", **router}},
-        }
-    )
+    return fleet(TWO_REFS, policy="round_robin", **router)
 
 
 def test_render_exact_argv_and_secret_only_in_router_json(monkeypatch: pytest.MonkeyPatch) -> None:

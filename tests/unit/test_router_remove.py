@@ -5,30 +5,22 @@ remove` against a FakeHost (the exact commands, in order, under the host's lock,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from opsctl.commands import Cmd
 from opsctl.errors import DeployError
-from opsctl.inventory.load import parse_inventory
 from opsctl.inventory.model import Inventory
 from opsctl.remote.fake import FakeHost
 from opsctl.router import remove
 from tests.conftest import run_cli
+from tests.unit.router_fleet import ONE_REF, fleet
 
-SVC = {
-    "port": 30000, "mode": "baseline", "engine": "reference", "device": "cpu",
-    "model": {"source": "/data/m", "source_on": "host", "path": "/dev/shm/m", "hybrid": False},
-}  # fmt: skip
 LISTED = "router-front\nrouter-old\nrouter-$(x)\nref\n"
 
 
 def _inventory(with_front: bool = True) -> Inventory:
-    data: dict[str, Any] = {"hosts": {"h1": {"address": "10.0.0.1", "services": {"ref": SVC}}}}
-    if with_front:
-        data["routers"] = {"front": {"host": "h1", "port": 30080, "readiness_delay": 0}}
-    return parse_inventory(data)
+    return fleet(ONE_REF, router=with_front, readiness_delay=0)
 
 
 def _host() -> FakeHost:
