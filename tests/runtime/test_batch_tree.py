@@ -4,8 +4,6 @@ equal their plain references."""
 
 from __future__ import annotations
 
-import math
-
 import ddtree.tree
 import pytest
 import torch
@@ -22,36 +20,12 @@ from ddtree.sglang.layout import bfs_order
 from ddtree.tree import ancestor_mask, build_tree_heap, build_tree_reference, depth_groups
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tree_inputs import KINDS, batch_logprobs, make_logprobs
 
 pytestmark = pytest.mark.runtime
 
 FIELDS = ("tokens", "parents", "depths", "scores")
 PROPERTY = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-KINDS = ("continuous", "quantized", "uniform", "neg_inf", "peaked_ties")
-
-
-def make_logprobs(seed: int, rows: int, vocab: int, kind: str) -> torch.Tensor:
-    """[rows, vocab] log-prob-like values; the tie-heavy kinds exercise every tie-break rule."""
-    g = torch.Generator().manual_seed(seed)
-    if kind == "continuous":
-        return (torch.randn(rows, vocab, generator=g) * 3).log_softmax(-1)
-    if kind == "quantized":  # few distinct values, 0.0 included: ties everywhere, zero-cost children
-        return -torch.randint(0, 4, (rows, vocab), generator=g).float() * 0.25
-    if kind == "uniform":  # every token of a row ties
-        return torch.full((rows, vocab), -math.log(vocab))
-    if kind == "neg_inf":  # masked tokens; a row may be entirely -inf
-        lp = (torch.randn(rows, vocab, generator=g) * 3).log_softmax(-1)
-        return lp.masked_fill(torch.rand(rows, vocab, generator=g) < 0.6, float("-inf"))
-    if kind == "peaked_ties":  # a few distinct winners, then a long run of equal values cut by the top-k
-        lp = torch.full((rows, vocab), -9.0)
-        for r in range(rows):
-            lp[r, torch.randint(vocab, (3,), generator=g)] = -torch.rand(3, generator=g)
-        return lp
-    raise AssertionError(kind)
-
-
-def batch_logprobs(seed: int, bs: int, rows: int, vocab: int, kinds: list[str]) -> torch.Tensor:
-    return torch.stack([make_logprobs(seed + b, rows, vocab, kinds[b % len(kinds)]) for b in range(bs)])
 
 
 def assert_same_as_heap(lp: torch.Tensor, roots: torch.Tensor, budget: int, topk: int) -> None:

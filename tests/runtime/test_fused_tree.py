@@ -28,26 +28,15 @@ from ddtree.fused_tree import build_trees_fused, fused_available, row_topk_fused
 from ddtree.batch_tree import batch_row_topk
 from ddtree.sglang import batch_round as br
 from ddtree.tree import build_tree_heap
+from tree_inputs import batch_logprobs  # tests/runtime: the parity tests' one generator
 
 device = torch.device(sys.argv[1])
 assert fused_available(device, 8), "fused build unavailable"
 problems = []
 
 
-def logprobs(kind, bs, rows, vocab, seed):
-    g = torch.Generator().manual_seed(seed)
-    if kind == "continuous":
-        lp = (torch.randn(bs, rows, vocab, generator=g) * 3).log_softmax(-1)
-    elif kind == "quantized":  # ties everywhere, 0.0 included
-        lp = -torch.randint(0, 4, (bs, rows, vocab), generator=g).float() * 0.25
-    elif kind == "uniform":
-        lp = torch.full((bs, rows, vocab), -float(torch.tensor(vocab).log()))
-    elif kind == "neg_inf":  # rows with fewer finite tokens than top-k
-        lp = (torch.randn(bs, rows, vocab, generator=g) * 3).log_softmax(-1)
-        lp = lp.masked_fill(torch.rand(bs, rows, vocab, generator=g) < 0.985, float("-inf"))
-    else:  # bf16-rounded: long runs of equal values near the top
-        lp = (torch.randn(bs, rows, vocab, generator=g) * 2).to(torch.bfloat16).float().log_softmax(-1)
-    return lp.to(device)
+def logprobs(kind, bs, rows, vocab, seed):  # neg_inf: rows with fewer finite tokens than the top-k
+    return batch_logprobs(seed, bs, rows, vocab, [kind], masked=0.985).to(device)
 
 
 def same(a, b):

@@ -24,7 +24,7 @@ from ddtree.sglang.devcheck import random_path_verify
 from ddtree.sglang.tree_worker import TreeRound, commit_round, plan_round, round_stats
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_batch_tree import KINDS, batch_logprobs
+from tree_inputs import KINDS, batch_logprobs
 
 pytestmark = pytest.mark.runtime
 

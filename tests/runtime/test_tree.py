@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import ddtree.tree
 import pytest
 import torch
@@ -23,26 +21,12 @@ from ddtree.tree import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tree_inputs import KINDS, make_logprobs
 
 pytestmark = pytest.mark.runtime
 
 FIELDS = ("tokens", "parents", "depths", "scores")
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def make_logprobs(seed: int, rows: int, vocab: int, kind: str) -> torch.Tensor:
-    """[rows, vocab] log-prob-like values; the tie-heavy kinds exercise every tie-break rule."""
-    g = torch.Generator().manual_seed(seed)
-    if kind == "continuous":
-        return (torch.randn(rows, vocab, generator=g) * 3).log_softmax(-1)
-    if kind == "quantized":  # few distinct values, 0.0 included: ties everywhere, zero-cost children
-        return -torch.randint(0, 4, (rows, vocab), generator=g).float() * 0.25
-    if kind == "uniform":  # every token of a row ties
-        return torch.full((rows, vocab), -math.log(vocab))
-    if kind == "neg_inf":  # masked tokens; a row may be entirely -inf
-        lp = (torch.randn(rows, vocab, generator=g) * 3).log_softmax(-1)
-        return lp.masked_fill(torch.rand(rows, vocab, generator=g) < 0.6, float("-inf"))
-    raise AssertionError(kind)
 
 
 def assert_same_tree(a: DraftTree, b: DraftTree) -> None:
@@ -82,7 +66,7 @@ def assert_well_formed(tree: DraftTree, lp: torch.Tensor, budget: int, topk: int
     vocab=st.integers(1, 40),
     budget=st.integers(1, 300),
     topk=st.integers(1, 16),
-    kind=st.sampled_from(["continuous", "quantized", "uniform", "neg_inf"]),
+    kind=st.sampled_from(KINDS),
 )
 def test_vectorized_build_equals_heap(seed: int, rows: int, vocab: int, budget: int, topk: int, kind: str):
     lp = make_logprobs(seed, rows, vocab, kind)
@@ -99,7 +83,7 @@ def test_vectorized_build_equals_heap(seed: int, rows: int, vocab: int, budget: 
     rows=st.integers(1, 6),
     vocab=st.integers(1, 40),
     topk=st.integers(1, 16),
-    kind=st.sampled_from(["continuous", "quantized", "uniform", "neg_inf"]),
+    kind=st.sampled_from(KINDS),
 )
 def test_row_topk_equals_plain_sort(seed: int, rows: int, vocab: int, topk: int, kind: str):
     lp = make_logprobs(seed, rows, vocab, kind)
@@ -217,7 +201,7 @@ def test_large_vocab_parity_and_half_precision_input():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_build_compile_walk_equal_cpu():
-    for seed, kind in enumerate(["continuous", "quantized", "uniform", "neg_inf"]):
+    for seed, kind in enumerate(KINDS):
         lp = make_logprobs(seed, 15, 1000, kind)
         ref = build_tree_reference(lp, 2, 256, 8)
         vec = build_tree(lp.cuda(), 2, 256, 8)
