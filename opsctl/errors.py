@@ -68,6 +68,11 @@ class RemoteError(OpsctlError):
         super().__init__(text, hint)
 
 
+def host_line(host: str, line: str) -> str:
+    """`line` about `host`, prefixed with `host: ` unless it already says so (`lab2: lab2: unreachable`)."""
+    return line if line.startswith(f"{host}: ") or line.startswith(f"{host}/") else f"{host}: {line}"
+
+
 class UnreachableError(OpsctlError):
     def __init__(self, host: str, reason: str, hint: str | None = None) -> None:
         self.host = host

@@ -24,7 +24,7 @@ from opsctl.cli.common import (
     load_inventory,
     split_selector,
 )
-from opsctl.errors import ExitCode, SelectorError
+from opsctl.errors import ExitCode, SelectorError, host_line
 from opsctl.inventory.select import select, select_routers
 from opsctl.logs import METRICS_PATTERN, Pair, Unit, follow_logs, read_logs, valid_grep
 from opsctl.systemd import JournalQuery
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         collected: dict[str, list[str]] = {}
         for outcome in outcomes:
             if outcome.error is not None:
-                console.print(f"[bold red]{outcome.host}: {outcome.error.one_line()}[/]", markup=True)
+                console.print(f"[bold red]{host_line(outcome.host, outcome.error.one_line())}[/]", markup=True)
                 failed = True
                 continue
             collected[outcome.host] = [_ANSI.sub("", line) for line in outcome.value or []]

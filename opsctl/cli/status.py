@@ -21,7 +21,7 @@ from opsctl.cli.common import (
     load_inventory,
     split_selector,
 )
-from opsctl.errors import ExitCode
+from opsctl.errors import ExitCode, UnreachableError, host_line
 from opsctl.inventory.model import Inventory, Router
 from opsctl.inventory.select import select, select_routers
 from opsctl.router.remove import collect_orphans
@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Unit state, restarts, current release, health and last DDTREE metrics of every selected service; each
         router's unit, release, health and members as the router sees them."""
-        from opsctl.remote import connect
+        from opsctl.remote.ssh import connect_for_reads as connect
 
         inv = load_inventory(inventory)
         routers_only = router is not None and host is None and service is None
@@ -59,12 +59,15 @@ def register(app: typer.Typer) -> None:
         errors = []
         for outcome in outcomes:
             if outcome.error is not None:
-                errors.append((outcome.host, outcome.error.one_line()))
+                errors.append((outcome.host, host_line(outcome.host, outcome.error.one_line())))
             else:
                 rows += outcome.value or []
-        router_rows = _routers(inv, picked)
+        # A host found unreachable is not asked again (each try costs a connect timeout)
+        unreachable = {o.host for o in outcomes if isinstance(o.error, UnreachableError)}
+        router_rows = _routers(inv, picked, unreachable)
         # routers the inventory no longer names keep serving: on the hosts looked at (a second connection each)
-        orphans = [] if routers_only else collect_orphans(inv, [h for h, _ in selection], connect, forks)
+        looked_at = [h for h, _ in selection if h.name not in unreachable]
+        orphans = [] if routers_only else collect_orphans(inv, looked_at, connect, forks)
         if as_json:
             locks = {r.host: r.lock for r in rows if r.lock}
             emit_json(
@@ -93,8 +96,8 @@ def register(app: typer.Typer) -> None:
                     f"{o.hint()}[/]",
                     markup=True,
                 )
-            for h, e in errors:
-                console.print(f"[bold red]{h}: {e}[/]", markup=True)
+            for _, e in errors:
+                console.print(f"[bold red]{e}[/]", markup=True)
         # a missing or changed model: the next restart fails, or the process runs on files that are gone;
         # a stale lock: every deploy is refused until it is cleared
         unhealthy = errors or orphans or any(r.failing for r in rows) or any(not r.healthy for r in router_rows)
@@ -127,15 +130,15 @@ def _table(rows: list[ServiceStatus]) -> None:
             )
 
 
-def _routers(inv: Inventory, routers: list[Router]) -> list[RouterStatus]:
+def _routers(inv: Inventory, routers: list[Router], unreachable: set[str]) -> list[RouterStatus]:
     from opsctl.errors import OpsctlError
-    from opsctl.remote import connect
+    from opsctl.remote.ssh import connect_for_reads as connect
 
     out = []
     with httpx.Client() as http:
         for router in routers:
             try:
-                conn = connect(inv.host(router.host))
+                conn = None if router.host in unreachable else connect(inv.host(router.host))
             except OpsctlError:
                 conn = None
             try:

@@ -81,8 +81,9 @@ def _fingerprint(key: paramiko.PKey) -> str:
 class SshHost:
     """One inventory host over SSH. Connects lazily; the connection is reused by every call and thread."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Host, retry_timeouts: bool = True) -> None:
         self.name = host.name
+        self.retry_timeouts = retry_timeouts  # False: an attempt that used up connect_timeout is the last
         self.config: SshConfig = host.ssh
         self.endpoint = Endpoint(host.address, host.ssh.port, host.ssh.user)
         self.known_hosts = Path(host.ssh.known_hosts_file).expanduser()
@@ -119,7 +120,9 @@ class SshHost:
     def _connect_with_retries(self) -> paramiko.SSHClient:
         attempts = max(1, self.config.connect_retries)
         reason = ""
+        made = 0
         for attempt in range(attempts):
+            made, started = attempt + 1, time.monotonic()
             try:
                 return self._connect_once()
             except (_UnknownHostKey, paramiko.BadHostKeyException) as exc:
@@ -135,12 +138,14 @@ class SshHost:
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 reason = _describe(exc)
             self._close_clients()
+            if not self.retry_timeouts and time.monotonic() - started >= 0.9 * self.config.connect_timeout:
+                break  # the host did not answer within the timeout: a reader is told now, not after every retry
             if attempt + 1 < attempts:
                 delay = min(BACKOFF_S * 2**attempt, BACKOFF_MAX_S)
                 log.info("%s: connect failed (%s); retry %d in %.1fs", self.name, reason, attempt + 1, delay)
                 time.sleep(delay)
         where = f"{self.endpoint.address}:{self.endpoint.port}"
-        raise UnreachableError(self.name, f"{where}: {reason} (after {attempts} attempts)")
+        raise UnreachableError(self.name, f"{where}: {reason} (after {made} attempt{'s' if made > 1 else ''})")
 
     def _connect_once(self) -> paramiko.SSHClient:
         sock: paramiko.Channel | None = None
@@ -408,6 +413,12 @@ class SshHost:
 def connect(host: Host) -> SshHost:
     """An SSH host for an inventory host. Lazy: the first call connects (errors surface per host there)."""
     return SshHost(host)
+
+
+def connect_for_reads(host: Host) -> SshHost:
+    """`connect` for commands that only read (status): a host that lets an attempt time out is reported at once
+    (one connect_timeout, not ssh.connect_retries of them); quick failures (refused, reset) are still retried."""
+    return SshHost(host, retry_timeouts=False)
 
 
 def _no_delay(transport: paramiko.Transport) -> None:

@@ -61,3 +61,47 @@ def test_unreachable_host_is_one_line_for_every_command(tmp_path: Path, not_sshd
         assert "Traceback" not in err and "paramiko" not in err, (cmd, err)
         said = [line for line in err.splitlines() if "unreachable" in line]
         assert len(said) == 1 and "Error reading SSH protocol banner" in said[0], (cmd, err)
+        assert "ghost: ghost:" not in err, (cmd, err)  # issue 42: the host named once
+
+
+class Silent:
+    """A host whose port takes connections and never says a word (sshd hung, or a firewall that holds them)."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                self.held.append(self.server.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_status_on_a_silent_host_costs_one_connect_timeout(tmp_path: Path) -> None:
+    """Issue 42: `status` on an unreachable host took 34 s: every connect retry waited a full timeout, and the
+    orphan-router pass connected to the same host again (connect_timeout 10 s, connect_retries 3 on a silent
+    port: 69 s before, 15.7 s now). Here connect_timeout 1 s, connect_retries 3: one connection, not 6."""
+    host = Silent()
+    inv = tmp_path / "inv.yaml"
+    text = _inventory(tmp_path, host.port).read_text()
+    inv.write_text(text.replace("connect_retries: 1, connect_timeout: 5", "connect_retries: 3, connect_timeout: 1"))
+    code = "import sys; sys.argv[0] = 'opsctl'; from opsctl.cli.app import main; main()"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)}
+    try:
+        out = subprocess.run([sys.executable, "-c", code, "status", "-i", str(inv)], capture_output=True, text=True,
+                             env=env, timeout=120)  # fmt: skip
+    finally:
+        host.close()
+    assert out.returncode == 1
+    said = [line for line in out.stderr.splitlines() if "unreachable" in line]
+    assert len(said) == 1 and said[0].startswith("ghost: unreachable: ") and "(after 1 attempt)" in said[0], said
+    assert len(host.held) == 1
