@@ -17,6 +17,7 @@ from opsctl.inventory.model import RouterPolicy, WorkerRef
 from tests.conftest import run_cli
 from tests.unit.router_fleet import fleet_data, service
 
+BASE: dict[str, Any] = fleet_data()  # for modules that copy and edit it (router_fleet builds the rest)
 SECRET = "hunter2-router-secret"
 
 
