@@ -163,6 +163,18 @@ class PolicyConfig:
     bucket_edges: tuple[int, ...] = DEFAULT_BUCKET_EDGES
     max_pending: int = 4096  # rounds awaiting observations; older ones are forgotten
     max_gap_ms: float = 100.0  # a longer pause between two decode rounds is the server idling, not overhead
+    # switch only when the estimated gain, log(best / current), exceeds margin + confidence x its standard error
+    # (from the spread of the acceptances and costs behind the two estimates); 0: on the estimates alone
+    confidence: float = 0.0
+    # acceptance is a property of the text, not of the batch size: one average per shape over every bucket's
+    # rounds (each request-round a sample), instead of one per bucket
+    pool_accept: bool = False
+    startup_samples: int = 32  # what a start-up cost (`seed_cost`) is worth, in live rounds
+    min_accept_samples: int = 1  # no switch to or from a shape with fewer acceptance samples (a spread of 2 is luck)
+    # True: an average forgets by the bucket's rounds (a sample after an absence of g rounds weighs
+    # 1 - (1 - alpha)^g); False: by samples only (weight max(alpha, 1 / n)), so a shape that only probes measure,
+    # one round in a few hundred, is not judged by its latest probe alone
+    forget_by_rounds: bool = True
 
     def __post_init__(self) -> None:
         if not self.shapes or len(set(self.shapes)) != len(self.shapes):
@@ -175,9 +187,36 @@ class PolicyConfig:
             raise ValueError("PolicyConfig: alphas in (0, 1]")
         if not self.max_gap_ms > 0:
             raise ValueError("PolicyConfig: max_gap_ms > 0")
+        if not (self.confidence >= 0 and self.startup_samples >= 1 and self.min_accept_samples >= 1):
+            raise ValueError("PolicyConfig: confidence >= 0, startup_samples >= 1 and min_accept_samples >= 1")
         edges = self.bucket_edges
         if not edges or edges[0] < 1 or any(b <= a for a, b in itertools.pairwise(edges)):
             raise ValueError("PolicyConfig.bucket_edges must be increasing ints >= 1")
+
+
+def stable_config(shapes: tuple[Shape, ...], seed: int = 0) -> PolicyConfig:
+    """The knobs `auto` runs with (issue 45). Costs are seeded per bucket at start-up (`seed_cost`, scaled by
+    what the live rounds measure) and averaged slowly, by samples; acceptance is pooled over the buckets and
+    averaged over thousands of request-rounds, and two shapes are compared on their paired acceptances. A switch
+    needs both shapes to have 512 acceptance samples and the gain to clear 1% plus twice its standard error; a
+    bucket's first switch may come from its 4th round (a seeded bucket leaves a losing configured tree at once),
+    later ones at most once per 256 of its rounds. One round in 64 probes another shape, never one that is
+    surely worse. `python -m ddtree.policy_sim` replays recorded rounds through it (docs/policy-rounds.md)."""
+    return PolicyConfig(
+        shapes=shapes,
+        seed=seed,
+        margin=0.01,
+        dwell=256,
+        first_dwell=4,
+        explore=1 / 64,
+        warmup_every=4,
+        alpha_accept=1 / 2048,
+        alpha_cost=1 / 128,
+        confidence=2.0,
+        pool_accept=True,
+        min_accept_samples=512,
+        forget_by_rounds=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -190,17 +229,42 @@ class Decision:
 
 @dataclass
 class _Ewma:
-    """An average that forgets by the bucket's rounds, not by samples: a sample after a gap of g rounds weighs
-    1 - (1 - alpha)^g, so a shape measured again after a long absence is not judged by its old numbers."""
+    """A mean that forgets by the bucket's rounds, not by samples, and knows how sure it is.
+
+    A sample after a gap of g rounds weighs max(1 - (1 - alpha)^g, 1 / n) (n: samples so far): the plain mean of
+    the first 1 / alpha samples, then an exponential average; a shape measured again after a long absence is not
+    judged by its old numbers. Beside the mean it keeps the samples' spread (`var`, weighted the same way) and
+    the sum of the squared weights (`sq`), so the mean's standard error is sqrt(var * sq): 1 / sqrt(n) of the
+    spread at first, sqrt(alpha / (2 - alpha)) of it in the long run, back near the spread itself after a long
+    absence (one sample then weighs almost everything)."""
 
     alpha: float
+    by_rounds: bool = True  # False: forget by samples (PolicyConfig.forget_by_rounds)
     value: float | None = None
-    at: int = 0  # the bucket's round of the latest sample
+    at: int = 0  # the round of the latest sample
+    var: float = 0.0
+    sq: float = 0.0
+    n: int = 0
 
     def add(self, x: float, now: int) -> None:
-        weight = 1.0 - (1.0 - self.alpha) ** max(now - self.at, 1)
-        self.value = x if self.value is None else self.value + weight * (x - self.value)
+        self.n += 1
+        if self.value is None:
+            self.value, self.var, self.sq, self.at = x, 0.0, 1.0, now
+            return
+        gap = max(now - self.at, 1) if self.by_rounds else 1
+        weight = max(1.0 - (1.0 - self.alpha) ** gap, 1.0 / self.n)
+        delta = x - self.value
+        self.value += weight * delta
+        self.var = (1.0 - weight) * (self.var + weight * delta * delta)
+        self.sq = (1.0 - weight) ** 2 * self.sq + weight * weight
         self.at = now
+
+    @property
+    def rel_err(self) -> float:
+        """The mean's standard error over the mean (inf before the first sample)."""
+        if self.value is None or self.value <= 0:
+            return math.inf
+        return math.sqrt(max(self.var, 0.0) * self.sq) / self.value
 
 
 @dataclass
@@ -209,6 +273,7 @@ class _Bucket:
     accept: dict[Shape, _Ewma]
     cost: dict[Shape, _Ewma]
     gap: dict[Shape, _Ewma]  # ms per request from a round of the shape's end to the next decode round's start
+    seed: dict[Shape, tuple[float, float]] = field(default_factory=dict)  # start-up ms per request, and spread
     rounds: int = 0
     last_switch: int = 0  # `rounds` when current last changed (0: start)
     switches: int = 0
@@ -260,6 +325,12 @@ class ShapePolicy:
         self._pending: OrderedDict[int, _Pending] = OrderedDict()
         self._next_id = 0
         self._last_bucket: int | None = None
+        # config.pool_accept: one acceptance average per shape over all buckets, timed by the round id
+        self._pooled = {s: self._ewma(self.config.alpha_accept) for s in self.config.shapes}
+        # with pool_accept: (earlier shape, later shape) -> the difference of their acceptances in one round
+        self._diffs = {
+            (a, c): self._ewma(self.config.alpha_accept) for a, c in itertools.combinations(self.config.shapes, 2)
+        }
         self.probes = 0
         self.dropped = 0  # observations ignored: unknown (forgotten) round, or a non-finite / non-positive value
 
@@ -273,6 +344,9 @@ class ShapePolicy:
                 return i
         return len(self.config.bucket_edges)
 
+    def _ewma(self, alpha: float) -> _Ewma:
+        return _Ewma(alpha, self.config.forget_by_rounds)
+
     def bucket_range(self, index: int) -> tuple[int, int | None]:
         edges = self.config.bucket_edges
         lo = 1 if index == 0 else edges[index - 1] + 1
@@ -284,9 +358,9 @@ class ShapePolicy:
             start = self.setting.pinned if self.setting.pinned is not None else c.shapes[0]
             self._buckets[index] = _Bucket(
                 current=start,
-                accept={s: _Ewma(c.alpha_accept) for s in c.shapes},
-                cost={s: _Ewma(c.alpha_cost) for s in c.shapes},
-                gap={s: _Ewma(c.alpha_cost) for s in c.shapes},
+                accept={s: self._ewma(c.alpha_accept) for s in c.shapes},
+                cost={s: self._ewma(c.alpha_cost) for s in c.shapes},
+                gap={s: self._ewma(c.alpha_cost) for s in c.shapes},
             )
         return self._buckets[index]
 
@@ -301,10 +375,66 @@ class ShapePolicy:
         known = [e.value for e in b.gap.values() if e.value is not None]
         return sum(known) / len(known) if known else None
 
-    @classmethod
-    def _rate(cls, b: _Bucket, shape: Shape) -> float | None:
-        acc, cost = b.accept[shape].value, b.cost[shape].value
-        return None if acc is None or cost is None else acc / (cost + (cls._gap(b, shape) or 0.0))
+    def _accepts(self, b: _Bucket) -> dict[Shape, _Ewma]:
+        return self._pooled if self.config.pool_accept else b.accept
+
+    def _seed_scale(self, b: _Bucket) -> tuple[float, float]:
+        """Live over start-up cost in the bucket (a replay at start-up misses some of a live round's host work,
+        the same for every shape), from the shapes measured both ways, weighted by their live samples; and its
+        relative error. (1, 0) before any shape was measured live."""
+        both = [(b.cost[s], ms) for s, (ms, _sd) in b.seed.items() if b.cost[s].value is not None]
+        if not both:
+            return 1.0, 0.0
+        total = sum(e.n for e, _ in both)
+        scale = sum(e.n * (e.value or 0.0) / ms for e, ms in both) / total
+        return scale, min(e.rel_err for e, _ in both)
+
+    def _cost(self, b: _Bucket, shape: Shape, scale_err: bool = True) -> tuple[float, float] | None:
+        """A shape's round ms per request and its relative standard error. With a start-up seed, the live
+        average and the seed (scaled by `_seed_scale`) are blended by the live samples: the seed weighs as
+        `startup_samples` live rounds, so a shape that only probes measure keeps a steady estimate.
+        `scale_err=False` leaves the scale's error out: it is common to every seeded shape of the bucket, so it
+        cancels from their ratio (two shapes ranked by their start-up replays are as sure as the replays)."""
+        live, seed = b.cost[shape], b.seed.get(shape)
+        if seed is None:
+            return None if live.value is None else (live.value, live.rel_err)
+        k = self.config.startup_samples
+        w = min(live.n, k) / k if live.value is not None else 0.0
+        scale, s_err = self._seed_scale(b)
+        seeded_err = math.hypot(s_err if scale_err else 0.0, seed[1] / seed[0] / math.sqrt(k))
+        value = w * (live.value or 0.0) + (1 - w) * seed[0] * scale
+        if w == 0:
+            return value, seeded_err
+        return value, math.hypot(w * live.rel_err, (1 - w) * seeded_err) if w < 1 else live.rel_err
+
+    def _rate(self, b: _Bucket, shape: Shape) -> float | None:
+        acc, cost = self._accepts(b)[shape].value, self._cost(b, shape)
+        return None if acc is None or cost is None else acc / (cost[0] + (self._gap(b, shape) or 0.0))
+
+    def _cost_err(self, b: _Bucket, shape: Shape, scale_err: bool = True) -> float:
+        """The relative standard error of a shape's ms per request (a gap's error joins the round's in
+        proportion)."""
+        cost, gap = self._cost(b, shape, scale_err), b.gap[shape]
+        if cost is None:
+            return math.inf
+        c = cost[0]
+        g = self._gap(b, shape) or 0.0
+        cost_se = math.hypot(cost[1] * c, gap.rel_err * g if gap.value is not None and g > 0 else 0.0)
+        return cost_se / (c + g) if c + g > 0 else math.inf
+
+    def _gain_err(self, b: _Bucket, best: Shape, now: Shape) -> float:
+        """The standard error of log(rate(best) / rate(now)). The acceptance part comes from the two shapes'
+        paired differences where one round measured both (counterfactuals: far tighter than two independent
+        means, since the same text drives both), else from the two means as if independent."""
+        acc = self._accepts(b)
+        pair = self._diffs.get((best, now)) or self._diffs.get((now, best))
+        ref = acc[now].value
+        if pair is not None and pair.n >= self.config.min_accept_samples and ref:
+            accept_err = math.sqrt(max(pair.var, 0.0) * pair.sq) / ref
+        else:
+            accept_err = math.hypot(acc[best].rel_err, acc[now].rel_err)
+        common = best in b.seed and now in b.seed  # the seeds' common scale cancels from the ratio
+        return math.hypot(accept_err, self._cost_err(b, best, not common), self._cost_err(b, now, not common))
 
     def current(self, batch_size: int) -> Shape | None:
         """The current (non-probe) shape of the bucket of `batch_size`; None before its first round."""
@@ -329,9 +459,11 @@ class ShapePolicy:
             shape = b.current
             # one draw per round whatever the outcome, so the RNG stream depends only on the call sequence
             draw = self._rng.random() < self.config.explore
-            warmup = b.rounds % self.config.warmup_every == 0 and any(e.value is None for e in b.cost.values())
-            if (draw or warmup) and len(self.config.shapes) > 1:
-                shape, probe = self._probe_target(b), True
+            unmeasured = any(b.cost[s].value is None and s not in b.seed for s in self.config.shapes)
+            warmup = b.rounds % self.config.warmup_every == 0 and unmeasured
+            target = self._probe_target(b) if (draw or warmup) and len(self.config.shapes) > 1 else None
+            if target is not None:
+                shape, probe = target, True
                 self.probes += 1
         elif self.setting.mode is PolicyMode.OFF:
             shape = self.config.shapes[0]
@@ -351,15 +483,36 @@ class ShapePolicy:
         if not rated:
             return
         best_rate, _, best = max(rated)  # ties: the earlier (larger) shape
-        if now is not None and best != b.current and best_rate > now * (1 + self.config.margin):
-            b.current, b.last_switch = best, b.rounds
-            b.switches += 1
+        if now is None or best == b.current or not best_rate > now * (1 + self.config.margin):
+            return
+        accepts = self._accepts(b)
+        if min(accepts[best].n, accepts[b.current].n) < self.config.min_accept_samples:
+            return
+        if self.config.confidence > 0:
+            err = self._gain_err(b, best, b.current)
+            if not math.log(best_rate / now) > math.log1p(self.config.margin) + self.config.confidence * err:
+                return
+        b.current, b.last_switch = best, b.rounds
+        b.switches += 1
 
-    def _probe_target(self, b: _Bucket) -> Shape:
+    def _probe_target(self, b: _Bucket) -> Shape | None:
         """The other shape whose cost was measured longest ago (never measured first; ties: the last candidate
         first, so the chain, the alternative that matters most, is measured first). Costs are only ever measured
-        by running a shape; acceptances mostly come for free from the largest tree's rounds."""
+        by running a shape; acceptances mostly come for free from the largest tree's rounds. With `confidence`,
+        a shape whose estimate is below the current one's by more than `confidence` standard errors is not
+        worth a probe (None: no shape is)."""
         others = [s for s in self.config.shapes if s != b.current]
+        if self.config.confidence > 0:
+            now = self._rate(b, b.current)
+            if now is not None:
+                z = self.config.confidence
+                others = [
+                    s
+                    for s in others
+                    if (r := self._rate(b, s)) is None or math.log(now / r) < z * self._gain_err(b, s, b.current)
+                ]
+        if not others:
+            return None
         order = self.config.shapes.index
         return min(others, key=lambda s: (b.cost[s].value is not None, b.cost[s].at, -order(s)))
 
@@ -384,11 +537,18 @@ class ShapePolicy:
         b = self._buckets[pending.bucket]
         if accepted is not None and not pending.accepted:
             pending.accepted = True
+            stats, at = (self._pooled, round_id) if self.config.pool_accept else (b.accept, pending.at)
+            good = {}
             for shape, tau in accepted.items():
-                if shape in b.accept and math.isfinite(tau) and tau >= 1.0:
-                    b.accept[shape].add(float(tau), pending.at)
+                if shape in stats and math.isfinite(tau) and tau >= 1.0:
+                    stats[shape].add(float(tau), at)
+                    good[shape] = float(tau)
                 else:
                     self.dropped += 1
+            if self.config.pool_accept:
+                for (first, second), diff in self._diffs.items():
+                    if first in good and second in good:
+                        diff.add(good[first] - good[second], at)
         if cost_ms is not None and not pending.costed:
             pending.costed = True
             if math.isfinite(cost_ms) and cost_ms >= MIN_COST_MS:
@@ -402,6 +562,17 @@ class ShapePolicy:
         if pending.accepted and pending.costed:
             del self._pending[round_id]
         return True
+
+    def seed_cost(self, batch_size: int, shape: Shape, cost_ms: float, spread_ms: float = 0.0) -> None:
+        """A start-up measurement of `shape`'s round at `batch_size` (e.g. the median of its graph replays, and
+        their spread), worth `startup_samples` live rounds of the bucket: the bucket starts with every shape's
+        cost known, so it needs no warm-up probes, and the live rounds refine the cost slowly. A bucket seeded
+        from several batch sizes keeps the latest seed (seed each bucket's typical size, e.g. its upper edge)."""
+        if shape not in self.config.shapes:
+            raise ValueError(f"seed_cost: {shape.label} is not a candidate")
+        if not (math.isfinite(cost_ms) and cost_ms >= MIN_COST_MS and math.isfinite(spread_ms) and spread_ms >= 0):
+            raise ValueError(f"seed_cost: cost {cost_ms!r} ms, spread {spread_ms!r} ms")
+        self._bucket(self.bucket_of(batch_size)).seed[shape] = (cost_ms / batch_size, spread_ms / batch_size)
 
     # -- visibility -----------------------------------------------------------------------------------
 

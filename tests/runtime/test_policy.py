@@ -3,6 +3,7 @@ hysteresis bound, lagged observations, determinism), and its counterfactual acce
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import zlib
 from collections.abc import Callable
@@ -16,9 +17,11 @@ from ddtree.policy import (
     PolicySetting,
     Shape,
     ShapePolicy,
+    _Ewma,
     candidate_shapes,
     counterfactual_accepts,
     format_policy_fields,
+    stable_config,
 )
 from ddtree.tree import DraftTree, build_tree, spine_tree, walk_tree
 from hypothesis import HealthCheck, given, settings
@@ -332,3 +335,113 @@ def test_counterfactuals_equal_walks_of_the_smaller_shapes(seed: int, budget: in
     if not (leaf and int(big.depths[path[-1]]) < depth):
         assert got[CHAIN] == chain  # exact unless the walk ended at a shallow leaf
     assert counterfactual_accepts(big.parents.tolist(), list(path), CHAIN, shapes, depth) == {CHAIN: len(path)}
+
+
+# -- stable_config (issue 45): start-up costs, confidence, pooled and paired acceptance ---------------------------
+
+
+def stable(shapes: tuple[Shape, ...] = SHAPES, **kw: object) -> ShapePolicy:
+    base = stable_config(shapes)
+    return ShapePolicy(dataclasses.replace(base, **kw))  # type: ignore[arg-type]
+
+
+def test_an_average_is_the_plain_mean_then_exponential_and_knows_its_error() -> None:
+    e = _Ewma(alpha=0.01, by_rounds=False)
+    xs = [float(x % 7) for x in range(50)]
+    for i, x in enumerate(xs):
+        e.add(x, i)
+    mean = sum(xs) / len(xs)
+    sd = (sum((x - mean) ** 2 for x in xs) / len(xs)) ** 0.5
+    assert e.value == pytest.approx(mean) and e.n == 50
+    assert e.rel_err == pytest.approx(sd / 50**0.5 / mean, rel=1e-6)  # the standard error of a plain mean
+    for i in range(5000):
+        e.add(3.0, 50 + i)
+    assert e.value == pytest.approx(3.0, abs=1e-6) and e.rel_err < 1e-6  # exponential: the old samples are gone
+
+
+def test_start_up_costs_rank_the_shapes_before_any_live_round_and_need_no_warm_up() -> None:
+    policy = stable(explore=0.0)
+    for shape, ms in {T32: 40.0, T16: 36.0, T8: 34.0, CHAIN: 30.0}.items():
+        policy.seed_cost(8, shape, ms, 0.4)
+    shapes = [policy.decide(8).shape for _ in range(40)]
+    assert shapes == [T32] * 40  # no warm-up probes: every candidate has a cost
+    policy.decide(8)
+    assert policy.estimate(8, T32) is None  # no acceptance yet
+    with pytest.raises(ValueError, match="not a candidate"):
+        policy.seed_cost(8, Shape(3), 1.0)
+    with pytest.raises(ValueError, match="seed_cost"):
+        policy.seed_cost(8, T32, float("nan"))
+
+
+def test_live_costs_rescale_the_start_up_costs_of_the_shapes_not_run() -> None:
+    """A replay at start-up misses host work common to every shape: the live rounds of the current shape, 10%
+    dearer than its seed, make the seeded chain 10% dearer too, so the ranking stays the seeds' ranking."""
+    policy = stable((T32, CHAIN), explore=0.0)
+    policy.seed_cost(4, T32, 40.0, 0.4)
+    policy.seed_cost(4, CHAIN, 30.0, 0.3)
+    for _ in range(64):
+        d = policy.decide(4)
+        policy.observe(d.round_id, accepted={T32: 4.0, CHAIN: 3.0}, cost_ms=44.0)
+    assert policy.estimate(4, T32) == pytest.approx(4.0 / 11.0)
+    assert policy.estimate(4, CHAIN) == pytest.approx(3.0 / 8.25)  # 30 ms x 1.1 / 4 requests
+
+
+def noisy_world(seed: int, chain_gain: float) -> World:
+    """Costs with 30% log-normal noise and 3% spikes of 2-4x (the pairs' host-bound rounds); every tree accepts
+    the same, the chain a random 80-95% of the tree's drafted tokens per round (its counterfactual: 0.906 of the
+    tree's tokens on average), and its round costs 0.906 / (1 + chain_gain) of the tree's, so `chain_gain` is its
+    true advantage in tokens per ms."""
+    rng = __import__("random").Random(seed)
+
+    def world(_bs: int, _i: int) -> dict[Shape, tuple[float, float]]:
+        tau = 1 + rng.expovariate(1 / 3)
+        base = 10.0 * (rng.uniform(2, 4) if rng.random() < 0.03 else 1.0) * rng.lognormvariate(0, 0.3)
+        share = rng.uniform(0.8, 0.95)
+        out = {s: (tau, base) for s in SHAPES if not s.is_chain}
+        out[CHAIN] = (1 + (tau - 1) * share, base * (1 + 3 * 0.875) / 4 / (1 + chain_gain))
+        return out
+
+    return world
+
+
+def test_noise_alone_hardly_moves_the_stable_policy_but_moves_the_old_one() -> None:
+    """Equal shapes (the chain's gain 0, the trees identical) under the pairs' noise: the old knobs switch back
+    and forth; the stable policy, asking for 2 standard errors of gain, stays on a tree (at most a switch or two
+    between the identical trees: a tie either way)."""
+    old, new = auto(seed=1), stable(seed=1)
+    simulate(old, noisy_world(1, 0.0), [4] * 3000, lag=2)
+    ran = simulate(new, noisy_world(1, 0.0), [4] * 3000, lag=2)
+    assert old.snapshot().switches >= 10
+    assert new.snapshot().switches <= 2 and ran.count(CHAIN) <= 0.03 * len(ran)
+
+
+def test_the_stable_policy_takes_a_real_gain_once_it_is_sure() -> None:
+    policy = stable()
+    ran = simulate(policy, noisy_world(2, 0.15), [4] * 3000, lag=2)
+    assert policy.current(4) == CHAIN and policy.snapshot().switches == 1
+    assert ran[:500].count(CHAIN) < 50  # not before 512 acceptance samples
+    assert ran[-500:].count(CHAIN) >= 490
+
+
+def test_paired_acceptances_are_surer_than_two_means() -> None:
+    """The chain's acceptance measured on the tree's own rounds moves with the tree's: the error of their ratio
+    from the paired differences is a fraction of what two independent means would give."""
+    policy = stable((T32, CHAIN), explore=0.0, min_accept_samples=1)
+    rng = __import__("random").Random(3)
+    for _ in range(400):
+        d = policy.decide(1)
+        tau = 1 + rng.expovariate(1 / 3)
+        policy.observe(d.round_id, accepted={T32: tau, CHAIN: 1 + 0.9 * (tau - 1)}, cost_ms=10.0)
+    b = policy._buckets[0]
+    acc = policy._pooled
+    independent = (acc[T32].rel_err ** 2 + acc[CHAIN].rel_err ** 2) ** 0.5
+    paired = policy._gain_err(b, CHAIN, T32)
+    assert paired < 0.35 * independent
+
+
+def test_probes_skip_a_shape_that_is_surely_worse() -> None:
+    policy = stable((T32, T8, CHAIN), min_accept_samples=1, explore=0.5)
+    for shape, ms in {T32: 10.0, T8: 9.5, CHAIN: 40.0}.items():  # the chain: 4x the cost for 0.9x the tokens
+        policy.seed_cost(1, shape, ms, 0.1)
+    ran = simulate(policy, lambda _bs, _i: {T32: (4.0, 10.0), T8: (3.9, 9.5), CHAIN: (3.6, 40.0)}, [1] * 400)
+    assert CHAIN not in ran and ran.count(T8) > 20  # tree8 is close enough to be worth its probes

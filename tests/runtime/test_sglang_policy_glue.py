@@ -72,9 +72,11 @@ def _drive(glue: PolicyGlue, rounds: int, bs: int, lag: int = 3) -> list[Shape]:
 
 def test_the_glue_moves_to_the_chain_when_it_pays_and_ranks_agree() -> None:
     rank0, rank1 = PolicyGlue(_cfg("auto"), seed=7), PolicyGlue(_cfg("auto"), seed=7)
-    a, b = _drive(rank0, 300, bs=16), _drive(rank1, 300, bs=16)
+    a, b = _drive(rank0, 700, bs=16), _drive(rank1, 700, bs=16)
     assert a == b
-    assert a[0] == Shape(16) and a[-50:].count(CHAIN) >= 45
+    # stable_config: no switch before 512 acceptance samples, then the chain (20x cheaper) at once
+    first = a.index(CHAIN, 100) if CHAIN in a[100:] else -1
+    assert a[0] == Shape(16) and a[:500].count(CHAIN) < 50 and a[-50:].count(CHAIN) >= 45, first
     assert "choice=9-16:chain" in rank0.log_fields()
 
 

@@ -24,10 +24,18 @@ worker passes `RoundLedger` a `reduce_max` over its TP group's gloo group: the s
 `DDTREE_TEST_POLICY=phased` (tests only, docs/metrics.md): the policy switches fast (dwell 1, a probe while any
 shape is unmeasured, explore 0.25) on synthetic costs, the chain cheap for the first `PHASED_FLIP` rounds and
 the trees after, so a short CPU run changes shape mid-request both ways; the acceptances stay the real ones.
+
+`auto` runs `ddtree.policy.stable_config`: the worker seeds every shape's cost per batch bucket at start-up
+(`PolicyGlue.seed_costs`, from timed replays once the graphs are captured), and the live rounds refine them
+slowly. `DDTREE_RECORD_ROUNDS=<file>` (a benchmark hook, never rendered by opsctl) appends every report the policy
+is fed to `<file>` as one JSON line (`RoundRecorder`), the input of `python -m ddtree.policy_sim record`
+(docs/policy-rounds.md); record at TP 1 (every rank feeds the same reports).
 """
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,7 +46,16 @@ import torch
 from torch import Tensor
 
 from ddtree.config import DDTreeConfig
-from ddtree.policy import CHAIN, PolicyConfig, PolicyMode, Shape, ShapePolicy, candidate_shapes, format_policy_fields
+from ddtree.policy import (
+    CHAIN,
+    PolicyConfig,
+    PolicyMode,
+    Shape,
+    ShapePolicy,
+    candidate_shapes,
+    format_policy_fields,
+    stable_config,
+)
 from ddtree.sglang.batch_round import BatchCommit, BatchPlan
 
 
@@ -76,13 +93,47 @@ class RoundReport:
 
 
 TEST_POLICY_KEY = "DDTREE_TEST_POLICY"
+RECORD_ROUNDS_KEY = "DDTREE_RECORD_ROUNDS"
 PHASED_FLIP = 3  # DDTREE_TEST_POLICY=phased: rounds (ids) during which the chain is the cheap shape
+
+
+class RoundRecorder:
+    """Appends each report the policy is fed, with the shape its round ran, as one JSON line (keys: round_id,
+    batch_size, shape, tree_accepted, spine_accepted, smaller, cost_ms, gap_ms). `write` is the one side effect
+    (a file's append by default; a list's append in tests)."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self.write = write
+
+    @classmethod
+    def to_file(cls, path: str) -> RoundRecorder:
+        handle = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115  (open for the process's life)
+
+        def write(line: str) -> None:
+            handle.write(line + "\n")
+
+        return cls(write)
+
+    def record(self, ran: Shape, r: RoundReport) -> None:
+        item = {
+            "round_id": r.round_id,
+            "batch_size": r.batch_size,
+            "shape": ran.label,
+            "tree_accepted": r.tree_accepted,
+            "spine_accepted": r.spine_accepted,
+            "smaller": {str(b): v for b, v in r.smaller.items()},
+            "cost_ms": r.cost_ms,
+            "gap_ms": r.gap_ms,
+        }
+        self.write(json.dumps(item, separators=(",", ":")))
 
 
 class PolicyGlue:
     """One per worker: the policy over the worker's candidates (the configured tree, two halvings, the chain)."""
 
-    def __init__(self, config: DDTreeConfig, seed: int = 0, test: str = "") -> None:
+    def __init__(
+        self, config: DDTreeConfig, seed: int = 0, test: str = "", recorder: RoundRecorder | None = None
+    ) -> None:
         shapes = candidate_shapes(config.budget)
         pin = config.policy.pinned
         if pin is not None and pin not in shapes:
@@ -95,7 +146,9 @@ class PolicyGlue:
             knobs = {"dwell": 1, "first_dwell": 1, "warmup_every": 2, "explore": 0.25}
             knobs |= {"alpha_cost": 0.5, "alpha_accept": 0.5}
         self.enabled = config.policy.mode is not PolicyMode.OFF
-        self.policy = ShapePolicy(PolicyConfig(shapes=shapes, seed=seed, **knobs), config.policy)
+        base = PolicyConfig(shapes=shapes, seed=seed, **knobs) if self.phased else stable_config(shapes, seed)
+        self.policy = ShapePolicy(base, config.policy)
+        self.recorder = recorder
         self.configured = shapes[0]
         self._ran: dict[int, Shape] = {}
         self._shown: dict[int, Shape] = {}  # bucket -> the current shape last reported by `switch_note`
@@ -108,7 +161,30 @@ class PolicyGlue:
 
     @classmethod
     def from_env(cls, config: DDTreeConfig, env: Mapping[str, str]) -> PolicyGlue:
-        return cls(config, test=env.get(TEST_POLICY_KEY, ""))
+        path = env.get(RECORD_ROUNDS_KEY, "").strip()
+        recorder = RoundRecorder.to_file(path) if path else None
+        return cls(config, test=env.get(TEST_POLICY_KEY, ""), recorder=recorder)
+
+    def seed_costs(
+        self, time_round: Callable[[Shape, int], float], batch_sizes: Iterable[int], repeats: int = 5
+    ) -> str:
+        """Start-up costs: `time_round(shape, bs)` (ms of one replayed round of that shape at that batch size, on
+        the device, e.g. CUDA events around the graphs' replays) `repeats` times per candidate and batch size; the
+        median seeds the policy (`ShapePolicy.seed_cost`), the spread says how sure it is. Returns a log line
+        (`startup costs bs 1: tree15 26.60 ms, ...`); "" when the policy is not `auto`."""
+        if not self.enabled or self.policy.setting.mode is not PolicyMode.AUTO:
+            return ""
+        parts = []
+        for bs in batch_sizes:
+            cells = []
+            for shape in self.policy.config.shapes:
+                times = sorted(time_round(shape, bs) for _ in range(max(repeats, 1)))
+                median = statistics.median(times)
+                spread = statistics.stdev(times) if len(times) > 1 else 0.0
+                self.policy.seed_cost(bs, shape, median, spread)
+                cells.append(f"{shape.label} {median:.2f}")
+            parts.append(f"bs {bs}: {', '.join(cells)}")
+        return "startup costs (ms) " + "; ".join(parts)
 
     def smaller(self, shape: Shape) -> tuple[int, ...]:
         """The candidate budgets below a tree `shape`'s, whose acceptances its round also measures."""
@@ -152,6 +228,8 @@ class PolicyGlue:
         ran = self._ran.get(r.round_id)
         if ran is None or r.batch_size < 1:
             return
+        if self.recorder is not None:
+            self.recorder.record(ran, r)
         accepted: dict[Shape, float] | None = None
         if r.tree_accepted is not None or r.spine_accepted is not None:
             n, accepted = float(r.batch_size), {}
