@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from opsctl.errors import ExitCode, OpsctlError
@@ -22,7 +24,29 @@ from opsctl.secrets import MASK, SecretRef
 if TYPE_CHECKING:
     from opsctl.inventory.load import Override
 
-console = Console(stderr=True, highlight=False, soft_wrap=True)
+# The library's hints name the inventory `-i INVENTORY` (it does not know the file); every line the CLI prints
+# names the file this command loaded instead, as the user typed it (shell-quoted): `opsctl provision -i
+# inventory/lab.yaml --host lab2`.
+INVENTORY_PLACEHOLDER = "-i INVENTORY"
+
+
+class _Console(Console):
+    """stderr, with the placeholder above replaced by the inventory this command loaded."""
+
+    inventory: str | None = None
+
+    def name_inventory(self, text: str, markup: bool = False) -> str:
+        if not self.inventory or INVENTORY_PLACEHOLDER not in text:
+            return text
+        named = f"-i {shlex.quote(self.inventory)}"
+        return text.replace(INVENTORY_PLACEHOLDER, escape(named) if markup else named)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        markup = kwargs.get("markup", True) is not False
+        super().print(*(self.name_inventory(o, markup) if isinstance(o, str) else o for o in objects), **kwargs)
+
+
+console = _Console(stderr=True, highlight=False, soft_wrap=True)
 
 InventoryOpt = Annotated[Path, typer.Option("-i", "--inventory", help="Inventory YAML file.", show_default=False)]
 HostOpt = Annotated[
@@ -65,6 +89,8 @@ def to_jsonable(value: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [to_jsonable(v) for v in value]
+    if isinstance(value, str):
+        return console.name_inventory(value)
     return value
 
 
@@ -82,7 +108,7 @@ def plain(text: str) -> str:
 
 def say(label: str, style: str, text: str) -> None:
     """One line on stderr: a styled label, then `text` as plain text (never read as rich markup or emoji)."""
-    console.print(Text.assemble((label, style), " ", plain(text)))
+    console.print(Text.assemble((label, style), " ", plain(console.name_inventory(text))))
 
 
 def fail(error: OpsctlError) -> typer.Exit:
@@ -95,6 +121,7 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        console.inventory = None  # until this command loads one
         try:
             return fn(*args, **kwargs)
         except OpsctlError as exc:
@@ -125,6 +152,7 @@ def load_inventory(path: Path, overrides: Sequence[Override] = ()) -> Any:
     from opsctl.inventory.load import load_inventory as _load
 
     inventory = _load(path, overrides)
+    console.inventory = str(path)
     for warning in inventory.warnings:
         say("WARNING:", "bold yellow", warning)
     return inventory

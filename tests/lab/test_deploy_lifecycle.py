@@ -99,7 +99,7 @@ def test_model_corrupted_in_place_is_refused_by_deploy_and_provision_repairs_and
     # Written in place: the process maps the damaged bytes, so "it still uses the old files" would be false.
     assert f"model {MODEL} is corrupt" in status.stderr and "model.safetensors written after provision" in status.stderr
     assert "still uses the old files" not in status.stderr and "changed under the running service" not in status.stderr
-    assert "opsctl provision -i INVENTORY --host lab1" in status.stderr and "Traceback" not in status.stderr
+    assert f"opsctl provision -i {inv} --host lab1" in status.stderr and "Traceback" not in status.stderr
     deep = opsctl("status", "-i", inv, "--host", "lab1", "--deep", "--json")
     (row,) = json.loads(deep.stdout)["services"]
     assert deep.returncode == 1 and row["healthy"] is True  # /health stays 200 throughout: only this sees it
@@ -111,7 +111,7 @@ def test_model_corrupted_in_place_is_refused_by_deploy_and_provision_repairs_and
     assert refused.returncode == 1, refused.stderr[-3000:]
     (line,) = [ln for ln in refused.stderr.splitlines() if ln.startswith("lab1/ref: failed")]
     assert f"model {MODEL} is corrupt" in line and "nothing was changed" in line
-    assert "opsctl provision -i INVENTORY --host lab1" in line and "Traceback" not in refused.stderr
+    assert f"opsctl provision -i {inv} --host lab1" in line and "Traceback" not in refused.stderr
     assert unit_props(base_inventory, "lab1", "opsctl-ref.service") == before
     assert current_release(base_inventory, "lab1", "ref") == release
     assert _releases(base_inventory, "lab1") == releases
@@ -165,7 +165,8 @@ def test_reboot_heals_host_side_models_and_status_names_the_fix_for_control_side
     lab1 = opsctl("status", "-i", str(base_inventory), "--host", "lab1")
     assert lab1.returncode == 1
     assert (
-        f"model {MODEL} not on the host" in lab1.stderr and "opsctl provision -i INVENTORY --host lab1" in lab1.stderr
+        f"model {MODEL} not on the host" in lab1.stderr
+        and f"opsctl provision -i {base_inventory} --host lab1" in lab1.stderr
     )
     restored = provision(base_inventory, "--host", "lab1", always=True)
     assert restored.returncode == 0, restored.stderr[-3000:]
