@@ -1,12 +1,19 @@
 """Files on the control machine that several opsctl processes may write at once (two provisions of one model
 source, two lab parts in one CI run): each writer fills a temporary file of its own beside the target, then
-renames it over the target, so readers see a whole old or a whole new file and no writer removes another's."""
+renames it over the target, so readers see a whole old or a whole new file and no writer removes another's.
+Where they live: `state_dir()`."""
 
 from __future__ import annotations
 
 import os
 import secrets
 from pathlib import Path
+
+
+def state_dir() -> Path:
+    """opsctl's state on the control machine (audit logs, model trust records): `$XDG_STATE_HOME/opsctl`,
+    `~/.local/state/opsctl` when the variable is unset or empty."""
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "opsctl"
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import getpass
 import hashlib
 import json
-import os
 import shlex
 import socket
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from opsctl.commands import Cmd, sh
 from opsctl.errors import OpsctlError
+from opsctl.localfiles import state_dir
 
 if TYPE_CHECKING:
     from opsctl.inventory.model import Host
@@ -33,7 +33,7 @@ HOST_LOG = "/var/lib/opsctl/audit.log"
 def local_log_path(inventory: str = "") -> Path:
     """`$XDG_STATE_HOME/opsctl/audit/<file stem>-<hash of its absolute path>.log`: one log per inventory file
     (two files both named lab.yaml stay apart); `audit.log` beside it for lines without an inventory."""
-    state = Path(os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")) / "opsctl"
+    state = state_dir()
     if not inventory:
         return state / "audit.log"
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(inventory).stem)[:60] or "inventory"

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import posixpath
 import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
+from opsctl import localfiles
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host, ModelSpec
 from opsctl.ops.base import KeepLocal, read
@@ -117,9 +117,8 @@ def read_trusted(remote: Connection, model_path: str) -> Trusted | None:
 
 def local_path(host: Host, model_path: str) -> Path:
     """The control machine's copy of the host's record of this model."""
-    state = Path(os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state"))
     where = f"{_UNSAFE.sub('_', host.name)}@{_UNSAFE.sub('_', host.address)}"
-    return state / "opsctl" / "trust" / where / f"{model_name(model_path)}.json"
+    return localfiles.state_dir() / "trust" / where / f"{model_name(model_path)}.json"
 
 
 def read_local(host: Host, model_path: str) -> Trusted | None:

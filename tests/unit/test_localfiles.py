@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.localfiles import write_text_atomic
+from opsctl.localfiles import state_dir, write_text_atomic
 
 
 def _write_many(path: str, text: str) -> None:
@@ -56,3 +56,17 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, mon
     with pytest.raises(OSError, match="disk full"):
         write_text_atomic(target, "new")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["trust.json"]
+
+
+def test_state_dir_follows_xdg_state_home_and_falls_back_when_unset_or_empty(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert state_dir() == tmp_path / "opsctl"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for unset in (True, False):
+        if unset:
+            monkeypatch.delenv("XDG_STATE_HOME")
+        else:
+            monkeypatch.setenv("XDG_STATE_HOME", "")
+        assert state_dir() == tmp_path / "home" / ".local" / "state" / "opsctl"
