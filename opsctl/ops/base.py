@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from opsctl.commands import Cmd
+from opsctl.deploy import audit
 from opsctl.inventory.model import Host
 from opsctl.localfiles import write_text_atomic
 from opsctl.ops.errors import ProvisionError
@@ -75,7 +76,20 @@ class KeepLocal:
         write_text_atomic(self.local, self.text)
 
 
-Action = Cmd | Push | PutText | Verify | KeepLocal
+@dataclass(frozen=True)
+class Audit:
+    """One audit line (opsctl.deploy.audit.record: the control machine's log and the host's), written when the
+    actions before it succeeded: an act that changes what opsctl trusts (`--accept-model`)."""
+
+    host: Host = field(repr=False)
+    action: str
+    detail: str
+
+    def display(self) -> str:
+        return f"audit {self.action}: {self.detail}"
+
+
+Action = Cmd | Push | PutText | Verify | KeepLocal | Audit
 
 
 def display(action: Action) -> str:
@@ -157,6 +171,8 @@ def execute(
             remote.put_text(action.text, action.remote, mode=action.mode)
         elif isinstance(action, KeepLocal):
             action.write()
+        elif isinstance(action, Audit):
+            audit.record(action.host, "-", action.action, None, "ok", action.detail, conn=remote)
         else:
             result = remote.run(action.cmd, timeout=timeout, check=False)
             action.judge(result.exit_code, result.stdout, result.stderr)

@@ -34,7 +34,7 @@ from opsctl import layout, modelcheck, systemd
 from opsctl.commands import Cmd
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
 from opsctl.ops import model_trust, service_wait
-from opsctl.ops.base import Action, Context, Plan, Push, PutText, Verify, execute, read
+from opsctl.ops.base import Action, Audit, Context, Plan, Push, PutText, Verify, execute, read
 from opsctl.ops.errors import ManifestMismatchError, ModelNotTrustedError, ProvisionError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
@@ -297,6 +297,10 @@ class ModelSync:
             record = new_record(manifest, verdict)
             acts += trust_actions(spec, record)
             acts += model_trust.keep_local(ctx.spec, spec, record, on_host)
+            if verdict.trust is model_trust.Trust.ACCEPTED:  # the one act that changes the trusted model
+                was = on_host.describe() if on_host is not None else "no record on the host"
+                detail = f"{spec.path.rstrip('/')}: {model_trust.digest(manifest)} (was {was}; {verdict.detail})"
+                acts.append(Audit(ctx.spec, "accept-model", detail))
             actions += acts
             notes += why
             if verdict.record:

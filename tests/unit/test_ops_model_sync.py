@@ -453,3 +453,27 @@ def test_a_host_record_that_differs_from_the_control_machines_copy_is_refused_un
     assert here is not None and here.manifest == other
     assert (dest / "w.bin").read_bytes() == b"N" * 4096
     assert ModelSync().plan(_fresh(ctx, source)).actions == ()  # reconciled: later runs need no flag
+
+
+def test_accepting_a_model_is_audited_and_planned(
+    tmp_path: Path, _trust_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42: `provision --accept-model` changes the trusted model and wrote no audit line."""
+    from opsctl.deploy import audit
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(audit, "HOST_LOG", str(tmp_path / "host" / "audit.log"))
+    source = _model(tmp_path / "src", {"w.bin": b"A" * 4096})
+    ctx, dest = _ctx(tmp_path, source)
+    _converge(ctx)  # first use: recorded, not an accept
+    assert not (tmp_path / "host" / "audit.log").exists()
+    (source / "w.bin").write_bytes(b"B" * 4096)
+    manifests = {str(source): build_local_manifest(source)}
+    accepted = Context(ctx.spec, ctx.remote, Options(accept_models=frozenset({str(dest)})), Artifacts(manifests=manifests))
+    commands = _converge(accepted)
+    assert commands[-1].startswith(f"audit accept-model: {dest}: sha256:")  # what --plan shows, last
+    host_log = (tmp_path / "host" / "audit.log").read_text().splitlines()
+    local_log = (tmp_path / "state" / "opsctl" / "audit.log").read_text().splitlines()
+    assert len(host_log) == 1 and host_log == local_log
+    assert "action=accept-model" in host_log[0] and "result=ok" in host_log[0] and "host=local" in host_log[0]
+    assert "was sha256:" in host_log[0] and "differ: w.bin" in host_log[0]
