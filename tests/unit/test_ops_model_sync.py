@@ -469,7 +469,8 @@ def test_accepting_a_model_is_audited_and_planned(
     assert not (tmp_path / "host" / "audit.log").exists()
     (source / "w.bin").write_bytes(b"B" * 4096)
     manifests = {str(source): build_local_manifest(source)}
-    accepted = Context(ctx.spec, ctx.remote, Options(accept_models=frozenset({str(dest)})), Artifacts(manifests=manifests))
+    options = Options(accept_models=frozenset({str(dest)}))
+    accepted = Context(ctx.spec, ctx.remote, options, Artifacts(manifests=manifests))
     commands = _converge(accepted)
     assert commands[-1].startswith(f"audit accept-model: {dest}: sha256:")  # what --plan shows, last
     host_log = (tmp_path / "host" / "audit.log").read_text().splitlines()
