@@ -25,8 +25,9 @@ import jinja2
 import yaml
 
 from opsctl import layout
+from opsctl.errors import InventoryError
 from opsctl.inventory.model import Engine, Host, Mode, PolicyMode, Service
-from opsctl.inventory.rules import excerpt
+from opsctl.inventory.rules import TEST_HOOK_ENV, TEST_HOOK_HINT, excerpt
 from opsctl.secrets import MASK
 from opsctl.systemd import SystemdSyntaxError, check_env_file, check_unit, escape_specifiers, quote_env, quote_exec
 from opsctl.yamlload import safe_load as yaml_load
@@ -189,6 +190,10 @@ def server_env(host: Host, service: Service, release_dir: str) -> list[tuple[str
         if knobs.policy.mode is not PolicyMode.OFF and service.mode is Mode.TREE:  # off: the runtime's default
             env.append(("DDTREE_POLICY", knobs.policy.text))
     env += list(service.extra_env)
+    for key, _value in env:  # the inventory refuses them; a Service built in code must not slip one through
+        if key in TEST_HOOK_ENV:
+            why = f"is a benchmark test hook ({TEST_HOOK_ENV[key]}); opsctl never renders it"
+            raise InventoryError(f"services.{service.name}.env.{key}", why, TEST_HOOK_HINT)
     return env
 
 

@@ -40,7 +40,16 @@ from opsctl.inventory.origin import inherited
 from opsctl.inventory.parallel import check_port_clashes, parallel
 from opsctl.inventory.reader import MAX_DEPTH, read_file
 from opsctl.inventory.routers import parse_routers
-from opsctl.inventory.rules import SECRET_HINT, Kind, clean, excerpt, secret_flag, token_kind
+from opsctl.inventory.rules import (
+    SECRET_HINT,
+    TEST_HOOK_ENV,
+    TEST_HOOK_HINT,
+    Kind,
+    clean,
+    excerpt,
+    secret_flag,
+    token_kind,
+)
 from opsctl.secrets import SecretRef
 
 
@@ -369,6 +378,9 @@ def _detect_hybrid(local_source: str | None, dest: str) -> bool:
 
 
 def _ddtree(value: Any, path: str) -> DDTreeKnobs:
+    if isinstance(value, dict) and "replay_acceptance" in value:
+        why = TEST_HOOK_ENV["DDTREE_REPLAY_ACCEPTANCE"]
+        raise InventoryError(f"{path}.replay_acceptance", f"is a benchmark test hook ({why})", TEST_HOOK_HINT)
     keys = {"budget", "topk", "allow_hybrid_unsafe", "log_interval", "selfcheck_every", "policy", "round_graphs_max_bs"}
     d = s.mapping(value, path, keys)
     base = DDTreeKnobs()
@@ -546,6 +558,8 @@ def _extra_env(value: Any, path: str) -> tuple[tuple[str, str], ...]:
                 "looks like a secret; literal secrets are not allowed",
                 "put it in the service's api_key (env:NAME or file:PATH)",
             )
+        if key in TEST_HOOK_ENV:
+            raise InventoryError(key_path, f"is a benchmark test hook ({TEST_HOOK_ENV[key]})", TEST_HOOK_HINT)
         if key in RESERVED_ENV or key.startswith("DDTREE_"):
             raise InventoryError(key_path, "is set by opsctl itself", "use the matching inventory key instead")
         if raw == "":

@@ -122,6 +122,15 @@ _SECRET_FLAG_VALUE = re.compile(r"(-{1,2}[A-Za-z_-]{1,40})=([^\s]*)")
 EXCERPT_MAX = 40  # characters of a value shown in a message, quotes and escapes included (always <= 80)
 SECRET_HINT = "write the secret as the service's api_key: env:NAME or file:PATH"
 
+# The runtime's benchmark and test hooks: environment variables a service never runs with. The inventory refuses
+# them (as `ddtree.*` keys and in `extra_env`) and render refuses any rendered environment that holds one.
+TEST_HOOK_ENV = {
+    "DDTREE_REPLAY_ACCEPTANCE": "commits recorded paths instead of the target's choices",
+    "DDTREE_RECORD_ROUNDS": "records every decode round to a file",
+    "DDTREE_TEST_POLICY": "runs the shape policy on synthetic costs",
+}
+TEST_HOOK_HINT = "remove it: a benchmark sets it in the environment it starts the server with, never a service"
+
 
 def token_kind(text: str) -> str | None:
     """The start of a token-shaped literal in `text` (e.g. 'sk-'), or None. Never the token itself."""

@@ -16,6 +16,9 @@
 | DDTREE_POLICY               | off, auto,      | off     | tree verify: per round, the configured tree (off),  |
 |                             | chain, tree<N>  |         | the shape `ddtree.policy` estimates best (auto), or |
 |                             |                 |         | one pinned shape (N <= DDTREE_BUDGET)               |
+| DDTREE_REPLAY_ACCEPTANCE    | a paths file    | (unset) | BENCHMARKS ONLY: the SGLang tree worker commits the |
+|                             |                 |         | recorded paths instead of the target's choices      |
+|                             |                 |         | (`ddtree.sglang.replay`); opsctl refuses to render  |
 
 An unset or empty variable takes its default (a systemd EnvironmentFile may write `KEY=`).
 `DDTREE_FUSED_BUILD=0` (read by `ddtree.fused_tree`, not here; a kill switch): the torch tree planner instead of
@@ -63,6 +66,7 @@ class DDTreeConfig:
     selfcheck_every: int = 0  # 0: off
     round_graphs_max_bs: int = 8  # 0: off
     policy: PolicySetting = field(default_factory=PolicySetting)  # off: always the configured tree
+    replay_acceptance: str = ""  # a benchmark's paths file (ddtree.sglang.replay); "" in production
 
     def __post_init__(self) -> None:
         for name in ("budget", "topk", "log_interval", "selfcheck_every", "round_graphs_max_bs"):
@@ -106,6 +110,7 @@ class DDTreeConfig:
                 "DDTREE_ROUND_GRAPHS_MAX_BS", get("DDTREE_ROUND_GRAPHS_MAX_BS"), defaults.round_graphs_max_bs, least=0
             ),
             policy=defaults.policy if policy is None else _parse_policy("DDTREE_POLICY", policy, budget),
+            replay_acceptance=get("DDTREE_REPLAY_ACCEPTANCE") or "",
         )
 
     def to_env(self) -> dict[str, str]:
@@ -119,7 +124,7 @@ class DDTreeConfig:
             "DDTREE_SELFCHECK_EVERY": str(self.selfcheck_every),
             "DDTREE_ROUND_GRAPHS_MAX_BS": str(self.round_graphs_max_bs),
             "DDTREE_POLICY": self.policy.text,
-        }
+        } | ({"DDTREE_REPLAY_ACCEPTANCE": self.replay_acceptance} if self.replay_acceptance else {})
 
 
 def _parse_verify(key: str, raw: str) -> VerifyMode:

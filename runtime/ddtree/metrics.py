@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ddtree import __version__
 from ddtree.config import DDTreeConfig, HybridMode
 from ddtree.policy import ShapePolicy, format_policy_fields
+from ddtree.prom import DDTreeProm, default_sink
 
 LOGGER_NAME = "ddtree"
 FLOAT_DECIMALS = 3
@@ -102,7 +103,10 @@ def summarize(window: Sequence[RoundStats], rounds_total: int, tokens_total: int
 
 class MetricsLog:
     """Collects RoundStats and emits the DDTREE lines: init (on `start`), verify completed (after the first
-    round), metrics (every `config.log_interval` rounds, and on `flush` for a partial window)."""
+    round), metrics (every `config.log_interval` rounds, and on `flush` for a partial window).
+
+    `prom` (default: the process's, `ddtree.prom.default_sink`; None exports nothing) gets every recorded round
+    and, with each metrics line, the policy's state: the `ddtree_*` Prometheus series count what the lines do."""
 
     def __init__(
         self,
@@ -111,8 +115,10 @@ class MetricsLog:
         hybrid: HybridMode | str,
         logger: logging.Logger | None = None,
         policy: ShapePolicy | None = None,
+        prom: DDTreeProm | None = None,
     ) -> None:
         self.config = config
+        self.prom = prom if prom is not None else default_sink()
         self.policy = policy  # its choice and estimates are appended to every metrics line
         self.block_size = block_size
         self.hybrid = HybridMode(hybrid)
@@ -133,6 +139,8 @@ class MetricsLog:
         self.rounds += 1
         self.tokens += stats.accepted_len
         self._window.append(stats)
+        if self.prom is not None:
+            self.prom.observe(stats)
         lines = []
         if self.rounds == 1:
             lines.append(self._emit(format_verify_completed(stats)))
@@ -153,4 +161,6 @@ class MetricsLog:
     def _flush_window(self) -> str:
         summary = summarize(self._window, self.rounds, self.tokens)
         self._window = []
+        if self.prom is not None and self.policy is not None:
+            self.prom.policy(self.policy.snapshot())
         return self._emit(format_metrics(summary, self.hybrid, self.policy))

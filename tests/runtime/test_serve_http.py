@@ -394,6 +394,17 @@ def test_metrics_and_log_lines(servers: Callable[..., ServeProcess], arch: str) 
     assert [r for r in records if isinstance(r, DDTreeMetrics)], "no DDTREE metrics line (DDTREE_LOG_INTERVAL=2)"
     decode = [r for r in records if isinstance(r, DecodeBatch)]
     assert decode and all(d.accept_len is not None and d.accept_len >= 1.0 for d in decode)
+    # the ddtree_* series count the rounds the lines do (ddtree.prom): the latest line, plus at most one round
+    # of a window it has not closed (DDTREE_LOG_INTERVAL=2)
+    last = [r for r in records if isinstance(r, DDTreeMetrics)][-1]
+    samples = {(x.name, tuple(sorted(x.labels.items()))): x.value for f in families.values() for x in f.samples}
+    tiny = (("model_name", "tiny"),)
+    rounds, tokens = samples[("ddtree_rounds_total", tiny)], samples[("ddtree_committed_tokens_total", tiny)]
+    assert last.rounds <= rounds <= last.rounds + 1
+    assert tokens == last.tokens if rounds == last.rounds else tokens > last.tokens
+    assert samples[("ddtree_accept_length_count", tiny)] == rounds
+    kinds = {k: v for (name, k), v in samples.items() if name == "ddtree_decode_rounds_total"}
+    assert sum(kinds.values()) == rounds and samples[("ddtree_selfcheck_failed", tiny)] == 0
     assert re.search(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] Decode batch, ", s.stderr(), re.M)
 
 

@@ -134,6 +134,16 @@ CASES: list[tuple[str, str | None, str]] = [
         "is set by opsctl itself",
     ),
     (
+        "test-hook-in-ddtree",
+        host(svc(body=with_key(GOOD_SERVICE.replace("linear", "tree"), "ddtree: {replay_acceptance: /tmp/p.json}"))),
+        "services.s1.ddtree.replay_acceptance: is a benchmark test hook (commits recorded paths",
+    ),
+    (
+        "test-hook-in-extra-env",
+        host(svc(body=with_key(GOOD_SERVICE, "extra_env: {DDTREE_RECORD_ROUNDS: /tmp/r.jsonl}"))),
+        "extra_env.DDTREE_RECORD_ROUNDS: is a benchmark test hook (records every decode round",
+    ),
+    (
         "model-not-shm",
         host(svc(body=GOOD_SERVICE.replace("path: /dev/shm/m", "path: /tmp/m"))),
         "model.path: '/tmp/m' must be a directory under /dev/shm/",

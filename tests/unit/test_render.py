@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.errors import InventoryError
 from opsctl.inventory.load import load_inventory
 from opsctl.render import Secrets, render_service
 from tests.conftest import REPO, run_cli
@@ -173,3 +175,13 @@ def test_a_read_back_that_passed_is_remembered_and_a_refusal_never_is() -> None:
             _checked_once("unit-test", ("bad",), refuses)
     assert calls[2:] == ["refused", "refused"]
     assert not any(SECRET.encode() in key for key in _PASSED)  # digests only: no text, no secret kept
+
+
+@pytest.mark.parametrize("key", ["DDTREE_REPLAY_ACCEPTANCE", "DDTREE_RECORD_ROUNDS", "DDTREE_TEST_POLICY"])
+def test_render_refuses_the_runtimes_test_hooks(golden_inventory, key: str) -> None:
+    """The inventory refuses them; a Service built in code (a bench, a later loader) is refused at render too."""
+    host = golden_inventory.hosts[0]
+    service = dataclasses.replace(host.service("sgl-tree"), extra_env=((key, "/tmp/x"),))
+    with pytest.raises(InventoryError, match=rf"services\.sgl-tree\.env\.{key}: is a benchmark test hook"):
+        render_service(host, service, "r")
+    assert key not in render_service(host, host.service("sgl-tree"), "r").env

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
+from ddtree.metrics import RoundStats
+from ddtree.prom import DDTreeProm, RoundKind
 from ddtree.serve import faults
 from ddtree.serve.args import Mode, ServerArgs
 from ddtree.serve.loader import ModelInfo, load_engine, stop_ids
@@ -93,6 +95,7 @@ class AppState:
                 )
             tok = engine.tokenizer
             log.info("Load weight end. took %.2f s", time.monotonic() - t0)
+            _export_ddtree(engine, self.stats, self.args.served_model_name)
             stops = stop_ids(tok, self.info)
             if not self.args.skip_server_warmup:
                 t1 = time.monotonic()
@@ -189,3 +192,18 @@ def _version() -> str:
     from ddtree import __version__
 
     return __version__
+
+
+def _export_ddtree(engine: Any, stats: ServerStats, model_name: str) -> None:
+    """The engine's DDTREE rounds as `ddtree_*` series on /metrics (ddtree.prom), beside the `sglang:*` ones,
+    from before the warm-up: the series count every round the DDTREE lines do. One round of this engine is one
+    decode round (batch 1): `chain` when the shape policy ran its chain (one node per depth), else `tree`."""
+    log_ = getattr(engine, "metrics", None)
+    if log_ is None:  # baseline and linear: no DDTREE rounds, no lines, no series
+        return
+    with_policy = getattr(engine, "policy", None) is not None
+
+    def kind(stats: RoundStats) -> RoundKind:
+        return "chain" if with_policy and stats.width == 1 else "tree"
+
+    log_.prom = DDTreeProm(stats.registry, model_name, kind_of_round=kind)

@@ -27,8 +27,10 @@ from typing import Any
 
 from ddtree.config import DDTreeConfig, VerifyMode
 from ddtree.policy import PolicyMode
+from ddtree.prom import install_default
 from ddtree.sglang import compat
 from ddtree.sglang.gates import ServerFacts, check_server
+from ddtree.sglang.prom_glue import sglang_sink
 
 ALGORITHM = "DDTREE"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -146,6 +148,7 @@ def register() -> None:
     refusal = compat.version_refusal(compat.installed_version(), os.environ)
     if refusal:  # registered anyway: validate_server_args refuses a DDTREE server with this line
         logger.error("%s", refusal)
+    install_default(sglang_sink)  # the ddtree_* series of this process's MetricsLog (with --enable-metrics)
     if is_registered():
         return
     from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook

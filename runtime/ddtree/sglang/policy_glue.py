@@ -56,6 +56,7 @@ from ddtree.policy import (
     format_policy_fields,
     stable_config,
 )
+from ddtree.prom import default_sink
 from ddtree.sglang.batch_round import BatchCommit, BatchPlan
 
 
@@ -219,6 +220,9 @@ class PolicyGlue:
         if not self.enabled:
             return RoundShape(-1, self.configured, False)
         d = self.policy.decide(batch_size)
+        sink = default_sink()
+        if sink is not None:
+            sink.decode_round("chain" if d.shape.is_chain else "tree")
         self._ran[d.round_id] = d.shape
         while len(self._ran) > self.policy.config.max_pending:
             self._ran.pop(next(iter(self._ran)))
