@@ -32,9 +32,10 @@ from pathlib import Path
 
 from opsctl import layout, modelcheck, systemd
 from opsctl.commands import Cmd
+from opsctl.errors import OpsctlError, RemoteError
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
 from opsctl.ops import model_trust, service_wait
-from opsctl.ops.base import Action, Audit, Context, Plan, Push, PutText, Verify, execute, read
+from opsctl.ops.base import Action, Audit, Context, Plan, Push, PutText, Verify, display, execute, read
 from opsctl.ops.errors import ManifestMismatchError, ModelNotTrustedError, ProvisionError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
@@ -316,11 +317,52 @@ class ModelSync:
         return Plan(NAME, actions=tuple(actions), notes=tuple(notes))
 
     def apply(self, ctx: Context, plan: Plan) -> Plan:
-        execute(ctx.remote, plan.actions, timeout=COPY_TIMEOUT_S, progress=ctx.progress)
+        try:
+            execute(ctx.remote, plan.actions, timeout=COPY_TIMEOUT_S, progress=ctx.progress)
+        except RemoteError as exc:
+            full = disk_full(exc.message + "\n" + exc.tail)
+            if full is None:
+                raise
+            raise _out_of_space(ctx, plan, full) from None
         # Re-reading facts would hash everything again; the copy was verified before the rename.
         restarted = [s for s in ctx.spec.services if systemd.restart_cmd(layout.unit_name(s.name)) in plan.actions]
         waited = service_wait.wait_healthy(ctx, restarted)
         return Plan(NAME, notes=(*plan.notes, *waited))
+
+
+# What a write that ran out of space says (rsync, cp, python): ENOSPC and EDQUOT, as strerror spells them
+_FULL = ("No space left on device", "Disk quota exceeded")
+
+
+def disk_full(output: str) -> str | None:
+    """The line of a failed command's output that says the disk filled up, or None. Pure."""
+    for line in output.splitlines():
+        if any(word in line for word in _FULL):
+            return line.strip()
+    return None
+
+
+def _out_of_space(ctx: Context, plan: Plan, line: str) -> ProvisionError:
+    """The partial copies of this plan removed (they hold the space), and the one line that says so."""
+    staged = [ModelPaths.of(spec.path) for spec in models_of(ctx.spec)]
+    staged = [p for p in staged if any(p.staging in display(a) for a in plan.actions)]
+    removed = []
+    for p in staged:
+        try:
+            ctx.remote.run(Cmd.of("rm", "-rf", "--", p.staging, sudo=True), timeout=600)
+            removed.append(p.staging)
+        except OpsctlError:
+            pass  # reported below as not removed
+    kept = [p.staging for p in staged if p.staging not in removed]
+    where = posixpath.dirname(staged[0].final) if staged else "the model's filesystem"
+    cleaned = f"the partial copy was removed ({', '.join(removed)})" if removed else "no partial copy was left"
+    if kept:
+        cleaned += f"; not removed: {', '.join(kept)}"
+    why = line if len(line) <= 160 else line[:159] + "…"
+    return ProvisionError(
+        f"{ctx.spec.name}: disk full: {where} filled up during the model copy ({why}); {cleaned}",
+        f"free space in {where} (df -h {where}), then provision again",
+    )
 
 
 def judge_trust(

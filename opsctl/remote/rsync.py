@@ -74,7 +74,7 @@ def rsync_error(host: str, display: str, code: int, stderr: str) -> OpsctlError:
     text = stderr.strip()
     if "Host key verification failed" in text or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
         return HostKeyError(host, f"ssh (rsync) refused the host key: {text.splitlines()[-1]}")
-    if code in _TRANSPORT_CODES:
+    if code in _TRANSPORT_CODES and "No space left on device" not in text:  # a full disk also ends the stream
         last = text.splitlines()[0] if text else f"rsync exited {code}"
         return UnreachableError(host, f"rsync transport failed: {last}")
     return RemoteError(host, display, code, text)

@@ -24,8 +24,8 @@ from opsctl.inventory.model import (
     SshConfig,
 )
 from opsctl.ops import model_trust
-from opsctl.ops.base import Artifacts, Context, Options, Push, Verify
-from opsctl.ops.errors import ManifestMismatchError, ModelNotTrustedError, ShmTooSmallError
+from opsctl.ops.base import Artifacts, Context, Options, Plan, Push, Verify
+from opsctl.ops.errors import ManifestMismatchError, ModelNotTrustedError, ProvisionError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -38,8 +38,10 @@ from opsctl.ops.facts.manifest import (
     size_listing_cmd,
 )
 from opsctl.ops.facts.system import DiskSpace
-from opsctl.ops.model_sync import ModelFacts, ModelPaths, ModelSync, models_of, plan_model
+from opsctl.ops.model_sync import ModelFacts, ModelPaths, ModelSync, disk_full, models_of, plan_model
+from opsctl.remote.fake import FakeHost
 from opsctl.remote.local import LocalHost
+from opsctl.remote.rsync import rsync_error
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 MANIFEST = Manifest({"config.json": FileEntry(100, A), "model.safetensors": FileEntry(1000, B)})
@@ -478,3 +480,53 @@ def test_accepting_a_model_is_audited_and_planned(
     assert len(host_log) == 1 and host_log == local_log
     assert "action=accept-model" in host_log[0] and "result=ok" in host_log[0] and "host=local" in host_log[0]
     assert "was sha256:" in host_log[0] and "differ: w.bin" in host_log[0]
+
+
+# rsync 3.2.7's own words when /dev/shm fills up under it (a receiver write gets ENOSPC)
+RSYNC_FULL = (
+    'rsync: [receiver] write failed on "/dev/shm/.opsctl-sync-m/model.safetensors": No space left on device (28)\n'
+    "rsync error: error in file IO (code 11) at receiver.c(381) [receiver=3.2.7]\n"
+)
+
+
+class _FullHost(FakeHost):
+    """A host whose /dev/shm fills up while rsync pushes the model."""
+
+    def sync_dir(self, local_dir: Path, remote_dir: str, progress: object = None) -> None:
+        long_argv = "rsync -a -e 'ssh -p 22 -o BatchMode=yes ...' -- /models/m/ root@10.0.0.1:/dev/shm/.opsctl-sync-m/"
+        raise rsync_error(self.name, long_argv, 11, RSYNC_FULL)
+
+
+def _one_model_host(spec: ModelSpec) -> Host:
+    svc = Service("s", "h1", (), 30000, Mode.BASELINE, Engine.REFERENCE, spec, None, DDTreeKnobs())
+    return Host("h1", "10.0.0.1", SshConfig(), 0, "/v", "python3", "0.5.23", None, None, (svc,))
+
+
+def test_a_disk_that_fills_during_the_copy_is_one_line_and_the_partial_copy_is_removed(tmp_path: Path) -> None:
+    """Issue 42: /dev/shm filling during a model copy gave the raw rsync command line and "exited 11", and left
+    the temp dir behind."""
+    spec = ModelSpec(str(_model(tmp_path / "m", {"config.json": b"{}"})), ModelSourceKind.CONTROL, "/dev/shm/m", False)
+    host = _one_model_host(spec)
+    actions, _ = plan_model(spec, MANIFEST, facts(None))
+    fake = _FullHost("h1")
+    with pytest.raises(ProvisionError) as info:
+        ModelSync().apply(Context(host, fake), Plan("model_sync", actions=tuple(actions)))
+    line = info.value.one_line()
+    assert line.startswith("h1: disk full: /dev/shm filled up during the model copy (rsync: [receiver] write failed")
+    assert "No space left on device (28)" in line and "exited 11" not in line and "BatchMode" not in line
+    assert "the partial copy was removed (/dev/shm/.opsctl-sync-m)" in line
+    assert line.endswith("(free space in /dev/shm (df -h /dev/shm), then provision again)") and "\n" not in line
+    assert fake.ran[-1] == "rm -rf -- /dev/shm/.opsctl-sync-m"
+    # a model on the host: its own rsync command fails the same way
+    on_host = ModelSpec("/data/m", ModelSourceKind.HOST, "/dev/shm/m", hybrid=False)
+    actions, _ = plan_model(on_host, MANIFEST, facts(None))
+    full = FakeHost("h1", handler=lambda cmd: (11, "", RSYNC_FULL) if cmd.argv[0] == "rsync" else None)
+    with pytest.raises(ProvisionError, match=r"^h1: disk full: /dev/shm filled up"):
+        ModelSync().apply(Context(_one_model_host(on_host), full), Plan("model_sync", actions=tuple(actions)))
+    assert full.ran[-1] == "rm -rf -- /dev/shm/.opsctl-sync-m"
+
+
+def test_other_copy_failures_are_not_called_a_full_disk() -> None:
+    assert disk_full("rsync: connection unexpectedly closed (0 bytes received so far)") is None
+    assert disk_full("cp: error writing 'x': Disk quota exceeded") == "cp: error writing 'x': Disk quota exceeded"
+    assert isinstance(rsync_error("h", "rsync ...", 12, RSYNC_FULL), RemoteError)  # not "unreachable"
