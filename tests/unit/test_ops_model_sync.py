@@ -482,10 +482,11 @@ def test_accepting_a_model_is_audited_and_planned(
     assert "was sha256:" in host_log[0] and "differ: w.bin" in host_log[0]
 
 
-# rsync 3.2.7's own words when /dev/shm fills up under it (a receiver write gets ENOSPC)
+# rsync 3.5.0's words when the disk fills under it, recorded copying 3 MB into a 1 MiB tmpfs (only the path changed)
 RSYNC_FULL = (
-    'rsync: [receiver] write failed on "/dev/shm/.opsctl-sync-m/model.safetensors": No space left on device (28)\n'
-    "rsync error: error in file IO (code 11) at receiver.c(381) [receiver=3.2.7]\n"
+    'rsync: [receiver] write failed on "/dev/shm/.opsctl-sync-m/w.bin": No space left on device (28)\n'
+    "rsync error: error in file IO (code 11) at receiver.c(657) [receiver=3.5.0]\n"
+    "rsync: [sender] write error: Broken pipe (32)\n"
 )
 
 
