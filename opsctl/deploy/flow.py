@@ -17,7 +17,7 @@ from opsctl.commands import Cmd
 from opsctl.deploy import argcheck, corridor, guards, preflight, release, secret_fp
 from opsctl.deploy.context import LIVE_TIMEOUT_S, ServiceContext
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate
-from opsctl.deploy.release import Manifest, ReleaseFacts
+from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.staged import StagedRelease
 from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError
@@ -152,6 +152,47 @@ def journal_tail(ctx: ServiceContext, lines: int = JOURNAL_TAIL_LINES) -> str:
 def _stop_and_remove(ctx: ServiceContext) -> None:
     """First deploy failed with nothing to go back to: stop the unit and remove what this deploy installed."""
     corridor.run_steps(lambda cmd, check: ctx.run(cmd, check=check), corridor.teardown(ctx.paths))
+
+
+@dataclass
+class ServiceRelease:
+    """The service's side of the release corridor (`corridor.Releasable`)."""
+
+    ctx: ServiceContext
+    settings: DeploySettings
+    noun: str = "service"
+
+    @property
+    def paths(self) -> ServicePaths:
+        return self.ctx.paths
+
+    def say(self, line: str) -> None:
+        self.ctx.say(line)
+
+    def restart(self, release_id: str, restoring: bool = False) -> int:
+        return _restart(self.ctx, release_id, restoring=restoring)
+
+    def gate(self, baseline: int, restoring: bool = False) -> tuple[bool, str]:
+        settings = self.settings
+        if restoring:  # this release served before: the point is to confirm it answers again
+            delay = settings.readiness_delay
+            settings = replace(
+                settings, readiness_delay=min(self.ctx.service.readiness_delay if delay is None else delay, 5.0)
+            )
+        gate = _gate(self.ctx, settings, baseline, cancellable=not restoring)
+        return gate.ok, gate.reason
+
+    def mark_bad(self, release_id: str, why: str) -> None:
+        _mark_bad(self.ctx, release_id, why)
+
+    def teardown(self) -> None:
+        _stop_and_remove(self.ctx)
+
+    def journal_tail(self) -> str:
+        return journal_tail(self.ctx)
+
+    def audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
+        self.ctx.audit(action, release_id, result, detail)
 
 
 def _plan(ctx: ServiceContext, facts: ReleaseFacts, staged: StagedRelease) -> list[str]:
@@ -464,8 +505,9 @@ def _go_live(
         ctx.audit("deploy", new_id, "ok", f"previous={previous or '-'}")
         return
     result.journal_tail = journal_tail(ctx)
-    ctx.say(f"FAILED: {reason}")
-    result.outcome, result.message = _roll_back_after_failure(ctx, settings, previous, new_id, reason)
+    result.outcome, result.message = corridor.roll_back_after_failure(
+        ServiceRelease(ctx, settings), previous, new_id, reason
+    )
 
 
 def _mark_bad(ctx: ServiceContext, release_id: str, why: str) -> None:
@@ -473,38 +515,6 @@ def _mark_bad(ctx: ServiceContext, release_id: str, why: str) -> None:
         ctx.run(release.mark_bad_cmd(ctx.paths, release_id, why), check=False)
     except OpsctlError:
         pass
-
-
-def _roll_back_after_failure(
-    ctx: ServiceContext, settings: DeploySettings, previous: str | None, failed: str, reason: str
-) -> tuple[Outcome, str]:
-    interrupted = reason == "interrupted"
-    try:
-        _mark_bad(ctx, failed, reason)
-        if previous is None:
-            _stop_and_remove(ctx)
-            ctx.audit("deploy", failed, "failed", f"{reason}; no previous release: service stopped")
-            outcome = Outcome.INTERRUPTED if interrupted else Outcome.FAILED
-            return outcome, f"{reason}; no previous release to roll back to: service stopped"
-        ctx.say(f"rolling back to {previous}")
-        baseline = _restart(ctx, previous, restoring=True)
-        # A shorter re-check: this release served before; the point is to confirm it answers again.
-        delay = settings.readiness_delay if settings.readiness_delay is not None else ctx.service.readiness_delay
-        quick = replace(settings, readiness_delay=min(delay, 5.0))
-        gate = _gate(ctx, quick, baseline, cancellable=False)
-    except (UnreachableError, CommandTimeout) as exc:
-        return Outcome.UNREACHABLE, f"{reason}; rollback impossible: {exc.one_line()}"
-    except OpsctlError as exc:
-        ctx.audit("rollback-auto", previous, "failed", f"{reason}; {exc.one_line()}")
-        return Outcome.FAILED, f"{reason}; rollback to {previous} failed: {exc.one_line()}"
-    if not gate.ok:
-        ctx.audit("rollback-auto", previous, "failed", f"{reason}; previous unhealthy: {gate.reason}")
-        return Outcome.FAILED, f"{reason}; rolled back to {previous} but it is not healthy: {gate.reason}"
-    ctx.audit("rollback-auto", previous, "ok", reason)
-    if interrupted:
-        ctx.audit("deploy", failed, "interrupted", f"after the switch; {previous} restored")
-        return Outcome.INTERRUPTED, f"interrupted: {previous} restored and healthy; {failed} marked bad"
-    return Outcome.ROLLED_BACK, f"{reason}; rolled back to {previous} (healthy); {failed} marked bad"
 
 
 def _prune(ctx: ServiceContext, keep: int) -> list[str]:
@@ -552,20 +562,7 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
         return result
     if ctx.before_live is not None:
         ctx.before_live()  # out of its routers first (an error: nothing was switched)
-    ctx.say(f"rolling back {facts.current} -> {target}")
-    baseline = _restart(ctx, target)
-    gate = _gate(ctx, settings, baseline)
+    outcome, message, tail = corridor.roll_back_to(ServiceRelease(ctx, settings), facts.current, target)
+    result.outcome, result.message, result.journal_tail = outcome, message, tail
     result.timings["total_s"] = time.monotonic() - start
-    if gate.ok:
-        ctx.audit("rollback", target, "ok", f"from={facts.current or '-'}")
-        result.outcome, result.message = Outcome.REVERTED, f"rolled back to {target} (healthy)"
-        return result
-    result.journal_tail = journal_tail(ctx)
-    if facts.current:
-        _mark_bad(ctx, target, f"rollback target unhealthy: {gate.reason}")
-        baseline = _restart(ctx, facts.current, restoring=True)
-        _gate(ctx, settings, baseline, cancellable=False)
-    ctx.audit("rollback", target, "failed", gate.reason)
-    result.outcome = Outcome.FAILED
-    result.message = f"{target} failed its health gate ({gate.reason}); {facts.current} restored"
     return result

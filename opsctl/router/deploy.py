@@ -97,7 +97,7 @@ class RouterDeploy:
     def _run(self, cmd: Cmd, check: bool = True, timeout: float | None = LIVE_TIMEOUT_S) -> str:
         return self.remote.run(cmd, timeout=timeout, check=check).stdout
 
-    def _audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
+    def audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
         audit.record(self.host, self.router.unit_base, action, release_id, result, detail, conn=self.remote)
 
     def facts(self) -> ReleaseFacts:
@@ -110,11 +110,12 @@ class RouterDeploy:
         argv = tuple(a.replace(release.PLACEHOLDER_ID, "<release>") for a in rendered.exec_start)
         return release.config_hash(files, argv, self.lock.sha256)
 
-    def _gate(self, baseline: int, timeout: float | None = None) -> tuple[bool, str, float]:
+    def _gate(self, baseline: int, restoring: bool = False) -> tuple[bool, str, float]:
         url = router_url(self.inventory, self.router)
+        delay = self.router.readiness_delay
         config = GateConfig(
-            timeout=timeout if timeout is not None else self.router.health_timeout,
-            readiness_delay=self.router.readiness_delay,
+            timeout=self.router.health_timeout,
+            readiness_delay=min(delay, 5.0) if restoring else delay,  # restoring: it served before
             poll_s=0.5,
         )
         gate = health_gate(
@@ -138,12 +139,28 @@ class RouterDeploy:
             timeout=READINESS_TIMEOUT_S,
         )
 
-    def _restart(self, release_id: str, restoring: bool = False) -> int:
+    def restart(self, release_id: str, restoring: bool = False) -> int:
         """The corridor's go-live (restore) steps, as for a service; NRestarts right after the restart."""
         p = self.paths
         steps = corridor.restore(p, release_id) if restoring else corridor.go_live(p, release_id)
         corridor.run_steps(lambda cmd, check: self._run(cmd, check=check), steps)
         return systemd.parse_show(self._run(systemd.show_cmd(p.unit_name))).n_restarts
+
+    # ------------------------------------------------------------------ the corridor's Releasable
+    noun = "router"
+
+    def gate(self, baseline: int, restoring: bool = False) -> tuple[bool, str]:
+        ok, why, _ = self._gate(baseline, restoring)
+        return ok, why
+
+    def mark_bad(self, release_id: str, why: str) -> None:
+        try:
+            self._run(release.mark_bad_cmd(self.paths, release_id, why), check=False)
+        except OpsctlError:
+            pass  # the host is gone: the release stays incomplete or unmarked, and the next deploy judges it
+
+    def teardown(self) -> None:
+        corridor.run_steps(lambda cmd, check: self._run(cmd, check=check), corridor.teardown(self.paths))
 
     def journal_tail(self, lines: int = 30) -> str:
         try:
@@ -187,7 +204,7 @@ class RouterDeploy:
             ]
             return result
         result.release = new_id
-        self._audit("deploy-start", new_id, "started", f"previous={facts.current or '-'}")
+        self.audit("deploy-start", new_id, "started", f"previous={facts.current or '-'}")
         self.say(f"staging router release {new_id}")
         try:
             self._stage(new_id, chash, facts.current)
@@ -197,12 +214,12 @@ class RouterDeploy:
         except OpsctlError as exc:
             self._run(release.mark_bad_cmd(self.paths, new_id, f"staging failed: {exc.message}"), check=False)
             result.message = f"staging failed, nothing switched: {exc.one_line()}"
-            self._audit("deploy", new_id, "failed", result.message)
+            self.audit("deploy", new_id, "failed", result.message)
             return result
         result.timings["stage_s"] = time.monotonic() - start
         self.say(f"switching to {new_id} and restarting {self.paths.unit_name}")
         try:
-            ok, reason, healthy_s = self._gate(self._restart(new_id))
+            ok, reason, healthy_s = self._gate(self.restart(new_id))
         except OpsctlError as exc:
             ok, reason, healthy_s = False, exc.one_line(), 0.0
         if ok:
@@ -213,11 +230,10 @@ class RouterDeploy:
             result.outcome = Outcome.DEPLOYED
             result.message = f"{new_id} (previous: {facts.current or 'none'})"
             result.timings["total_s"] = time.monotonic() - start
-            self._audit("deploy", new_id, "ok", f"previous={facts.current or '-'}")
+            self.audit("deploy", new_id, "ok", f"previous={facts.current or '-'}")
             return result
         result.journal_tail = self.journal_tail()
-        self._run(release.mark_bad_cmd(self.paths, new_id, reason), check=False)
-        result.outcome, result.message = self._roll_back(facts.current, new_id, reason)
+        result.outcome, result.message = corridor.roll_back_after_failure(self, facts.current, new_id, reason)
         result.timings["total_s"] = time.monotonic() - start
         return result
 
@@ -252,23 +268,6 @@ class RouterDeploy:
         if not verify.ok or verify.stdout.strip():
             raise DeployError(f"systemd-analyze verify rejected the router unit: {verify.stdout.strip()[:300]}")
 
-    def _roll_back(self, previous: str | None, failed: str, reason: str) -> tuple[Outcome, str]:
-        self.say(f"FAILED: {reason}")
-        if previous is None:
-            corridor.run_steps(lambda cmd, check: self._run(cmd, check=check), corridor.teardown(self.paths))
-            self._audit("deploy", failed, "failed", f"{reason}; no previous release: router stopped")
-            return Outcome.FAILED, f"{reason}; no previous router release: router stopped"
-        self.say(f"rolling back to {previous}")
-        try:
-            ok, why, _ = self._gate(self._restart(previous, restoring=True))
-        except OpsctlError as exc:
-            ok, why = False, exc.one_line()
-        if not ok:
-            self._audit("rollback-auto", previous, "failed", f"{reason}; {why}")
-            return Outcome.FAILED, f"{reason}; rolled back to {previous} but it is not healthy: {why}"
-        self._audit("rollback-auto", previous, "ok", reason)
-        return Outcome.ROLLED_BACK, f"{reason}; rolled back to {previous} (healthy); {failed} marked bad"
-
     def rollback(self, to: str | None = None) -> RouterResult:
         result = RouterResult(self.host.name, self.router.name, Outcome.FAILED)
         facts = self.facts()
@@ -281,18 +280,7 @@ class RouterDeploy:
                 "deploy a fixed configuration instead",
             )
         result.release = target
-        self.say(f"rolling back {facts.current} -> {target}")
-        ok, why, _ = self._gate(self._restart(target))
-        if ok:
-            self._audit("rollback", target, "ok", f"from={facts.current or '-'}")
-            result.outcome, result.message = Outcome.REVERTED, f"rolled back to {target} (healthy)"
-            return result
-        result.journal_tail = self.journal_tail()
-        if facts.current:
-            self._run(release.mark_bad_cmd(self.paths, target, f"rollback target unhealthy: {why}"), check=False)
-            self._gate(self._restart(facts.current, restoring=True))
-        self._audit("rollback", target, "failed", why)
-        result.message = f"{target} failed its health gate ({why}); {facts.current} restored"
+        result.outcome, result.message, result.journal_tail = corridor.roll_back_to(self, facts.current, target)
         return result
 
 

@@ -15,6 +15,7 @@ from opsctl.commands import Cmd
 from opsctl.deploy import flow
 from opsctl.deploy.context import ServiceContext
 from opsctl.deploy.flow import DeploySettings
+from opsctl.deploy.gate import GateResult
 from opsctl.deploy.rollout import Outcome
 from opsctl.errors import OpsctlError
 from opsctl.inventory.load import load_inventory
@@ -450,3 +451,30 @@ def test_corrupt_model_is_refused_before_anything_restarts_and_nothing_is_marked
         assert "model /dev/shm/Qwen3-8B is corrupt" in line and "model.safetensors" in line, line
         assert "nothing was changed" in line and "`opsctl provision -i INVENTORY --host" in line
     assert fake.files == {} and _live_steps(fake) == [] and box.current == OLD and not box.bad
+
+
+def test_rollback_to_a_release_that_fails_restores_current_with_a_restoring_gate(ctx_for, monkeypatch):
+    """`rollback` runs the corridor's roll-back-to, as the router's does: the target marked bad, the release that
+    was current restored and re-checked as a restore is (short readiness delay, Ctrl-C cannot stop it)."""
+    make, _, said = ctx_for
+    target, current = OLD, "20261129T210000Z-bbbbbbbbbbbb"
+    box = Box(current)
+    box.releases[target] = 0
+    ctx, _ = make(box)
+    gates: list[tuple[float | None, bool]] = []
+    verdicts = iter([False, True])
+
+    def gate(ctx, settings, baseline, cancellable=True):
+        gates.append((settings.readiness_delay, cancellable))
+        ok = next(verdicts)
+        return GateResult(ok, "healthy" if ok else "no HTTP 200", 0.1 if ok else None, None, None)
+
+    monkeypatch.setattr(flow, "_gate", gate)
+    monkeypatch.setattr(flow.guards, "model_verdicts", lambda ctx: [])
+    settings = replace(SETTINGS, readiness_delay=30.0, allow_old_secrets=True)
+    result = flow.rollback_service(ctx, settings, to=target)
+    assert result.outcome is Outcome.FAILED, result.message
+    assert result.message == f"{target} failed its health gate (no HTTP 200); {current} restored"
+    assert gates == [(30.0, True), (5.0, False)]
+    assert target in box.bad and box.current == current
+    assert f"rolling back {current} -> {target}" in said

@@ -13,9 +13,12 @@ import httpx
 import pytest
 
 from opsctl.commands import Cmd
+from opsctl.deploy.gate import GateConfig, GateResult
 from opsctl.deploy.rollout import Outcome
+from opsctl.errors import UnreachableError
 from opsctl.inventory.model import Inventory
 from opsctl.remote.fake import FakeHost
+from opsctl.router import deploy as router_deploy
 from opsctl.router.deploy import RouterDeploy
 from tests.unit.router_fleet import ONE_REF, fleet
 
@@ -26,7 +29,7 @@ ROOT = "/opt/opsctl/services/router-front"
 
 def inventory(**router: Any) -> Inventory:
     wheelhouse = {"wheelhouse": "/var/cache/opsctl/wheelhouse"}
-    return fleet(ONE_REF, defaults=wheelhouse, api_key="env:RK", readiness_delay=0, **router)
+    return fleet(ONE_REF, defaults=wheelhouse, **{"api_key": "env:RK", "readiness_delay": 0, **router})
 
 
 class Host(FakeHost):
@@ -124,3 +127,65 @@ def test_failed_router_release_is_restored_through_the_corridor_with_reset_faile
     reset = host.ran.index("systemctl reset-failed -- opsctl-router-front.service")
     assert host.ran[reset + 1].startswith(f"sh -c 'ln -sfn releases/{rid} ")
     assert host.ran[reset + 5] == "systemctl restart -- opsctl-router-front.service"
+
+
+class GoneAfterGoLive(Host):
+    """The new release goes live and fails; the host stops answering before the old one is restored."""
+
+    def answer(self, cmd: Cmd) -> Any:
+        if "reset-failed" in cmd.display():
+            return UnreachableError("h1", "connection lost")
+        return super().answer(cmd)
+
+
+def test_a_host_lost_while_restoring_is_unreachable_not_a_failed_rollback() -> None:
+    """The corridor's roll-back-after-failure, shared with the services (the router's copy reported FAILED)."""
+    inv = inventory()
+    rid = RouterDeploy(inv, inv.router("front"), Host(), http(True)).deploy().release  # type: ignore[arg-type]
+    changed = inventory(policy="random")
+    host = GoneAfterGoLive(current=rid, restarts=[0, 1])
+    result = RouterDeploy(changed, changed.router("front"), host, http(True)).deploy()  # type: ignore[arg-type]
+    assert result.outcome is Outcome.UNREACHABLE, result.message
+    assert "rollback impossible: h1: unreachable: connection lost" in result.message
+    assert any("BAD" in line and result.release in line for line in host.ran)  # marked bad before the restore
+
+
+def test_the_restored_router_is_re_checked_with_a_short_readiness_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a service's: the release that comes back served before (the router's copy waited the whole delay)."""
+    delays: list[float] = []
+    results = iter([False, True])
+
+    def gate(*_: Any, config: GateConfig, **__: Any) -> GateResult:
+        delays.append(config.readiness_delay)
+        ok = next(results)
+        return GateResult(ok, "healthy" if ok else "crash-looping", 0.1 if ok else None, None, None)
+
+    monkeypatch.setattr(router_deploy, "health_gate", gate)
+    inv = inventory(readiness_delay=30)
+    host = Host(current="20261201T000000Z-0123456789ab")
+    result = RouterDeploy(inv, inv.router("front"), host, http(True)).deploy(force=True)  # type: ignore[arg-type]
+    assert result.outcome is Outcome.ROLLED_BACK, result.message
+    assert delays == [30, 5.0]
+
+
+def test_rollback_whose_target_fails_marks_it_bad_and_restores_through_the_corridor() -> None:
+    inv = inventory()
+    old = "20261201T000000Z-0123456789ab"
+    host = Host(current="20261202T000000Z-ba9876543210", restarts=[0, 1, 1])
+
+    def facts(cmd: Cmd) -> Any:
+        if "readlink" in cmd.display():
+            cur = host.current
+            return (0, f"current {ROOT}/releases/{cur}\nprevious \nrelease {old} 0 1\nrelease {cur} 0 1\n", "")
+        return Host.answer(host, cmd)
+
+    host.handler = facts
+    said: list[str] = []
+    result = RouterDeploy(inv, inv.router("front"), host, http(True), said.append).rollback(to=old)  # type: ignore[arg-type]
+    assert result.outcome is Outcome.FAILED and result.release == old
+    assert (
+        result.message.startswith(f"{old} failed its health gate (")
+        and "20261202T000000Z-ba9876543210 restored" in result.message
+    )
+    assert any("BAD" in line and old in line for line in host.ran)
+    assert said[0] == f"rolling back 20261202T000000Z-ba9876543210 -> {old}"
