@@ -68,6 +68,10 @@ if [ "${1:-}" = pairs ]; then  # issue 28: the small pairs on real text, every m
     shift
     exec "$PY" dev/sglang_gpu/pairs_bench.py "$@"
 fi
+if [ "${1:-}" = interleaved ]; then  # issue 45: the pairs to +-5%, fresh server starts per round (pairs_interleaved.py)
+    shift
+    exec "$PY" dev/sglang_gpu/pairs_interleaved.py "$@"
+fi
 if [ "${1:-}" = mixed ]; then  # greedy requests batched with a sampling one on a tree server with graphs
     shift
     exec "$PY" dev/sglang_gpu/mixed_batch.py "$@"
