@@ -227,9 +227,18 @@ def parse_files_hash(stdout: str, files: dict[str, ModelFile]) -> dict[str, File
     return found
 
 
-def fix_hint(verdict: ModelVerdict, host: str, service: str, restore_unit: str | None = None) -> str:
-    """The one command that fixes what remains, per problem."""
+def fix_hint(
+    verdict: ModelVerdict, host: str, service: str, restore_unit: str | None = None, restore_failed: str = ""
+) -> str:
+    """The one command that fixes what remains, per problem. `restore_failed`: the boot-time restore unit's
+    result when it failed (starting it again fails again: provision names what is wrong with the source)."""
     provision = f"`opsctl provision -i INVENTORY --host {host}` (copies it back, then restarts the services using it)"
+    if verdict.problem is Problem.MISSING and restore_unit and restore_failed:
+        return (
+            f"its restore unit {restore_unit} failed ({restore_failed}; `journalctl -b -u {restore_unit}` on the "
+            f"host says why): `opsctl provision -i INVENTORY --host {host}` copies it back, or refuses a source "
+            "that is not the accepted model and says what differs"
+        )
     if verdict.problem is Problem.MISSING and restore_unit:
         return f"`systemctl start {restore_unit}` on the host, or {provision}"
     if verdict.problem is Problem.CHANGED:

@@ -12,7 +12,7 @@ import httpx
 from opsctl import health, metrics, modelcheck, systemd
 from opsctl.deploy import lock, release
 from opsctl.errors import OpsctlError
-from opsctl.inventory.model import Host, ModelSourceKind, Service
+from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec, Service
 from opsctl.ops import model_restore
 from opsctl.remote.base import Connect, Connection
 from opsctl.remote.pool import HostOutcome, run_parallel
@@ -62,6 +62,7 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
     journal = conn.run(systemd.ddtree_lines_cmd(paths.unit_name), check=False).stdout
     summary = metrics.summarize(metrics.parse_lines(journal.splitlines()))
     verdicts = modelcheck.check(conn, service, paths.unit_name, deep=deep, host=host)
+    failed = _failed_restores(conn, service, verdicts)
     held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
     return ServiceStatus(
         host=host.name,
@@ -79,7 +80,7 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
         last_metrics=summary.last_metrics,
         init=summary.init,
         missing_models=[v.path for v in verdicts if v.problem is modelcheck.Problem.MISSING],
-        models=[_model_line(v, host, service) for v in verdicts if v.problem is not None],
+        models=[_model_line(v, host, service, failed) for v in verdicts if v.problem is not None],
         models_ok=all(v.ok for v in verdicts),
         incomplete_releases=[
             r.release_id for r in facts.releases if not r.complete and not r.bad and r.release_id != facts.current
@@ -89,10 +90,31 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
     )
 
 
-def _model_line(verdict: modelcheck.ModelVerdict, host: Host, service: Service) -> str:
-    spec = next(m for m in (service.model, service.draft_model) if m is not None and m.path.rstrip("/") == verdict.path)
+def _spec(service: Service, verdict: modelcheck.ModelVerdict) -> ModelSpec:
+    return next(m for m in (service.model, service.draft_model) if m is not None and m.path.rstrip("/") == verdict.path)
+
+
+def _failed_restores(
+    conn: Connection, service: Service, verdicts: list[modelcheck.ModelVerdict]
+) -> dict[str, str]:  # fmt: skip
+    """Restore unit -> its result, for the missing host-side models whose restore unit failed."""
+    out = {}
+    for verdict in verdicts:
+        spec = _spec(service, verdict)
+        if verdict.problem is not modelcheck.Problem.MISSING or spec.source_on is not ModelSourceKind.HOST:
+            continue
+        unit = model_restore.unit_name(spec)
+        state = systemd.parse_show(conn.run(systemd.show_cmd(unit), check=False).stdout)
+        if state.active_state == "failed" or state.result not in ("success", ""):
+            out[unit] = state.result or state.active_state
+    return out
+
+
+def _model_line(verdict: modelcheck.ModelVerdict, host: Host, service: Service, failed: dict[str, str]) -> str:
+    spec = _spec(service, verdict)
     restore = model_restore.unit_name(spec) if spec.source_on is ModelSourceKind.HOST else None
-    return f"{modelcheck.describe(verdict)}: {modelcheck.fix_hint(verdict, host.name, service.name, restore)}"
+    hint = modelcheck.fix_hint(verdict, host.name, service.name, restore, failed.get(restore or "", ""))
+    return f"{modelcheck.describe(verdict)}: {hint}"
 
 
 def collect_all(

@@ -323,3 +323,27 @@ def test_a_host_that_lost_its_record_is_judged_against_the_control_machines_copy
     KeepLocal(model_trust.local_path(host, path), accepted.to_json()).write()
     kept = modelcheck.check(FakeHost(host.name, handler=handler), svc, unit, host=host)
     assert kept[0].problem is modelcheck.Problem.DAMAGED and "not the model accepted" in kept[0].detail
+
+
+def test_a_failed_restore_unit_is_not_started_again() -> None:
+    """Issue 42: after the boot-time restore unit failed (a corrupt source), status suggested `systemctl start`
+    of it, which fails again; provision copies the model back or says what is wrong with the source."""
+    from opsctl import status
+    from opsctl.inventory.model import DDTreeKnobs, Engine, Host, Mode, Service, SshConfig
+    from opsctl.remote.fake import FakeHost
+
+    missing = modelcheck.ModelVerdict(SPEC.path, modelcheck.Problem.MISSING)
+    hint = modelcheck.fix_hint(missing, "h1", "ref", "opsctl-model-x.service", "exit-code")
+    assert "systemctl start" not in hint
+    assert hint.startswith("its restore unit opsctl-model-x.service failed (exit-code; `journalctl -b -u ")
+    assert "`opsctl provision -i INVENTORY --host h1` copies it back, or refuses a source" in hint
+    svc = Service("ref", "h1", (), 30000, Mode.BASELINE, Engine.REFERENCE, SPEC, None, DDTreeKnobs())
+    host = Host("h1", "10.0.0.1", SshConfig(), 0, "/v", "python3", "0.5.23", None, None, (svc,))
+    unit = model_restore.unit_name(SPEC)
+    for shown, failed in (("ActiveState=failed\nSubState=failed\nResult=exit-code\n", True),
+                          ("ActiveState=inactive\nSubState=dead\nResult=success\n", False)):  # fmt: skip
+        fake = FakeHost("h1", handler=lambda cmd, shown=shown: (0, shown, "") if unit in cmd.display() else None)
+        found = status._failed_restores(fake, svc, [missing])
+        assert found == ({unit: "exit-code"} if failed else {})
+        line = status._model_line(missing, host, svc, found)
+        assert ("systemctl start" in line) is not failed and line.startswith(f"model {SPEC.path} not on the host")
