@@ -27,6 +27,15 @@ round; `--tau` turns it into tok/s for given acceptance lengths (labelled as suc
 
 DDTREE on a hybrid target replays its verify from the GDN tree path's graphs (ddtree.sglang.hybrid_graphs).
 
+Modes `baseline` (the target alone) and `tree<N>` (a tree of N nodes, e.g. tree7,tree15,tree31 in one run), and
+`--replay PATHS` (issue 45): every tree round commits a real pair's recorded paths (`DDTREE_REPLAY_ACCEPTANCE`,
+ddtree.sglang.replay) while doing all its work, so its step time and tokens per round are the shape's cost at that
+acceptance; `--replay-report cost.json --dflash-tau 2.11` prints tok/s per request and per GPU against DFLASH's
+step at the pair's tau (projected: DFLASH's own rounds are SGLang's and take no replay):
+
+    python dev/sglang_gpu/cost_bench.py --models hybrid --modes baseline,dflash,tree7,tree15,tree31 --graphs on \
+        --batches 1,2,4,8,16,32,64 --new-tokens 256 --replay paths-hybrid.json   # then --replay-report
+
 Mode `tree-policy` (issue 29): tree mode with DDTREE_POLICY=auto, the worker choosing tree, smaller tree or
 DFLASH's chain per round and batch-size bucket (ddtree.sglang.policy_glue); its DDTREE metrics lines (every 64
 request-rounds) carry the choice. `--policy-report` compares decode tok/s (output tokens / wall time of each
@@ -277,6 +286,9 @@ def engine_kwargs(pair: Path, model: str, mode: str, graphs: bool, args: argpars
         "speculative_algorithm": "DFLASH" if mode.startswith("dflash") else "DDTREE",
         "speculative_draft_model_path": str(pair / "draft"),
     }
+    if mode == "baseline":  # the target alone: no drafter, no speculative algorithm
+        for key in ("speculative_algorithm", "speculative_draft_model_path", "speculative_draft_load_format"):
+            kwargs.pop(key)
     if graphs:
         kwargs["cuda_graph_bs_decode"] = sorted(set(args.batches))
         kwargs["disable_prefill_cuda_graph"] = True
@@ -300,13 +312,16 @@ def run_env(model: str, mode: str, args: argparse.Namespace, timer: Path) -> dic
             raise SystemExit("mode tree-old needs --old-runtime")
         env["PYTHONPATH"] = os.pathsep.join([str(args.old_runtime.resolve()), env.get("PYTHONPATH", "")])
     if mode.startswith("tree"):
+        sized = re.fullmatch(r"tree(\d+)", mode)  # tree<N>: a tree of N nodes, else --budget
         env.update(
             DDTREE_VERIFY="tree",
-            DDTREE_BUDGET=str(args.budget),
+            DDTREE_BUDGET=str(int(sized.group(1)) if sized else args.budget),
             DDTREE_TOPK=str(args.topk),
             DDTREE_LOG_INTERVAL="1000",
             DDTREE_ALLOW_HYBRID_UNSAFE="0",
         )
+        if args.replay is not None:  # issue 45: the rounds commit a real pair's recorded paths (ddtree.sglang.replay)
+            env["DDTREE_REPLAY_ACCEPTANCE"] = str(args.replay.resolve())
     if mode == "tree-policy":
         env.update(DDTREE_POLICY="auto", DDTREE_LOG_INTERVAL="64")
     if mode == "tree-chain":  # the policy pinned to DFLASH's chain: a chain round's cost inside the tree worker
@@ -371,6 +386,44 @@ def policy_table(reports: list[dict[str, Any]]) -> str:
         equal = same_tokens(runs, list(names.values()))
         out.append(f"\n{model} {graphs}: tokens equal across {', '.join(m for m in POLICY_ARMS if names[m] in runs)}:"
                    f" {equal}\n")  # fmt: skip
+    return "\n".join(out)
+
+
+def replay_table(reports: list[dict[str, Any]], dflash_tau: float) -> str:
+    """Issue 45's table at a real shape with replayed acceptance, per model and batch size (CUDA graphs): tok/s
+    per request and per GPU (TP 1) of the baseline (output tokens / wall of the batch), DFLASH (its measured step
+    times the real pair's `dflash_tau`: projected, its rounds accept ~1 token on random weights) and every tree<N>
+    run (its measured step and the accepted tokens per request-round it measured: the replayed paths'), and each
+    tree over DFLASH with the range over the measured batches' step times. A step is one decode round plus the
+    scheduler's work up to the next (`summarize`'s step_ms)."""
+    runs = {name: entry for rep in reports for name, entry in rep["runs"].items() if entry.get("result")}
+    out = ["| model | bs | mode | tokens per request-round | step ms | tok/s per request | tok/s per GPU | "
+           "over DFLASH |", "|---|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for model in ("dense", "hybrid"):
+        trees = sorted(
+            (n for n in runs if n.startswith(f"{model}-tree") and re.fullmatch(r"tree\d+", mode_of(n))),
+            key=lambda n: int(mode_of(n)[4:]),
+        )
+        base, dflash = runs.get(f"{model}-baseline-graph"), runs.get(f"{model}-dflash-graph")
+        sizes = sorted({int(bs) for n in trees for bs in runs[n].get("rounds", {})})
+        for bs in sizes:
+            if base is not None and str(bs) in (rates := decode_tok_s(base)):
+                per_req = rates[str(bs)] / bs
+                out.append(f"| {model} | {bs} | baseline | 1 | - | {per_req:.1f} | {rates[str(bs)]:.1f} | - |")
+            ref = None
+            row = (dflash or {}).get("rounds", {}).get(str(bs), {})
+            if row.get("step_ms"):
+                ref = dflash_tau / row["step_ms"] * 1e3
+                out.append(f"| {model} | {bs} | DFLASH (tau {dflash_tau:g}, projected) | {dflash_tau:g} | "
+                           f"{row['step_ms']:.2f} | {ref:.1f} | {ref * bs:.1f} | 1.00 |")  # fmt: skip
+            for name in trees:
+                row = runs[name].get("rounds", {}).get(str(bs), {})
+                if not row.get("step_ms") or not row.get("tau"):
+                    continue
+                rate = row["tau"] / row["step_ms"] * 1e3
+                ratio = f"{rate / ref:.3f}" if ref else "-"
+                out.append(f"| {model} | {bs} | {mode_of(name)} (replayed) | {row['tau']:.2f} | {row['step_ms']:.2f} | "
+                           f"{rate:.1f} | {rate * bs:.1f} | {ratio} |")  # fmt: skip
     return "\n".join(out)
 
 
@@ -499,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs-only", action="store_true")
     p.add_argument("--report", nargs="+", type=Path, help="print the comparison tables of these JSON files")
     p.add_argument("--policy-report", nargs="+", type=Path, help="print dflash / tree / tree-policy tok/s tables")
+    p.add_argument("--replay", type=Path, help="tree modes: DDTREE_REPLAY_ACCEPTANCE (a recorded paths file)")
+    p.add_argument("--replay-report", nargs="+", type=Path, help="print issue 45's replayed-acceptance table")
+    p.add_argument("--dflash-tau", type=float, default=2.11, help="--replay-report: DFLASH's tau on the real pair")
     p.add_argument("--old-runtime", type=Path, help="mode tree-old: this runtime directory first on PYTHONPATH")
     p.add_argument("--loop-profile", action="store_true", help="cProfile the scheduler outside the rounds")
     args = p.parse_args(argv)
@@ -510,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.policy_report:
         print(policy_table([json.loads(path.read_text()) for path in args.policy_report]))
+        return 0
+    if args.replay_report:
+        print(replay_table([json.loads(path.read_text()) for path in args.replay_report], args.dflash_tau))
         return 0
     args.batches = [int(x) for x in args.batches.split(",")]
     configs = write_configs(args.cache / "real_shapes")

@@ -11,6 +11,7 @@ import pytest
 import torch
 from ddtree.sglang.replay import (
     AcceptanceReplay,
+    PathRecorder,
     ReplayFormatError,
     parse_paths,
     path_ranks,
@@ -140,3 +141,14 @@ def test_a_bad_paths_file_names_the_place(data: object, message: str) -> None:
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ReplayFormatError, match="DDTREE_REPLAY_ACCEPTANCE="):
         AcceptanceReplay.from_file(tmp_path / "none.json")
+
+
+def test_recorded_paths_read_back_as_the_replay_of_each_request(tmp_path: Path) -> None:
+    out = tmp_path / "paths.json"
+    rec = PathRecorder(out, "test run", every=2)
+    rec.add(["r1", "r2"], torch.tensor([[0, 1, -1], [-1, -1, -1]]))
+    assert not out.exists()
+    rec.add(["r1"], torch.tensor([[2, -1, -1]]))  # the second round writes
+    replay = AcceptanceReplay.from_file(out)
+    assert replay.source == "test run" and replay.requests == (((0, 1), (2,)), ((),))
+    assert replay.ranks(["x", "y"], 15) == [[0, 1], []]

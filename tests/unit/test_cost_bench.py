@@ -70,3 +70,39 @@ def test_same_tokens_and_the_policy_table() -> None:
     assert "tokens equal across dflash, tree, tree-chain, tree-policy: True" in table
     runs["dense-tree-graph"] = _entry([2.5, 2.5, 2.5], digest="other")
     assert cb.same_tokens(runs, list(runs)) is False
+
+
+def test_the_replay_table_puts_trees_against_dflash_at_the_pairs_tau() -> None:
+    """Issue 45's table: DFLASH's step at the pair's tau (projected), each tree<N> at its replayed tokens per
+    request-round over its own step, the baseline from wall time."""
+
+    def run(rounds: dict[str, dict[str, float]], batches: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return {"result": {"batches": batches or []}, "rounds": rounds}
+
+    report = {
+        "runs": {
+            "hybrid-baseline-graph": run({}, [{"bs": 8, "out_lens": [100] * 8, "wall_s": 2.0}]),
+            "hybrid-dflash-graph": run({"8": {"step_ms": 40.0, "tau": 1.0}}),
+            "hybrid-tree15-graph": run({"8": {"step_ms": 41.0, "tau": 2.88}}),
+            "hybrid-tree7-graph": run({"8": {"step_ms": 40.5, "tau": 2.49}}),
+        }
+    }
+    lines = cb.replay_table([report], dflash_tau=2.11).splitlines()
+    rows = {ln.split(" | ")[2]: ln.split(" | ") for ln in lines[2:]}
+    assert rows["baseline"][5:7] == ["50.0", "400.0"]
+    assert rows["DFLASH (tau 2.11, projected)"][5] == "52.8" and rows["DFLASH (tau 2.11, projected)"][7] == "1.00 |"
+    assert rows["tree15 (replayed)"][5] == "70.2" and rows["tree15 (replayed)"][7] == "1.332 |"
+    assert [ln.split(" | ")[2] for ln in lines[2:]][2:] == ["tree7 (replayed)", "tree15 (replayed)"]
+    assert cb.mode_of("hybrid-tree15-graph") == "tree15"
+
+
+def test_baseline_and_sized_tree_modes_with_the_replay(tmp_path: Path) -> None:
+    args = cb.argparse.Namespace(
+        batches=[1, 8], prefix=64, new_tokens=32, mem_fraction_hybrid=0.8, mem_fraction_dense=0.5, budget=15, topk=8,
+        loop_profile=False, old_runtime=None, replay=tmp_path / "paths.json",
+    )  # fmt: skip
+    base = cb.engine_kwargs(tmp_path, "hybrid", "baseline", True, args)
+    assert "speculative_algorithm" not in base and "speculative_draft_model_path" not in base
+    env = cb.run_env("hybrid", "tree31", args, tmp_path / "t.jsonl")
+    assert env["DDTREE_BUDGET"] == "31" and env["DDTREE_REPLAY_ACCEPTANCE"] == str(tmp_path / "paths.json")
+    assert "DDTREE_REPLAY_ACCEPTANCE" not in cb.run_env("hybrid", "dflash", args, tmp_path / "t.jsonl")

@@ -195,3 +195,28 @@ def path_ranks(next_token: Tensor, next_sibling: Tensor, path: Tensor) -> Tensor
             found = found | (child == node)
         out[:, d - 1] = torch.where(on & found, rank, out[:, d - 1])
     return out
+
+
+class PathRecorder:
+    """The recording side, in a real pair's run: each request's accepted path per round (`path_ranks`), written
+    as a paths file every `every` rounds (atomically: a temporary file renamed), requests in order of their first
+    round. `add` reads the ranks to the host (a sync per round: use it in a recording run, not a timed one)."""
+
+    def __init__(self, path: str | Path, source: str = "", every: int = 64) -> None:
+        self.path, self.source, self.every = Path(path), source, every
+        self.requests: dict[str, list[list[int]]] = {}
+        self._rounds = 0
+
+    def add(self, request_ids: Sequence[str], ranks: Tensor) -> None:
+        """ranks: [bs, W] from `path_ranks` (-1 after each path)."""
+        for rid, row in zip(request_ids, ranks.tolist(), strict=True):
+            self.requests.setdefault(rid, []).append([r for r in row if r >= 0])
+        self._rounds += 1
+        if self._rounds % self.every == 0:
+            self.write()
+
+    def write(self) -> None:
+        data = {"format": FORMAT, "source": self.source, "requests": list(self.requests.values())}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+        tmp.replace(self.path)
