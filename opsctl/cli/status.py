@@ -152,6 +152,8 @@ def _routers(inv: Inventory, routers: list[Router], unreachable: set[str]) -> li
 def _router_table(rows: list[RouterStatus]) -> None:
     for r in rows:
         unit = f"{r.unit.active_state}/{r.unit.sub_state}" if r.unit else "?"
+        if r.unit is not None:  # a restart re-admits every worker of its --worker-urls: worth seeing
+            unit += f" restarts={r.unit.n_restarts} since {r.unit.active_enter or '?'}"
         colour = "green" if r.healthy else "bold red"
         console.print(
             f"[{colour}]{r.host}/router {r.router}[/] {r.url} {unit} release={r.current or '(none)'} "

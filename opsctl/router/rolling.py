@@ -14,6 +14,11 @@ the release, and the runner calls `put_back` when the deploy is over:
 
 A router that does not answer at all (not deployed yet, or down) serves nobody: the deploy goes on without it,
 and says so. Steps 2-3 run under one lock per router, so two workers never pass the last-healthy check at once.
+
+A worker taken out stays out until step 6: that is desired state, recorded here, not only the router's. A router
+that restarts meanwhile (systemd's Restart=, a crash, a kill) comes back with every worker of its
+`--worker-urls`, the one being deployed included, whose gates have not passed. A watcher compares the router's
+members with what opsctl took out every `watch_interval` seconds and takes such a worker out again, saying so.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from opsctl.router.judge import refuse_take_out
 from opsctl.router.render import router_url, worker_url
 
 MEMBERSHIP_TIMEOUT_S = 60.0  # the router applies add/remove in the background; this is how long we wait
+WATCH_INTERVAL_S = 1.0  # how often the members of a router with a worker out are compared with what opsctl wants
 DRAIN_POLL_S = 0.25
 NO_LOAD_GRACE_S = 3.0  # a worker without /get_load: wait this long for its in-flight requests instead
 
@@ -42,6 +48,16 @@ class _RouterSlot:
     router: Router
     slots: threading.BoundedSemaphore
     check: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True)
+class _KeptOut:
+    """A worker opsctl keeps out of a router (its deploy's gates have not passed, or it serves nothing)."""
+
+    router: Router
+    url: str
+    name: str  # host/service
+    say: Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -63,8 +79,14 @@ class RouterGuard:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         http: httpx.Client | None = None,
+        watch_interval: float | None = WATCH_INTERVAL_S,
     ) -> None:
         self.inventory = inventory
+        self.watch_interval = watch_interval  # None: no watcher (callers reconcile themselves)
+        self._kept_out: dict[tuple[str, str], _KeptOut] = {}  # (router, url) -> the worker kept out
+        self._kept_lock = threading.Lock()  # held while reconciling, and to stop keeping a worker out
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
         self.http = http or httpx.Client()
         self._client = client or (lambda r: RouterClient(self.http, router_url(inventory, r), r.api_key))
         self.sleep = sleep
@@ -132,6 +154,7 @@ class RouterGuard:
                 if me is not None
                 else f"not a member of router {router.name}: it is added after the deploy"
             )
+            self._keep_out(_KeptOut(router, url, f"{host}/{service}", say))
             return Taken(router, url, me is not None)
         except BaseException:
             slot.slots.release()
@@ -165,9 +188,11 @@ class RouterGuard:
         for item in taken:
             slot = self._slots[item.router.name]
             try:
-                if not serving:
+                if not serving:  # stays out, and stays watched: a restarted router must not take it back
                     problems.append(f"left out of router {item.router.name} (not serving a healthy release)")
                     continue
+                with self._kept_lock:
+                    self._kept_out.pop((item.router.name, item.url), None)
                 problem = self._add(item, say)
                 if problem:
                     problems.append(problem)
@@ -237,5 +262,49 @@ class RouterGuard:
         """The worker answers /health now (decides whether it goes back into its routers)."""
         return probe(self.http, self._url(host, service) + "/health", timeout=5.0).ok
 
+    # ------------------------------------------------------------------ desired membership
+    def _keep_out(self, item: _KeptOut) -> None:
+        with self._kept_lock:
+            self._kept_out[(item.router.name, item.url)] = item
+            if self.watch_interval is not None and self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="router-membership", daemon=True)
+                self._watcher.start()
+
+    def _watch(self) -> None:
+        assert self.watch_interval is not None
+        while not self._stop.wait(self.watch_interval):
+            self.reconcile()
+
+    def reconcile(self) -> list[str]:
+        """Take out again every worker opsctl keeps out that a router lists (it restarted, or someone added
+        it); returns what it did, one line each (each also said to that worker's deploy)."""
+        done: list[str] = []
+        with self._kept_lock:
+            by_router: dict[str, list[_KeptOut]] = {}
+            for item in self._kept_out.values():
+                by_router.setdefault(item.router.name, []).append(item)
+            for items in by_router.values():
+                router = items[0].router
+                try:
+                    client = self._client(router)
+                    members = {m.url: m for m in client.members()}
+                    for item in items:
+                        member = members.get(item.url)
+                        if member is None:
+                            continue
+                        client.remove(member)
+                        line = (
+                            f"router {router.name} lists {item.name} again (it restarted, or someone added it): "
+                            "taken out again until its gates pass"
+                        )
+                        item.say(line)
+                        done.append(line)
+                except OpsctlError:
+                    continue  # a router that does not answer now routes to nobody; the next look tries again
+        return done
+
     def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=15.0)
         self.http.close()

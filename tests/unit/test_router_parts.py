@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -166,6 +167,7 @@ def guard(fake: FakeRouter, loads: list[int | None], clock: list[float]) -> Rout
         sleep=sleep,
         clock=lambda: clock[0],
         http=httpx.Client(transport=httpx.MockTransport(handler)),
+        watch_interval=None,  # reconciled by hand where a test needs it
     )
 
 
@@ -374,3 +376,59 @@ def test_plan_line_names_the_router_and_the_bound() -> None:
     assert g.plan_line("h1", "ref") == (
         "before the switch: out of router front, drained (at most 5s); back in once healthy and smoke-tested"
     )
+
+
+def test_a_restarted_router_that_takes_a_worker_back_mid_deploy_loses_it_again() -> None:
+    """Issue 42: a router killed during a rolling deploy came back (systemd) with every worker of its
+    --worker-urls, the one whose gates had not passed included; clients got its errors (31 of 250)."""
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    said: list[str] = []
+    g = guard(fake, [0], [0.0])
+    taken = g.take_out("h1", "ref", said.append)
+    assert g.reconcile() == [] and [m.url for m in fake.members()] == [W2]
+    fake.members_now = [Member("a2", W1, True, 0), Member("b2", W2, True, 0)]  # restarted: both back, new ids
+    assert g.reconcile() == [
+        "router front lists h1/ref again (it restarted, or someone added it): taken out again until its gates pass"
+    ]
+    assert said[-1].startswith("router front lists h1/ref again") and fake.calls[-1] == f"remove {W1}"
+    assert [m.url for m in fake.members()] == [W2]
+    assert g.put_back(taken, True, said.append) == ""  # gates passed: back in, and no longer kept out
+    assert g.reconcile() == [] and {m.url for m in fake.members()} == {W1, W2}
+
+
+def test_a_worker_left_out_stays_out_and_the_watcher_runs_by_itself() -> None:
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    said: list[str] = []
+    g = guard(fake, [0], [0.0])
+    taken = g.take_out("h1", "ref", said.append)
+    assert g.put_back(taken, False, said.append).startswith("left out of router front")
+    fake.members_now.append(Member("a3", W1, True, 0))  # the router took it back while it serves nothing
+    assert len(g.reconcile()) == 1 and [m.url for m in fake.members()] == [W2]
+    # the watcher thread: started by the first take-out, stopped by close()
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    g = guard(fake, [0], [0.0])
+    g.watch_interval = 0.05
+    g.take_out("h1", "ref", said.append)
+    fake.members_now.append(Member("a4", W1, True, 0))
+    deadline = time.monotonic() + 10
+    while fake.calls[-1] != f"remove {W1}" or len(fake.calls) < 2:
+        assert time.monotonic() < deadline, fake.calls
+        time.sleep(0.05)
+    g.close()
+    assert g._watcher is not None and not g._watcher.is_alive()
+
+
+def test_status_shows_a_router_restart() -> None:
+    from opsctl.cli.common import console
+    from opsctl.cli.status import _router_table
+    from opsctl.router.status import RouterStatus
+    from opsctl.systemd import parse_show
+
+    unit = parse_show(
+        "LoadState=loaded\nActiveState=active\nSubState=running\nResult=success\nNRestarts=1\nMainPID=4242\n"
+        "ActiveEnterTimestamp=Sat 2026-12-05 08:31:02 UTC\n"
+    )
+    row = RouterStatus("front", "h1", "http://10.0.0.1:30080", unit, "R1", 1, 0, None, "HTTP 200 in 2 ms", True)
+    with console.capture() as out:
+        _router_table([row])
+    assert "active/running restarts=1 since Sat 2026-12-05 08:31:02 UTC release=R1" in out.get()
