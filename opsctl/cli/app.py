@@ -9,7 +9,7 @@ import typer
 from opsctl import __version__
 
 # Every command group, in help order. Each module defines `register(app: typer.Typer) -> None`.
-COMMAND_GROUPS = ("provision", "deploy", "smoke", "logs", "status", "bench", "lab", "render", "router")
+COMMAND_GROUPS = ("provision", "deploy", "smoke", "logs", "status", "bench", "lab", "render", "router", "monitor")
 
 app = typer.Typer(
     name="opsctl",

@@ -36,6 +36,7 @@ from opsctl.inventory.model import (
     Service,
     SshConfig,
 )
+from opsctl.inventory.monitoring import parse_monitoring
 from opsctl.inventory.origin import inherited
 from opsctl.inventory.parallel import check_port_clashes, parallel
 from opsctl.inventory.reader import MAX_DEPTH, read_file
@@ -197,7 +198,7 @@ def _refuse_tokens(value: Any, path: str, depth: int) -> None:
 
 
 def _inventory(data: Any, source: str, base_dir: Path | None) -> Inventory:
-    top = s.mapping(data, "", {"defaults", "hosts", "routers", credfiles.KEY}, {"hosts"})
+    top = s.mapping(data, "", {"defaults", "hosts", "routers", "monitoring", credfiles.KEY}, {"hosts"})
     defaults = s.mapping(top.get("defaults"), "defaults", HOST_SCALARS | {"ssh", "service"})
     hosts_data = s.mapping(top["hosts"], "hosts", set(top["hosts"] or {}) if isinstance(top["hosts"], dict) else set())
     if not hosts_data:
@@ -214,7 +215,8 @@ def _inventory(data: Any, source: str, base_dir: Path | None) -> Inventory:
         if seen != host.name:
             raise InventoryError(f"hosts.{host.name}.address", f"{host.address} is already used by host {seen}")
     routers = parse_routers(top["routers"], hosts) if top.get("routers") is not None else ()
-    inventory = Inventory(path=source, hosts=hosts, warnings=tuple(warnings), routers=routers)
+    monitoring = parse_monitoring(top.get("monitoring"))
+    inventory = Inventory(path=source, hosts=hosts, warnings=tuple(warnings), routers=routers, monitoring=monitoring)
     policy = s.choice(top.get(credfiles.KEY, "refuse"), credfiles.KEY, credfiles.CredentialFiles)
     loose = credfiles.find_loose(inventory)
     if loose and policy is credfiles.CredentialFiles.REFUSE:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from opsctl import layout
+from opsctl.inventory.monitoring import MonitoringConfig
 from opsctl.secrets import SecretRef
 
 
@@ -312,6 +313,8 @@ class Inventory:
     hosts: tuple[Host, ...]
     warnings: tuple[str, ...] = ()  # loud notices (e.g. hybrid unsafe), printed by every command
     routers: tuple[Router, ...] = ()
+    # `monitoring:`: thresholds of the alert rules `opsctl monitor render` writes
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
 
     def router(self, name: str) -> Router:
         for router in self.routers:

@@ -1,0 +1,112 @@
+"""Every file of `opsctl monitor render`, as (relative path, text): pure, no host is contacted.
+
+```
+prometheus.yml                      scrape configuration: jobs opsctl-services and opsctl-routers (file_sd)
+targets/services/<host>-<svc>.json  one target per service: labels host, service, worker, mode, engine, model
+targets/routers/<router>.json       one target per router (its Prometheus port): labels host, router
+rules/recording.yml                 opsctl:* series (opsctl.monitor.rules)
+rules/alerts.yml                    alerts, with runbook links
+grafana/opsctl-fleet.json           the dashboard (opsctl.monitor.dashboard)
+```
+
+Target files are JSON (file_sd reads JSON or YAML), rules YAML through yaml.safe_dump: no value is pasted into
+text. No secret is needed or written: SGLang's and the reference server's /metrics need no API key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from opsctl.inventory.model import Host, Inventory, Router, Service
+from opsctl.monitor.dashboard import dashboard
+from opsctl.monitor.rules import ROUTERS_JOB, SERVICES_JOB, alert_rules, recording_rules
+
+WILDCARD = ("0.0.0.0", "::", "")
+LOOPBACK = ("127.", "::1", "localhost")
+RULE_FILES = ("rules/recording.yml", "rules/alerts.yml")
+
+
+@dataclass(frozen=True)
+class MonitorFile:
+    path: str  # relative to the output directory
+    text: str
+
+
+def _address(host: Host, bind: str) -> str:
+    """Where Prometheus reaches a server bound to `bind` on `host`: the host's address unless it listens on
+    one other address."""
+    if bind in WILDCARD or bind.startswith(LOOPBACK):
+        return host.address
+    return bind
+
+
+def _hostport(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def service_target(host: Host, svc: Service) -> list[dict[str, Any]]:
+    labels = {
+        "host": host.name,
+        "service": svc.name,
+        "worker": f"{host.name}/{svc.name}",
+        "mode": svc.mode.value,
+        "engine": svc.engine.value,
+        "model": svc.served_model_name or svc.model.name,
+    }
+    return [{"targets": [_hostport(_address(host, svc.bind), svc.port)], "labels": labels}]
+
+
+def router_target(inv: Inventory, router: Router) -> list[dict[str, Any]]:
+    host = inv.host(router.host)
+    labels = {"host": host.name, "router": router.name}
+    return [{"targets": [_hostport(_address(host, router.bind), router.prometheus_port)], "labels": labels}]
+
+
+def prometheus_config(inv: Inventory) -> dict[str, Any]:
+    every = f"{inv.monitoring.scrape_interval}s"
+    return {
+        "global": {"scrape_interval": every, "evaluation_interval": every},
+        "rule_files": list(RULE_FILES),
+        "scrape_configs": [
+            {
+                "job_name": SERVICES_JOB,
+                "metrics_path": "/metrics",
+                "file_sd_configs": [{"files": ["targets/services/*.json"], "refresh_interval": "30s"}],
+            },
+            {
+                "job_name": ROUTERS_JOB,
+                "metrics_path": "/metrics",
+                "file_sd_configs": [{"files": ["targets/routers/*.json"], "refresh_interval": "30s"}],
+            },
+        ],
+    }
+
+
+def _yaml(data: Any) -> str:
+    return "# rendered by opsctl monitor render from the inventory; edit the inventory, not this file\n" + (
+        yaml.safe_dump(data, sort_keys=False, width=200)
+    )
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=2) + "\n"
+
+
+def render_monitoring(inv: Inventory) -> list[MonitorFile]:
+    files = [MonitorFile("prometheus.yml", _yaml(prometheus_config(inv)))]
+    files += [
+        MonitorFile(f"targets/services/{h.name}-{s.name}.json", _json(service_target(h, s)))
+        for h in inv.hosts
+        for s in h.services
+    ]
+    files += [MonitorFile(f"targets/routers/{r.name}.json", _json(router_target(inv, r))) for r in inv.routers]
+    files += [
+        MonitorFile(RULE_FILES[0], _yaml(recording_rules(inv))),
+        MonitorFile(RULE_FILES[1], _yaml(alert_rules(inv))),
+        MonitorFile("grafana/opsctl-fleet.json", _json(dashboard(inv))),
+    ]
+    return files

@@ -1,0 +1,129 @@
+"""`opsctl monitor render`: the exact targets, the rules' thresholds and runbook links, the dashboard's required
+fields, stale targets removed, nothing secret written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from opsctl.cli.monitor import write_files
+from opsctl.monitor.dashboard import dashboard
+from opsctl.monitor.render import MonitorFile, render_monitoring
+from opsctl.monitor.rules import RUNBOOK_ANCHORS
+from tests.conftest import run_cli
+from tests.unit.monitor_fleet import monitor_data, monitor_fleet
+
+
+def _files(monitoring: dict[str, object] | None = None) -> dict[str, str]:
+    return {f.path: f.text for f in render_monitoring(monitor_fleet(monitoring))}
+
+
+def test_one_target_file_per_service_and_router_with_the_inventorys_labels() -> None:
+    files = _files()
+    assert sorted(p for p in files if p.startswith("targets/")) == [
+        "targets/routers/front.json",
+        "targets/services/h1-a.json",
+        "targets/services/h1-b.json",
+        "targets/services/h2-a.json",
+    ]
+    assert json.loads(files["targets/services/h1-a.json"]) == [
+        {
+            "targets": ["10.0.0.1:30000"],
+            "labels": {
+                "host": "h1",
+                "service": "a",
+                "worker": "h1/a",
+                "mode": "tree",
+                "engine": "reference",
+                "model": "tiny",
+            },
+        }
+    ]
+    assert json.loads(files["targets/services/h2-a.json"])[0]["labels"]["model"] == "m"  # the model's directory
+    assert json.loads(files["targets/routers/front.json"]) == [
+        {"targets": ["10.0.0.1:30081"], "labels": {"host": "h1", "router": "front"}}
+    ]
+    config = yaml.safe_load(files["prometheus.yml"])
+    assert config["global"] == {"scrape_interval": "15s", "evaluation_interval": "15s"}
+    assert [j["file_sd_configs"][0]["files"] for j in config["scrape_configs"]] == [
+        ["targets/services/*.json"],
+        ["targets/routers/*.json"],
+    ]
+    assert config["rule_files"] == ["rules/recording.yml", "rules/alerts.yml"]
+
+
+def test_alerts_carry_the_inventorys_thresholds_and_runbook_links() -> None:
+    url = "https://git.example.com/ops/runbook.md"
+    monitoring = {"ttft_p95": 2.5, "ttft_for": 120, "service_down_for": 30, "tau_ratio": 0.6, "runbook_url": url}
+    rules = {r["alert"]: r for r in yaml.safe_load(_files(monitoring)["rules/alerts.yml"])["groups"][0]["rules"]}
+    assert set(rules) == set(RUNBOOK_ANCHORS)
+    assert (
+        rules["OpsctlTTFTHigh"]["expr"] == "opsctl:ttft_seconds:p95_5m > 2.5"
+        and rules["OpsctlTTFTHigh"]["for"] == "120s"
+    )
+    assert rules["OpsctlServiceDown"]["for"] == "30s"
+    assert rules["OpsctlTauDrop"]["expr"] == "opsctl:ddtree_tau:rate5m < 0.6 * opsctl:ddtree_tau:trailing"
+    assert rules["OpsctlRouterNoHealthyWorkers"]["expr"] == (
+        '(sum(up{job="opsctl-services", worker=~"h1/a|h1/b|h2/a"}) or vector(0)) < 1'
+    )
+    assert rules["OpsctlRouterNoHealthyWorkers"]["labels"] == {"severity": "critical", "router": "front"}
+    for name, rule in rules.items():
+        assert rule["annotations"]["runbook_url"] == f"{url}#{RUNBOOK_ANCHORS[name]}"
+    runbook = (Path(__file__).parents[2] / "docs" / "runbook.md").read_text()
+    for name in RUNBOOK_ANCHORS:  # every link lands on a heading of docs/runbook.md (GitHub's anchors)
+        assert f"### {name}\n" in runbook, name
+
+
+def test_dashboard_has_the_fields_grafana_requires() -> None:
+    board = dashboard(monitor_fleet())
+    assert {"uid", "title", "schemaVersion", "panels", "templating", "time"} <= set(board)
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids)) and all(isinstance(i, int) for i in ids)
+    rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
+    assert rows == ["h1/a (tree, reference)", "h1/b (baseline, reference)", "h2/a (shadow, reference)"]
+    for panel in board["panels"]:
+        grid = panel["gridPos"]
+        assert set(grid) == {"h", "w", "x", "y"} and grid["x"] + grid["w"] <= 24
+        if panel["type"] != "row":
+            assert panel["targets"] and all(t["refId"] and t["expr"] for t in panel["targets"])
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    exprs = " ".join(t["expr"] for p in board["panels"] if p["type"] != "row" for t in p["targets"])
+    assert 'ddtree_tree_nodes_sum{host="h1", service="a"}' in exprs
+    assert 'ddtree_tree_nodes_sum{host="h1", service="b"}' not in exprs  # baseline: SGLang's panels only
+    # panels never overlap
+    cells = [(p["gridPos"]["y"] + dy, p["gridPos"]["x"] + dx) for p in board["panels"]
+             for dy in range(p["gridPos"]["h"]) for dx in range(p["gridPos"]["w"])]  # fmt: skip
+    assert len(cells) == len(set(cells))
+
+
+def test_write_removes_stale_targets_only(tmp_path: Path) -> None:
+    (tmp_path / "targets" / "services").mkdir(parents=True)
+    (tmp_path / "targets" / "services" / "gone-x.json").write_text("[]")
+    (tmp_path / "targets" / "services" / "README").write_text("mine")
+    files = render_monitoring(monitor_fleet())
+    assert write_files(tmp_path, files) == 1
+    assert not (tmp_path / "targets" / "services" / "gone-x.json").exists()
+    assert (tmp_path / "targets" / "services" / "README").read_text() == "mine"
+    assert {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()} == {f.path for f in files} | {
+        "targets/services/README"
+    }
+    assert write_files(tmp_path, [MonitorFile("prometheus.yml", "x")]) == 4
+
+
+def test_cli_writes_and_prints_without_secrets(tmp_path: Path) -> None:
+    data = monitor_data()
+    data["hosts"]["h1"]["services"]["a"]["api_key"] = "env:SVC_KEY"
+    data["routers"]["front"]["api_key"] = "env:SVC_KEY"
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(data))
+    result = run_cli(
+        "monitor", "render", "-i", str(inv), "--out", str(tmp_path / "out"), env={"SVC_KEY": "s3cret-v4lue"}
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "wrote 8 files" in result.stderr
+    printed = run_cli("monitor", "render", "-i", str(inv), "--json", env={"SVC_KEY": "s3cret-v4lue"})
+    assert printed.exit_code == 0 and set(json.loads(printed.stdout)) == {f for f in _files()}
+    written = "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert "s3cret" not in written and "SVC_KEY" not in written and "s3cret" not in printed.stdout
