@@ -127,6 +127,7 @@ SECRET_HINT = "write the secret as the service's api_key: env:NAME or file:PATH"
 TEST_HOOK_ENV = {
     "DDTREE_REPLAY_ACCEPTANCE": "commits recorded paths instead of the target's choices",
     "DDTREE_RECORD_ROUNDS": "records every decode round to a file",
+    "DDTREE_RECORD_PATHS": "records every request's accepted paths to a file",
     "DDTREE_TEST_POLICY": "runs the shape policy on synthetic costs",
 }
 TEST_HOOK_HINT = "remove it: a benchmark sets it in the environment it starts the server with, never a service"

@@ -19,6 +19,9 @@
 | DDTREE_REPLAY_ACCEPTANCE    | a paths file    | (unset) | BENCHMARKS ONLY: the SGLang tree worker commits the |
 |                             |                 |         | recorded paths instead of the target's choices      |
 |                             |                 |         | (`ddtree.sglang.replay`); opsctl refuses to render  |
+| DDTREE_RECORD_PATHS         | a file to write | (unset) | BENCHMARKS ONLY: the SGLang tree worker writes each |
+|                             |                 |         | request's accepted paths there (a paths file, the   |
+|                             |                 |         | replay's input; a sync per round); opsctl refuses   |
 
 An unset or empty variable takes its default (a systemd EnvironmentFile may write `KEY=`).
 `DDTREE_FUSED_BUILD=0` (read by `ddtree.fused_tree`, not here; a kill switch): the torch tree planner instead of
@@ -67,6 +70,7 @@ class DDTreeConfig:
     round_graphs_max_bs: int = 8  # 0: off
     policy: PolicySetting = field(default_factory=PolicySetting)  # off: always the configured tree
     replay_acceptance: str = ""  # a benchmark's paths file (ddtree.sglang.replay); "" in production
+    record_paths: str = ""  # where a recording run writes its accepted paths (ddtree.sglang.replay); "" in production
 
     def __post_init__(self) -> None:
         for name in ("budget", "topk", "log_interval", "selfcheck_every", "round_graphs_max_bs"):
@@ -111,11 +115,12 @@ class DDTreeConfig:
             ),
             policy=defaults.policy if policy is None else _parse_policy("DDTREE_POLICY", policy, budget),
             replay_acceptance=get("DDTREE_REPLAY_ACCEPTANCE") or "",
+            record_paths=get("DDTREE_RECORD_PATHS") or "",
         )
 
     def to_env(self) -> dict[str, str]:
         """The environment that `from_env` reads back to this config."""
-        return {
+        env = {
             "DDTREE_VERIFY": self.verify.value,
             "DDTREE_BUDGET": str(self.budget),
             "DDTREE_TOPK": str(self.topk),
@@ -124,7 +129,9 @@ class DDTreeConfig:
             "DDTREE_SELFCHECK_EVERY": str(self.selfcheck_every),
             "DDTREE_ROUND_GRAPHS_MAX_BS": str(self.round_graphs_max_bs),
             "DDTREE_POLICY": self.policy.text,
-        } | ({"DDTREE_REPLAY_ACCEPTANCE": self.replay_acceptance} if self.replay_acceptance else {})
+        }
+        hooks = {"DDTREE_REPLAY_ACCEPTANCE": self.replay_acceptance, "DDTREE_RECORD_PATHS": self.record_paths}
+        return env | {k: v for k, v in hooks.items() if v}
 
 
 def _parse_verify(key: str, raw: str) -> VerifyMode:

@@ -155,3 +155,11 @@ def test_zero_time_window_reports_zero_throughput():
     assert summary.tok_s == 0.0 and summary.tau == 2.0 and summary.width == 0.0
     with pytest.raises(ValueError):
         summarize([], 0, 0)
+
+
+def test_the_benchmark_hooks_read_once_and_round_trip() -> None:
+    config = DDTreeConfig.from_env({"DDTREE_REPLAY_ACCEPTANCE": " /tmp/p.json ", "DDTREE_RECORD_PATHS": ""})
+    assert (config.replay_acceptance, config.record_paths) == ("/tmp/p.json", "")
+    assert config.to_env()["DDTREE_REPLAY_ACCEPTANCE"] == "/tmp/p.json" and "DDTREE_RECORD_PATHS" not in config.to_env()
+    assert DDTreeConfig.from_env(config.to_env()) == config
+    assert "DDTREE_REPLAY_ACCEPTANCE" not in DDTreeConfig().to_env()  # production: absent
