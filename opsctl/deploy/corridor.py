@@ -14,7 +14,7 @@ from typing import Protocol
 
 from opsctl import systemd
 from opsctl.commands import Cmd
-from opsctl.deploy import release
+from opsctl.deploy import guards, release
 from opsctl.deploy.release import ServicePaths
 from opsctl.deploy.rollout import Outcome
 from opsctl.errors import CommandTimeout, OpsctlError, UnreachableError
@@ -86,10 +86,14 @@ class Releasable(Protocol):
         """The go-live (or restore) steps; NRestarts right after the restart."""
         ...
 
-    def gate(self, baseline: int, restoring: bool = False) -> tuple[bool, str]:
-        """(healthy, reason). A restoring gate re-checks a release that served before: a short readiness delay,
-        and Ctrl-C does not stop it."""
+    def gate(self, baseline: int, restoring: bool = False) -> tuple[bool, str, float]:
+        """(healthy, reason, seconds to healthy). A restoring gate re-checks a release that served before: a short
+        readiness delay, and Ctrl-C does not stop it."""
         ...
+
+    def unit_state(self) -> systemd.UnitState: ...
+
+    def run(self, cmd: Cmd, check: bool = True) -> str: ...
 
     def mark_bad(self, release_id: str, why: str) -> None: ...
 
@@ -115,7 +119,7 @@ def roll_back_after_failure(target: Releasable, previous: str | None, failed: st
             outcome = Outcome.INTERRUPTED if interrupted else Outcome.FAILED
             return outcome, f"{reason}; no previous release to roll back to: {target.noun} stopped"
         target.say(f"rolling back to {previous}")
-        ok, why = target.gate(target.restart(previous, restoring=True), restoring=True)
+        ok, why, _ = target.gate(target.restart(previous, restoring=True), restoring=True)
     except (UnreachableError, CommandTimeout) as exc:
         return Outcome.UNREACHABLE, f"{reason}; rollback impossible: {exc.one_line()}"
     except OpsctlError as exc:
@@ -135,7 +139,7 @@ def roll_back_to(target: Releasable, current: str | None, to: str) -> tuple[Outc
     """`rollback`: put `to` live, health gated; if it fails its gate, mark it bad and restore `current`.
     (outcome, message, the unit's journal tail when it failed)."""
     target.say(f"rolling back {current} -> {to}")
-    ok, why = target.gate(target.restart(to))
+    ok, why, _ = target.gate(target.restart(to))
     if ok:
         target.audit("rollback", to, "ok", f"from={current or '-'}")
         return Outcome.REVERTED, f"rolled back to {to} (healthy)", ""
@@ -145,3 +149,32 @@ def roll_back_to(target: Releasable, current: str | None, to: str) -> tuple[Outc
         target.gate(target.restart(current, restoring=True), restoring=True)
     target.audit("rollback", to, "failed", why)
     return Outcome.FAILED, f"{to} failed its health gate ({why}); {current} restored", tail
+
+
+def came_up(target: Releasable) -> tuple[bool, str]:
+    """An unchanged release whose /health does not answer: a unit still starting (right after a reboot, say) gets
+    the health gate's time before it is judged. (healthy, a note for the message)."""
+    unit = target.unit_state()
+    if unit.active_state not in ("active", "activating"):
+        return False, ""
+    target.say(
+        f"unchanged config; {target.paths.unit_name} is {unit.describe()} but /health does not answer yet: waiting"
+    )
+    ok, _, seconds = target.gate(unit.n_restarts)
+    return ok, f" (was still starting; healthy after {seconds:.1f}s)" if ok else ""
+
+
+def staging_failed(target: Releasable, new_id: str, exc: OpsctlError) -> str:
+    """Staging `new_id` failed, nothing was switched: mark it bad (on a full disk, where not even the BAD marker can
+    be written, remove the partial release instead: it only holds space), audit, and say why in one line."""
+    why = guards.bounded(exc.message)
+    space = guards.space_hint(exc)
+    if space:
+        target.run(release.remove_releases_cmd(target.paths, [new_id]), check=False)
+        why += f"; the partial release {new_id} was removed"
+    else:
+        target.mark_bad(new_id, f"staging failed: {why}")
+    hint = space or exc.hint
+    message = f"staging failed, nothing switched: {why}" + (f" ({hint})" if hint else "")
+    target.audit("deploy", new_id, "failed", message)
+    return message

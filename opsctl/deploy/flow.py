@@ -172,7 +172,7 @@ class ServiceRelease:
     def restart(self, release_id: str, restoring: bool = False) -> int:
         return _restart(self.ctx, release_id, restoring=restoring)
 
-    def gate(self, baseline: int, restoring: bool = False) -> tuple[bool, str]:
+    def gate(self, baseline: int, restoring: bool = False) -> tuple[bool, str, float]:
         settings = self.settings
         if restoring:  # this release served before: the point is to confirm it answers again
             delay = settings.readiness_delay
@@ -180,7 +180,13 @@ class ServiceRelease:
                 settings, readiness_delay=min(self.ctx.service.readiness_delay if delay is None else delay, 5.0)
             )
         gate = _gate(self.ctx, settings, baseline, cancellable=not restoring)
-        return gate.ok, gate.reason
+        return gate.ok, gate.reason, gate.time_to_healthy or 0.0
+
+    def unit_state(self) -> systemd.UnitState:
+        return self.ctx.unit_state()
+
+    def run(self, cmd: Cmd, check: bool = True) -> str:
+        return self.ctx.run(cmd, check=check, timeout=LIVE_TIMEOUT_S)
 
     def mark_bad(self, release_id: str, why: str) -> None:
         _mark_bad(self.ctx, release_id, why)
@@ -244,18 +250,6 @@ def _secrets_rotated(ctx: ServiceContext, staged: StagedRelease, current: str, p
     return secret_fp.matches(stored, secrets) is False
 
 
-def _came_up(ctx: ServiceContext, settings: DeploySettings, result: ServiceResult) -> bool:
-    """A unit still starting (right after a reboot, say) gets the health gate's time before it is judged."""
-    unit = ctx.unit_state()
-    if unit.active_state not in ("active", "activating"):
-        return False
-    ctx.say(f"unchanged config; {ctx.paths.unit_name} is {unit.describe()} but /health does not answer yet: waiting")
-    gate = _gate(ctx, settings, unit.n_restarts)
-    if gate.ok:
-        result.message += f" (was still starting; healthy after {gate.time_to_healthy or 0.0:.1f}s)"
-    return gate.ok
-
-
 def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySettings) -> ServiceResult:
     """Render -> unchanged? -> plan? -> stage -> go live -> (roll back). Each step is a function below."""
     start = time.monotonic()
@@ -291,7 +285,7 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         "deploy-start", staged.release_id, "started",
         f"previous={facts.current or '-'} mode={ctx.service.mode.value}{why}",
     )  # fmt: skip
-    if _stage(ctx, staged, wheel, facts, chash, result) and _before_live(ctx, staged.release_id, result):
+    if _stage(ctx, settings, staged, wheel, facts, chash, result) and _before_live(ctx, staged.release_id, result):
         _go_live(ctx, settings, staged.release_id, facts.current, result)
         result.timings["total_s"] = time.monotonic() - start
     return result
@@ -318,7 +312,10 @@ def _unchanged(
     result.outcome, result.release = Outcome.UNCHANGED, facts.current
     result.message = f"release {facts.current}: same config, nothing restarted"
     probe = health.probe(ctx.http, health.health_url(ctx.host, ctx.service), timeout=5.0)
-    ok = probe.ok or (not settings.plan and _came_up(ctx, settings, result))
+    ok = probe.ok
+    if not ok and not settings.plan:
+        ok, note = corridor.came_up(ServiceRelease(ctx, settings))
+        result.message += note
     if not ok:
         result.outcome = Outcome.FAILED
         missing = release.missing_models(ctx.conn, ctx.service)
@@ -403,8 +400,8 @@ def _write_release(
 
 
 def _stage(
-    ctx: ServiceContext, staged: StagedRelease, wheel: RuntimeWheel, facts: ReleaseFacts, chash: str,
-    result: ServiceResult,
+    ctx: ServiceContext, settings: DeploySettings, staged: StagedRelease, wheel: RuntimeWheel, facts: ReleaseFacts,
+    chash: str, result: ServiceResult,
 ) -> bool:  # fmt: skip
     """Stage; on failure fill `result` (nothing was switched) and return False."""
     start, new_id = time.monotonic(), staged.release_id
@@ -423,17 +420,8 @@ def _stage(
         result.outcome, result.message = Outcome.UNREACHABLE, f"{exc.one_line()} (while staging {new_id})"
         ctx.audit_local("deploy", new_id, "unreachable", exc.one_line())
     except OpsctlError as exc:
-        why = guards.bounded(exc.message)
-        hint = guards.space_hint(exc) or exc.hint
-        if guards.space_hint(exc):
-            # Disk full: even a BAD marker cannot be written; the half-written release only holds space.
-            ctx.run(release.remove_releases_cmd(ctx.paths, [new_id]), check=False)
-            why += f"; the partial release {new_id} was removed"
-        else:
-            _mark_bad(ctx, new_id, f"staging failed: {why}")
+        result.message = corridor.staging_failed(ServiceRelease(ctx, settings), new_id, exc)
         result.outcome = Outcome.FAILED
-        result.message = f"staging failed, nothing switched: {why}" + (f" ({hint})" if hint else "")
-        ctx.audit("deploy", new_id, "failed", result.message)
     return False
 
 

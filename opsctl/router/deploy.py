@@ -149,9 +149,14 @@ class RouterDeploy:
     # ------------------------------------------------------------------ the corridor's Releasable
     noun = "router"
 
-    def gate(self, baseline: int, restoring: bool = False) -> tuple[bool, str]:
-        ok, why, _ = self._gate(baseline, restoring)
-        return ok, why
+    def gate(self, baseline: int, restoring: bool = False) -> tuple[bool, str, float]:
+        return self._gate(baseline, restoring)
+
+    def unit_state(self) -> systemd.UnitState:
+        return systemd.parse_show(self._run(systemd.show_cmd(self.paths.unit_name)))
+
+    def run(self, cmd: Cmd, check: bool = True) -> str:
+        return self._run(cmd, check=check)
 
     def mark_bad(self, release_id: str, why: str) -> None:
         try:
@@ -179,8 +184,10 @@ class RouterDeploy:
         if facts.current is not None and facts.current_hash == chash and not force:
             result.outcome, result.release = Outcome.UNCHANGED, facts.current
             health = probe(self.http, router_url(self.inventory, self.router) + "/health", timeout=5.0)
-            if health.ok or plan:
-                result.message = f"release {facts.current}: same config, nothing restarted"
+            result.message = f"release {facts.current}: same config, nothing restarted"
+            came_up, note = (False, "") if health.ok or plan else corridor.came_up(self)
+            if health.ok or plan or came_up:
+                result.message += note
             else:
                 result.outcome = Outcome.FAILED
                 result.message = (
@@ -212,9 +219,7 @@ class RouterDeploy:
             result.outcome, result.message = Outcome.UNREACHABLE, exc.one_line()
             return result
         except OpsctlError as exc:
-            self._run(release.mark_bad_cmd(self.paths, new_id, f"staging failed: {exc.message}"), check=False)
-            result.message = f"staging failed, nothing switched: {exc.one_line()}"
-            self.audit("deploy", new_id, "failed", result.message)
+            result.message = corridor.staging_failed(self, new_id, exc)
             return result
         result.timings["stage_s"] = time.monotonic() - start
         self.say(f"switching to {new_id} and restarting {self.paths.unit_name}")

@@ -189,3 +189,40 @@ def test_rollback_whose_target_fails_marks_it_bad_and_restores_through_the_corri
     )
     assert any("BAD" in line and old in line for line in host.ran)
     assert said[0] == f"rolling back 20261202T000000Z-ba9876543210 -> {old}"
+
+
+def test_unchanged_router_still_starting_gets_the_gates_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a service's: a router whose unit is still starting (right after a reboot) is waited for, not failed."""
+    inv = inventory()
+    rid = RouterDeploy(inv, inv.router("front"), Host(), http(True)).deploy().release  # type: ignore[arg-type]
+    monkeypatch.setattr(
+        router_deploy, "health_gate", lambda *a, config, **k: GateResult(True, "healthy", 2.5, None, None)
+    )
+    again, said = Host(current=rid), []
+    result = RouterDeploy(inv, inv.router("front"), again, http(False), said.append).deploy()  # type: ignore[arg-type]
+    assert result.outcome is Outcome.UNCHANGED, result.message
+    assert result.message == f"release {rid}: same config, nothing restarted (was still starting; healthy after 2.5s)"
+    assert not any("systemctl restart" in line for line in again.ran)
+    assert len(said) == 1 and said[0].startswith("unchanged config; opsctl-router-front.service is active/running")
+    assert said[0].endswith("but /health does not answer yet: waiting")
+
+
+class DiskFull(Host):
+    def answer(self, cmd: Cmd) -> Any:
+        if "pip install" in cmd.display():
+            return (1, "", "ERROR: Could not install packages: OSError: [Errno 28] No space left on device")
+        return super().answer(cmd)
+
+
+def test_a_disk_that_fills_while_staging_removes_the_partial_router_release() -> None:
+    """As a service's: not even a BAD marker fits, and the half-written release only holds space."""
+    inv = inventory()
+    host = DiskFull()
+    result = RouterDeploy(inv, inv.router("front"), host, http(True)).deploy()  # type: ignore[arg-type]
+    assert result.outcome is Outcome.FAILED and result.release is not None
+    assert result.message.startswith("staging failed, nothing switched: ")
+    assert f"the partial release {result.release} was removed" in result.message
+    assert "free space under /opt/opsctl" in result.message
+    assert f"rm -rf -- {ROOT}/releases/{result.release}" in host.ran
+    marked = [line for line in host.ran if "/BAD" in line and result.release in line]
+    assert marked == [] and not any("systemctl restart" in line for line in host.ran)
