@@ -24,7 +24,7 @@ checks it against a per-node reference and a distribution oracle.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -170,16 +170,93 @@ def walk(parents: Sequence[int], tokens: Sequence[int], choices: Sequence[int]) 
     """From the root (node 0), follow the child whose token is the current node's choice; the first choice
     with no such child is the bonus. parents[i] < i (parents[0] = -1); choices[i]: the target's choice after
     node i (argmax or a draw). Duplicate sibling tokens resolve to the smallest child id."""
+    return walk_visiting(parents, tokens, lambda path: int(choices[path[-1]]))
+
+
+def walk_visiting(parents: Sequence[int], tokens: Sequence[int], choose: Callable[[list[int]], int]) -> Walk:
+    """`walk` that asks for a choice only at the nodes it visits: choose(path) gets the accepted nodes from the
+    root to the current one (so a rule can read the path's tokens) and returns the target's choice there. One
+    call per committed token, in order: a seeded generator draws what a token-by-token decode draws."""
     children: dict[tuple[int, int], int] = {}
     for node in range(1, len(parents)):
         children.setdefault((int(parents[node]), int(tokens[node])), node)
     accepted = [0]
     while True:
-        choice = int(choices[accepted[-1]])
+        choice = int(choose(list(accepted)))
         nxt = children.get((accepted[-1], choice))
         if nxt is None:
             return Walk(accepted=tuple(accepted), bonus=choice)
         accepted.append(nxt)
+
+
+@dataclass(frozen=True)
+class SamplerRules:
+    """What SGLang's sampler applies after the logit rules: temperature, then top-k, top-p and min-p."""
+
+    temperature: float = 0.0
+    top_k: int = -1  # -1 or >= the vocabulary: off; 1: greedy
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def filters(self) -> bool:
+        return self.top_k > 1 or self.top_p < 1.0 or self.min_p > 0.0
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """One request's decoding: the sampler's settings and the logit rules."""
+
+    sampler: SamplerRules = field(default_factory=SamplerRules)
+    rules: RequestRules = field(default_factory=RequestRules)
+
+    @property
+    def temperature_only(self) -> bool:
+        """Only a temperature (argmax at 0, else one draw from softmax(logits / T)): the fast paths apply."""
+        return not self.rules.active and self.sampler == SamplerRules(temperature=self.sampler.temperature)
+
+
+def adjust_row(logits: Tensor, rules: RequestRules, history: Sequence[int]) -> Tensor:
+    """One row of logits [V] adjusted as the baseline adjusts it after the output `history` (a new tensor)."""
+    if not rules.active:
+        return logits
+    vocab = logits.shape[-1]
+    batch = batch_rules([rules], [list(history)], vocab, logits.device, force=True)
+    if batch is None:  # unreachable with force=True
+        raise RuntimeError("batch_rules returned no rules")
+    node = torch.zeros((1, 1), dtype=torch.int64, device=logits.device)
+    mask = torch.ones((1, 1, 1), dtype=torch.bool, device=logits.device)
+    return apply_node_rules(logits.view(1, 1, vocab), node, mask, node, batch).view(vocab)
+
+
+def choose_token(
+    logits: Tensor,
+    rules: RequestRules,
+    sampler: SamplerRules,
+    history: Sequence[int],
+    generator: torch.Generator | None = None,
+) -> int:
+    """The baseline's token after the output `history`: logit rules, then argmax (greedy) or one draw after
+    temperature, top-k, top-p and min-p (SGLang's torch sampler: probabilities sorted, ranks >= top_k zeroed,
+    then those whose mass before them exceeds top_p, then those below min_p times the top one). logits: [V]."""
+    row = adjust_row(logits.to(torch.float32), rules, history)
+    if sampler.greedy:
+        return int(row.argmax())
+    probs = torch.softmax(row / sampler.temperature, dim=-1)
+    if not sampler.filters:
+        return int(torch.multinomial(probs, 1, generator=generator))
+    sorted_probs, order = probs.sort(descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    if sampler.top_k > 1:
+        sorted_probs[sampler.top_k :] = 0.0
+    sorted_probs[before > sampler.top_p] = 0.0
+    if sampler.min_p > 0.0:
+        sorted_probs[sorted_probs < sorted_probs[0] * sampler.min_p] = 0.0
+    return int(order[torch.multinomial(sorted_probs, 1, generator=generator)])
 
 
 @dataclass(frozen=True)

@@ -228,7 +228,7 @@ def engine_runs(tiny_dense: Path, dense_reference: Reference, sglang_engine: Eng
 # Request kinds (docs/sglang.md, "Request kinds"): one batch holding every kind a tree round serves, decoded by
 # the baseline and by tree mode with seeded sampling on; each request's tokens must be the baseline's.
 KINDS_ENGINE = {"enable_deterministic_inference": True, "sampling_backend": "pytorch", "max_running_requests": 8}
-KINDS_TOKENS = 24
+KINDS_TOKENS = 16
 KIND_NAMES = [
     "greedy, logit_bias bans its 4th greedy token",
     "greedy, frequency_penalty 1.5",

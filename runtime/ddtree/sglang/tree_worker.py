@@ -76,6 +76,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ddtree.acceptance import chain_layout
 from ddtree.config import DDTreeConfig
 from ddtree.metrics import MetricsLog, RoundStats
 from ddtree.sglang.batch_round import (
@@ -91,6 +92,7 @@ from ddtree.sglang.batch_round import (
 )
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
 from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger, round_accepts
+from ddtree.sglang.request_kinds import dflash_round_reason, needs_node_rules, node_choices, rules_of_batch
 from ddtree.sglang.round_graphs import RoundGraphs, clone_result
 from ddtree.sglang.selfcheck import (
     STATE_TOLERANCE,
@@ -263,6 +265,15 @@ def folded_draft_head_warning(draft_sampler: Any, runs_chain_rounds: bool = Fals
     )
 
 
+def reproducible(batch: Any) -> list[bool] | None:
+    """Which rows draw the same choices in a second verify of the same path (None: all): greedy rows, and
+    every row when SGLang samples with seeds (--enable-deterministic-inference); unseeded sampled rows draw anew."""
+    info = batch.sampling_info
+    if info is None or info.is_all_greedy or info.sampling_seed is not None:
+        return None
+    return [int(k) == 1 for k in info.top_ks.view(-1).tolist()]
+
+
 def dense_conv_windows(state: Any) -> Any | None:
     """`state` (SGLang's MambaPool.SpeculativeState) with a dense per-step conv-window buffer, or None when its
     buffers are dense already.
@@ -416,7 +427,8 @@ def tree_worker_class() -> type:
             self._ddtree_exact_hybrid = False
             self._ddtree_log: MetricsLog | None = None
             self._ddtree_stats: StatsQueue | None = None
-            self._ddtree_warned_sampling = False
+            self._ddtree_dflash_reasons: set[str] = set()  # each logged once (WARNING)
+            self._ddtree_overlap = not server_args.disable_overlap_schedule
             self._ddtree_rounds = 0
             self._ddtree_fallback = ""  # set by a failed self-check: DFLASH's rounds from then on
             self._ddtree_graphs: dict[int, RoundGraphs] = {}  # budget -> its plan / commit graphs
@@ -586,11 +598,11 @@ def tree_worker_class() -> type:
             self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None, pp_proxy_tensors: Any = None
         ) -> Any:
             dflash_round = batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle()
-            why = self._needs_dflash_round(batch)
-            if why and not self._ddtree_warned_sampling:
-                # The tree walk is greedy, and a scheduler-side exception would take the whole server down.
+            why = "" if dflash_round else self._needs_dflash_round(batch)
+            if why and why not in self._ddtree_dflash_reasons:
+                # a scheduler-side exception would take the whole server down: DFLASH's exact chain round instead
                 logger.warning("DDTREE tree verify: batches with %s take DFLASH's chain verify", why)
-                self._ddtree_warned_sampling = True
+                self._ddtree_dflash_reasons.add(why)
             dflash_args = {
                 "on_publish": on_publish,
                 "grammar_barrier": grammar_barrier,
@@ -641,17 +653,21 @@ def tree_worker_class() -> type:
                 self._ddtree_stats.push(stats, {"verify": (time.perf_counter() - t0) * 1e3})
             return result, torch.stack([committed, committed], dim=1)
 
-        @staticmethod
-        def _needs_dflash_round(batch: Any) -> str:
-            """Why this decode batch cannot take a (greedy, logprob-free, unconstrained) tree round; "" if it can."""
+        def _needs_dflash_round(self, batch: Any) -> str:
+            """Why this decode batch cannot take a tree round; "" if it can (ddtree.sglang.request_kinds)."""
+            return dflash_round_reason(batch, self._ddtree_head().tp_size, self._ddtree_overlap)
+
+        def _ddtree_choices(
+            self, batch: Any, logits: Tensor, tokens: Tensor, tree_mask: Tensor, depths: Tensor, positions: Tensor
+        ) -> Tensor | None:
+            """[bs, S] each node's choice under the batch's sampling and logit rules (request_kinds.node_choices);
+            None for a plain greedy batch (the caller's argmax)."""
             info = batch.sampling_info
-            if info is not None and not info.is_all_greedy:
-                return "sampling requests"
-            if batch.has_grammar:
-                return "grammar-constrained requests"
-            if batch.return_logprob:
-                return "log-prob requests"
-            return ""
+            if (info is None or info.is_all_greedy) and not needs_node_rules(batch):
+                return None
+            rules = rules_of_batch(batch, int(logits.shape[-1]), logits.device)
+            sampler = self.target_worker.model_runner.sampler
+            return node_choices(batch, logits, tokens, tree_mask, depths, positions, sampler, rules)
 
         def _tree_verify(self, verify_input: Any, plan: BatchPlan, batch: Any) -> Any:
             """Prepare and run the verify forward. On an exact hybrid target SGLang's GDN backend reads the tree
@@ -707,7 +723,10 @@ def tree_worker_class() -> type:
                 verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
                 out = self._target_forward(verify_batch).logits_output
             logits = out.next_token_logits.view(bs, width, -1)
-            return out, logits, torch.argmax(logits, dim=-1)
+            mask, depths = chain_layout(width, bs, tokens.device)
+            flat = out.next_token_logits.view(bs * width, -1)
+            choices = self._ddtree_choices(batch, flat, tokens, mask, depths, window.positions.reshape(-1))
+            return out, logits, torch.argmax(logits, dim=-1) if choices is None else choices
 
         def _snapshot_conv_states(self, batch: Any) -> list[tuple[Tensor, Tensor, Tensor]]:
             """(conv state tensor [L, slots, ...], the batch's rows, a copy of them) per conv type."""
@@ -733,10 +752,12 @@ def tree_worker_class() -> type:
             chain_logits: Tensor,
             chain_predict: Tensor,
             state_gap: Tensor | None = None,
+            compared: list[bool] | None = None,
         ) -> None:
             """One host read per check round. A token mismatch at a near-tie of the chain's logits is rounding
             (INFO); any other, or a hybrid state the tree would commit that differs from the chain's by more than
-            STATE_TOLERANCE, is an ERROR, and DFLASH's rounds from now on."""
+            STATE_TOLERANCE, is an ERROR, and DFLASH's rounds from now on. `compared`: the rows whose choices are
+            reproducible (greedy or seeded); an unseeded sampled row's chain draws differently, by design."""
             if state_gap is not None:
                 worst = int(state_gap.argmax())
                 gap = float(state_gap[worst])
@@ -749,6 +770,8 @@ def tree_worker_class() -> type:
             gaps = mismatch_gaps(chain_logits, check, tree_tokens)
             tolerance = TIE_TOLERANCE.get(chain_logits.dtype, TIE_TOLERANCE[torch.bfloat16])
             differs = (check.mismatch >= 0).tolist()
+            if compared is not None:
+                differs = [d and c for d, c in zip(differs, compared, strict=True)]
             gap_list = gaps.tolist()
             bad = [b for b, d in enumerate(differs) if d and gap_list[b] >= tolerance]
             ties = [b for b, d in enumerate(differs) if d and gap_list[b] < tolerance]
@@ -970,7 +993,9 @@ def tree_worker_class() -> type:
                 target_predict = target_lp.deferred_argmax(logits_output.next_token_logits)
                 logits_output.next_token_logits = None
             else:
-                target_predict = torch.argmax(logits_output.next_token_logits, dim=-1)
+                logits = logits_output.next_token_logits
+                choices = self._ddtree_choices(batch, logits, plan.tokens, plan.tree_mask, plan.depths, plan.positions)
+                target_predict = torch.argmax(logits, dim=-1) if choices is None else choices
             target_predict = target_predict.view(bs, slots)
             predicts = torch.full((bs * slots,), -1, dtype=torch.int32, device=self.device)
             accept_index = torch.full((bs, slots), -1, dtype=torch.int32, device=self.device)
@@ -1073,7 +1098,7 @@ def tree_worker_class() -> type:
             if tree_states is not None:
                 chain_states = self._verify_states(commit.commit_lens.to(torch.int64) - 1)
                 gaps = state_gaps(tree_states, chain_states, check.mismatch < 0)
-            self._report_self_check(check, commit.out_tokens, chain_logits, chain_predict, gaps)
+            self._report_self_check(check, commit.out_tokens, chain_logits, chain_predict, gaps, reproducible(batch))
             return KeptRound(
                 commit_lens=check.commit_lens,
                 out_tokens=check.out_tokens,

@@ -24,6 +24,13 @@ CPU-specific refusal or CUDA-only assumption:
   target meets here what it meets on a GPU (the layout that made DDTREE's hybrid tree decode wrong tokens on
   the H200, issue 21). Kernels and the scatter read windows through their strides; nothing else changes.
 
+- P11 `sglang/srt/model_executor/model_runner.py:843` (`maybe_enable_batch_invariant_mode`): with
+  --enable-deterministic-inference (what seeded sampling needs: SGLang fills `sampling_seed` only then) SGLang
+  swaps in its batch-invariant CUDA/XPU kernels and refuses any other device; a CPU keeps its torch ops. The
+  seeded sampler itself (`multinomial_with_seed`) is plain torch and runs unchanged, but for its hash (P12).
+- P12 `sglang/kernels/ops/sampling/murmur_hash.py:112`: the seeded sampler's MurmurHash3 calls sgl_kernel's CPU
+  build; the same hash in torch.
+
 (P2, P5 and P6 of the exploration were only for the torch_native attention backend; CI runs triton, what opsctl
 renders in production.)
 """
@@ -96,6 +103,14 @@ def _patch_model_runner(module: ModuleType) -> None:
 
     runner._extend_forward_kwargs = _extend_forward_kwargs
     APPLIED.append("P4")
+    enable_invariant = runner.maybe_enable_batch_invariant_mode
+
+    def maybe_enable_batch_invariant_mode(self: Any) -> None:
+        if str(self.device) != "cpu":
+            enable_invariant(self)
+
+    runner.maybe_enable_batch_invariant_mode = maybe_enable_batch_invariant_mode
+    APPLIED.append("P11")
 
 
 def _patch_spec_tree(module: ModuleType) -> None:
@@ -203,7 +218,57 @@ def _patch_memory_pool(module: ModuleType) -> None:
     APPLIED.append("P10")
 
 
+def murmur_hash32_torch(seed: Any, positions: Any, col_indices: Any) -> Any:
+    """SGLang's `murmur_hash32_kernel` (MurmurHash3 of the 64-bit seed, the 32-bit position and the 32-bit
+    column) in torch int64 arithmetic: [n, m] uint32. Low 32 bits of products are exact under int64 wrap."""
+    import torch
+
+    mask = 0xFFFFFFFF
+
+    def rotl(x: Any, r: int) -> Any:
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    def mix(h: Any, k: Any) -> Any:
+        k = rotl((k * 0xCC9E2D51) & mask, 15)
+        k = (k * 0x1B873593) & mask
+        h = rotl(h ^ k, 13)
+        return (h * 5 + 0xE6546B64) & mask
+
+    seed = seed.to(torch.int64).view(-1, 1)
+    pos = (positions.to(torch.int64) & mask).view(-1, 1)
+    col = (col_indices.to(torch.int64) & mask).view(1, -1)
+    h = torch.zeros((seed.shape[0], 1), dtype=torch.int64, device=seed.device)
+    h = mix(h, seed & mask)
+    h = mix(h, (seed >> 32) & mask)
+    h = mix(h, pos)
+    h = mix(h, col)  # [n, m]
+    h = h ^ 16
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & mask
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & mask
+    h = h ^ (h >> 16)
+    return h.to(torch.uint32)
+
+
+def _patch_murmur_hash(module: ModuleType) -> None:
+    """P12 `sglang/kernels/ops/sampling/murmur_hash.py:112` (`murmur_hash32`): seeded sampling's noise (with
+    --enable-deterministic-inference) calls sgl_kernel's `murmur_hash32_cpu` on a CPU, which only SGLang's CPU
+    kernel build has; the same hash in torch (`murmur_hash32_torch`, checked against SGLang's Triton kernel in
+    tests/runtime/test_sglang_engine.py). Baseline and DDTREE draw through it alike."""
+    original = module.murmur_hash32
+
+    def murmur_hash32(seed: Any, positions: Any, col_indices: Any) -> Any:
+        if seed.device.type == "cpu":
+            return murmur_hash32_torch(seed, positions, col_indices)
+        return original(seed, positions, col_indices)
+
+    module.murmur_hash32 = murmur_hash32
+    APPLIED.append("P12")
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "sglang.kernels.ops.sampling.murmur_hash": _patch_murmur_hash,
     "sglang.srt.mem_cache.memory_pool": _patch_memory_pool,
     "sglang.srt.layers.attention.hybrid_linear_attn_backend": _patch_hybrid_linear_attn_backend,
     "sglang.kernels.ops.attention.fla.layernorm_gated": _patch_layernorm_gated,

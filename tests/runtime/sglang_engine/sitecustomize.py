@@ -4,7 +4,7 @@ environment, not the parent's monkeypatches). Only test_sglang_engine.py sets th
 subprocesses; the pytest process never imports SGLang.
 
 1. torchvision: the inert stub of tests/runtime/sglang_cpu.py when the real one is missing or cannot load.
-2. engine_patches.install(): SGLang's CPU-specific refusals (P1/P3/P4/P7-P9) and CUDA's conv-window layout (P10),
+2. engine_patches.install(): SGLang's CPU-specific refusals (P1/P3/P4/P7-P9/P11) and CUDA's conv-window layout (P10),
    applied as each module is imported.
 3. triton_interpreter.install() under TRITON_INTERPRET=1: device-function calls skip re-patching triton.language.
 (`sgl_kernel`, the stand-in for SGLang's CPU kernel package, is found on the same path.)
