@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ddtree import tree as dtree
+from ddtree.acceptance import Decoding, SamplerRules, choose_token, walk_visiting
 from ddtree.config import DDTreeConfig, HybridMode, Mode, VerifyMode
 from ddtree.metrics import MetricsLog, RoundStats
 from ddtree.policy import (
@@ -256,11 +257,14 @@ class ReferenceEngine:
         temperature: float = 0.0,
         seed: int | None = None,
         stop_token_ids: Collection[int] = (),
+        decoding: Decoding | None = None,
     ) -> GenerationResult:
+        """`decoding` (top-k, top-p, min-p, penalties, min_new_tokens, logit_bias) replaces `temperature`."""
         tokens: list[int] = []
         accept: list[int] = []
         out = _Output(max_new_tokens, frozenset(stop_token_ids))
-        for chunk in self._stream(prompt_ids, temperature, seed, out, accept):
+        decoding = decoding or Decoding(SamplerRules(temperature=temperature))
+        for chunk in self._stream(prompt_ids, decoding, seed, out, accept):
             tokens.extend(chunk)
         return GenerationResult(
             tokens=tokens,
@@ -276,14 +280,15 @@ class ReferenceEngine:
         temperature: float = 0.0,
         seed: int | None = None,
         stop_token_ids: Collection[int] = (),
+        decoding: Decoding | None = None,
     ) -> Iterator[list[int]]:
         """Yields the tokens committed each round (the first chunk is the prefill's token)."""
         out = _Output(max_new_tokens, frozenset(stop_token_ids))
-        yield from self._stream(prompt_ids, temperature, seed, out, [])
+        yield from self._stream(prompt_ids, decoding or Decoding(SamplerRules(temperature=temperature)), seed, out, [])
 
     # ---- loops -----------------------------------------------------------------------------------------
     def _stream(
-        self, prompt_ids: list[int], temperature: float, seed: int | None, out: _Output, accept: list[int]
+        self, prompt_ids: list[int], decoding: Decoding, seed: int | None, out: _Output, accept: list[int]
     ) -> Iterator[list[int]]:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
@@ -296,17 +301,17 @@ class ReferenceEngine:
             gen.seed()
         self.last_stats, self.last_shapes = [], []
         step = self.runner.prefill(prompt_ids)
-        bonus = dtree.sample_token(step.logits[-1], temperature, gen)
+        bonus = _choose(step.logits[-1], decoding, [], gen)
         first = out.take([bonus])
         yield first
         if out.finish:
             return
         if self.mode is Mode.BASELINE:
-            rounds = self._baseline_rounds(bonus, temperature, gen)
+            rounds = self._baseline_rounds(bonus, decoding, gen)
         else:
             assert self.drafter is not None
             self.drafter.reset()
-            rounds = self._spec_rounds(list(prompt_ids), step.features, bonus, temperature, gen)
+            rounds = self._spec_rounds(list(prompt_ids), step.features, bonus, decoding, gen)
         for chunk in rounds:
             accept.append(len(chunk))
             taken = out.take(chunk)
@@ -314,10 +319,12 @@ class ReferenceEngine:
             if out.finish:
                 return
 
-    def _baseline_rounds(self, token: int, temperature: float, gen: torch.Generator) -> Iterator[list[int]]:
+    def _baseline_rounds(self, token: int, decoding: Decoding, gen: torch.Generator) -> Iterator[list[int]]:
+        history = [token]  # the output so far (the rules read it)
         while True:
             logits = self.runner.decode(token).logits[-1]  # [V]
-            token = dtree.sample_token(logits, temperature, gen)
+            token = _choose(logits, decoding, history, gen)
+            history.append(token)
             yield [token]
 
     def _spec_rounds(
@@ -325,10 +332,11 @@ class ReferenceEngine:
         committed: list[int],
         features: Tensor | None,
         bonus: int,
-        temperature: float,
+        decoding: Decoding,
         gen: torch.Generator,
     ) -> Iterator[list[int]]:
         assert self.drafter is not None
+        prompt_len = len(committed)
         depth = self.drafter.block_size - 1
         # a round's observation waits for the next round's start: what the caller did in between is its gap
         held: _HeldRound | None = None
@@ -346,7 +354,7 @@ class ReferenceEngine:
                 t2 = self._now()
                 verified = self.runner.verify(inputs)  # logits: [N, V]
                 t3 = self._now()
-                walk = dtree.walk_tree(tree, verified.logits, temperature, gen)
+                walk = _walk(tree, verified.logits, decoding, committed[prompt_len:], gen)
                 self.runner.commit(walk.accepted)
                 t4 = self._now()
                 path = list(walk.accepted)
@@ -414,6 +422,30 @@ class ReferenceEngine:
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)
         return time.perf_counter()
+
+
+def _choose(logits: Tensor, decoding: Decoding, history: list[int], gen: torch.Generator) -> int:
+    """The target's token after the output `history` (logits: [V])."""
+    if decoding.temperature_only:
+        return dtree.sample_token(logits, decoding.sampler.temperature, gen)
+    return choose_token(logits, decoding.rules, decoding.sampler, history, gen)
+
+
+def _walk(
+    tree: dtree.DraftTree, logits: Tensor, decoding: Decoding, before_root: list[int], gen: torch.Generator
+) -> dtree.WalkResult:
+    """The round's walk. `before_root`: the output before the tree's root (the root is the newest output token);
+    a node's rules read that, the root and the node's path (ddtree.acceptance)."""
+    if decoding.temperature_only:
+        return dtree.walk_tree(tree, logits, decoding.sampler.temperature, gen)
+    tokens = tree.tokens.tolist()
+
+    def choose(path: list[int]) -> int:
+        history = before_root + [tokens[node] for node in path]
+        return choose_token(logits[path[-1]], decoding.rules, decoding.sampler, history, gen)
+
+    visited = walk_visiting(tree.parents.tolist(), tokens, choose)
+    return dtree.WalkResult(accepted=visited.accepted, bonus_token=visited.bonus)
 
 
 @dataclass(frozen=True)

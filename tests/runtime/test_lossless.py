@@ -13,6 +13,7 @@ import logging
 
 import pytest
 import torch
+from ddtree.acceptance import Decoding, RequestRules, SamplerRules
 from ddtree.config import DDTreeConfig
 from ddtree.engine import Mode, OracleNoiseDrafter, ReferenceEngine
 from tiny_targets import dense_target, hybrid_target, one_thread
@@ -161,3 +162,43 @@ def test_loaded_tiny_models_with_dflash_drafter_are_lossless(arch: str, request:
     print(f"\n{arch}: tau {summary} hybrid={engines['tree'].hybrid}")
     assert engines["tree"].hybrid == ("exact" if arch == "tiny_hybrid" else "none")
     assert summary["tree"] >= summary["linear"] > 1.5  # the distilled drafter really drafts
+
+
+# Every request kind on the reference engine (ddtree.acceptance): the logit rules read the output so far (a tree
+# node's own path included) and seeded draws come one per committed token, so each mode gives the baseline's
+# tokens exactly, sampled ones included.
+KINDS = {
+    "logit_bias": Decoding(rules=RequestRules(logit_bias={5: -100.0, 9: 3.0})),
+    "frequency": Decoding(rules=RequestRules(frequency_penalty=1.5)),
+    "presence+repetition": Decoding(rules=RequestRules(presence_penalty=0.8, repetition_penalty=1.4)),
+    "min_new_tokens": Decoding(
+        rules=RequestRules(min_new_tokens=12, stop_token_ids=frozenset({3}), logit_bias={3: 4.0})
+    ),
+    "sampled T=0.7": Decoding(SamplerRules(temperature=0.7)),
+    "sampled T=1 top-k top-p": Decoding(SamplerRules(temperature=1.0, top_k=8, top_p=0.9)),
+    "sampled T=1 min-p, penalties": Decoding(
+        SamplerRules(temperature=1.0, min_p=0.1), RequestRules(frequency_penalty=0.5, logit_bias={5: -100.0})
+    ),
+}
+
+
+def test_every_request_kind_equals_the_baseline_in_every_mode(target: torch.nn.Module) -> None:
+    baseline = ReferenceEngine(target, Mode.BASELINE)
+    drafter = _drafter(target)
+    engines = {mode: ReferenceEngine(target, mode, drafter=drafter, ddtree=CFG) for mode in (Mode.LINEAR, Mode.TREE)}
+    off_spine = 0
+    plain = {p: baseline.generate(_prompt(p), NEW_TOKENS, seed=p).tokens for p in range(2)}
+    for name, decoding in KINDS.items():
+        for p in range(2):
+            prompt = _prompt(p)
+            want = baseline.generate(prompt, NEW_TOKENS, seed=p, decoding=decoding).tokens
+            assert want != plain[p], f"{name}: the rule changes nothing on prompt {p}"
+            for mode, engine in engines.items():
+                got = engine.generate(prompt, NEW_TOKENS, seed=p, decoding=decoding)
+                assert got.tokens == want, f"{name}, {mode.value}, prompt {p}: {got.tokens} != {want}"
+                off_spine += sum(r.off_spine for r in engine.last_stats) if mode is Mode.TREE else 0
+    assert off_spine > 0  # the tree accepted beyond its spine while rules applied
+    banned = baseline.generate(_prompt(0), NEW_TOKENS, decoding=KINDS["logit_bias"]).tokens
+    assert 5 not in banned
+    early = baseline.generate(_prompt(0), NEW_TOKENS, decoding=KINDS["min_new_tokens"]).tokens
+    assert 3 not in early[:12]

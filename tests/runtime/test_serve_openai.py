@@ -90,12 +90,6 @@ def test_models_list_and_retrieve(client: openai.OpenAI, server: ServeProcess) -
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"frequency_penalty": -1.0}, "frequency_penalty"),
-        ({"logit_bias": {"5": 10}}, "logit_bias"),
-        ({"top_p": 0.5}, "top_p"),
-        ({"extra_body": {"repetition_penalty": 1.2}}, "repetition_penalty"),
-        ({"extra_body": {"top_k": 5}}, "top_k"),
         ({"extra_body": {"regex": "[0-9]+"}}, "regex"),
     ],
 )
@@ -107,6 +101,47 @@ def test_unsupported_chat_fields_are_400_naming_the_field(
     assert exc.value.status_code == 400
     assert isinstance(exc.value.body, dict) and exc.value.body["param"] == param
     assert f"{param} is not supported" in exc.value.body["message"]
+
+
+def test_sampling_fields_are_honoured(client: openai.OpenAI, server: ServeProcess) -> None:
+    """top-k/top-p/min-p, the penalties, min_tokens and logit_bias reach the engine: a banned token never comes,
+    a seeded sampled answer repeats, and every field is accepted in one request."""
+    greedy = server.post("/generate", {"text": "Once", "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    ids = greedy.json()["output_ids"]
+    params = {"max_new_tokens": 4, "temperature": 0, "logit_bias": {str(ids[0]): -100}}
+    banned = server.post("/generate", {"text": "Once", "sampling_params": params}).json()["output_ids"]
+    assert ids[0] not in banned and banned != ids
+    kwargs: Any = {
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "seed": 5,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -1.0,
+        "extra_body": {"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2, "min_tokens": 3},
+    }
+    a = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6, **kwargs)
+    b = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6, **kwargs)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.usage is not None and a.usage.completion_tokens >= 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"logit_bias": {"five": 10}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"top_p": 0}, "top_p"),
+        ({"extra_body": {"repetition_penalty": 0}}, "repetition_penalty"),
+        ({"extra_body": {"top_k": -2}}, "top_k"),
+    ],
+)
+def test_out_of_range_sampling_fields_are_400_naming_the_field(
+    client: openai.OpenAI, kwargs: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, **kwargs)
+    assert isinstance(exc.value.body, dict) and exc.value.body["param"] == param, exc.value.body
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted(client: openai.OpenAI) -> None:
@@ -133,8 +168,8 @@ def test_unsupported_completion_and_generate_fields(client: openai.OpenAI, serve
             client.completions.create(model="tiny", prompt="Once", max_tokens=2, **kwargs)
         assert isinstance(exc.value.body, dict) and exc.value.body["param"] == param, exc.value.body
     base = {"text": "Once", "sampling_params": {"max_new_tokens": 2}}
-    r = server.post("/generate", {**base, "sampling_params": {"max_new_tokens": 2, "frequency_penalty": 0.3}})
-    _assert_sglang_400(r, "sampling_params.frequency_penalty", "not supported")
+    r = server.post("/generate", {**base, "sampling_params": {"max_new_tokens": 2, "regex": "[a-z]+"}})
+    _assert_sglang_400(r, "sampling_params.regex", "not supported")
     _assert_sglang_400(server.post("/generate", {**base, "return_logprob": True}), "return_logprob", "not supported")
 
 

@@ -121,10 +121,14 @@ def test_max_tokens_against_context() -> None:
         (parse_chat, {**CHAT, "logprobs": True}, "logprobs"),
         (parse_chat, {**CHAT, "logprobs": 0}, "logprobs"),  # a number is not the boolean off
         (parse_chat, {**CHAT, "tools": [{"type": "function"}]}, "tools"),
-        (parse_chat, {**CHAT, "presence_penalty": 0.1}, "presence_penalty"),
-        (parse_chat, {**CHAT, "top_p": 0.9}, "top_p"),  # sampling at the default temperature 1
+        (parse_chat, {**CHAT, "presence_penalty": 2.1}, "presence_penalty"),
+        (parse_chat, {**CHAT, "top_p": 0}, "top_p"),
+        (parse_chat, {**CHAT, "logit_bias": {"-1": 3}}, "logit_bias"),
+        (parse_chat, {**CHAT, "logit_bias": [1]}, "logit_bias"),
+        (parse_chat, {**CHAT, "min_tokens": -1}, "min_tokens"),
         (parse_completion, {"prompt": "x", "logprobs": 0}, "logprobs"),
-        (parse_generate, {"text": "x", "sampling_params": {"top_k": 3}}, "sampling_params.top_k"),
+        (parse_generate, {"text": "x", "sampling_params": {"regex": "a"}}, "sampling_params.regex"),
+        (parse_generate, {"text": "x", "sampling_params": {"top_k": -3}}, "top_k"),
         (parse_chat, {**CHAT, "seed": 2**64}, "seed"),
         (parse_generate, {"text": "x", "sampling_params": {"sampling_seed": -(2**63) - 1}}, "sampling_seed"),
     ],
@@ -133,6 +137,17 @@ def test_unsupported_fields_and_seed_range(parse: Any, body: dict[str, Any], par
     with pytest.raises(RequestError) as exc:
         parse(body)
     assert exc.value.status == 400 and exc.value.param == param and param in exc.value.message
+
+
+def test_sampling_fields_are_parsed() -> None:
+    body = {**CHAT, "top_p": 0.9, "min_p": 0.1, "frequency_penalty": -0.5, "presence_penalty": 1.0,
+            "repetition_penalty": 1.3, "top_k": 40, "min_tokens": 4, "logit_bias": {"7": -100, "12": 2}}  # fmt: skip
+    s = parse_chat(body).sampling
+    assert (s.top_k, s.top_p, s.min_p, s.min_tokens) == (40, 0.9, 0.1, 4)
+    assert (s.frequency_penalty, s.presence_penalty, s.repetition_penalty) == (-0.5, 1.0, 1.3)
+    assert s.logit_bias == ((7, -100.0), (12, 2.0))
+    g = parse_generate({"text": "x", "sampling_params": {"min_new_tokens": 3, "top_k": 0}}).sampling
+    assert (g.min_tokens, g.top_k) == (3, -1)
 
 
 def test_off_values_of_unsupported_fields_pass() -> None:

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ddtree.acceptance import Decoding, RequestRules, SamplerRules
 from ddtree.serve import sse
 from ddtree.serve.auth import ApiKeyMiddleware
 from ddtree.serve.chat import render_chat
@@ -370,7 +371,24 @@ def _params(state: AppState, loaded: Loaded, prompt: list[int], s: Sampling) -> 
     max_new = resolve_max_tokens(s.max_tokens, len(prompt), state.info.context_len)
     stops = tuple(dict.fromkeys((() if s.ignore_eos else loaded.stop_token_ids) + s.stop_token_ids))
     seed = s.seed if s.seed is not None else state.args.random_seed
-    return GenParams(tuple(prompt), max_new, s.temperature, seed, stops)
+    return GenParams(tuple(prompt), max_new, s.temperature, seed, stops, _decoding(loaded, s))
+
+
+def _decoding(loaded: Loaded, s: Sampling) -> Decoding | None:
+    """The request's sampler settings and logit rules (None: temperature only). min_tokens holds back the
+    model's stop tokens and the request's own, as SGLang's min-new-tokens penalizer does (ignore_eos or not)."""
+    sampler = SamplerRules(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p)
+    _check_vocab([token for token, _ in s.logit_bias], loaded, "logit_bias")
+    rules = RequestRules(
+        frequency_penalty=s.frequency_penalty,
+        presence_penalty=s.presence_penalty,
+        repetition_penalty=s.repetition_penalty,
+        min_new_tokens=s.min_tokens,
+        stop_token_ids=frozenset(loaded.stop_token_ids + s.stop_token_ids),
+        logit_bias=dict(s.logit_bias),
+    )
+    decoding = Decoding(sampler=sampler, rules=rules)
+    return None if decoding.temperature_only else decoding
 
 
 def _openai_reason(out: Outcome) -> str:

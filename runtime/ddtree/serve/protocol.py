@@ -31,6 +31,15 @@ class Sampling:
     stop_token_ids: tuple[int, ...]
     ignore_eos: bool
     no_stop_trim: bool = False  # keep the matched stop string in the text (SGLang's sampling param)
+    # what SGLang's sampler and penalizers apply (ddtree.acceptance): off at these defaults
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,13 +96,6 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 # Fields SGLang implements and this engine does not, with the values that mean "off" (None always does). A field
 # present with any other value is a 400 naming it: a request is never answered as if the field were not there.
 _SAMPLING_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0,),
-    "presence_penalty": (0,),
-    "repetition_penalty": (1,),
-    "logit_bias": ({},),
-    "top_k": (-1, 0),
-    "min_p": (0,),
-    "min_tokens": (0,),
     "regex": (),
     "ebnf": (),
     "json_schema": (),
@@ -118,8 +120,7 @@ COMPLETION_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "return_hidden_states": (False,),
 }
 GENERATE_UNSUPPORTED: dict[str, tuple[Any, ...]] = {  # inside sampling_params
-    **{k: v for k, v in _SAMPLING_UNSUPPORTED.items() if k != "min_tokens"},
-    "min_new_tokens": (0,),
+    **_SAMPLING_UNSUPPORTED,
     "n": (1,),
 }
 GENERATE_TOP_UNSUPPORTED: dict[str, tuple[Any, ...]] = {  # beside sampling_params
@@ -158,13 +159,48 @@ def _refuse_unsupported(body: Mapping[str, Any], table: Mapping[str, tuple[Any, 
         raise RequestError(f"{prefix}{key} is not supported by the ddtree reference server ({hint})", prefix + key)
 
 
-def _top_p(body: Mapping[str, Any], temperature: float | None) -> None:
-    """top_p < 1 changes sampling, which this engine does not truncate; with greedy decoding it changes nothing."""
+def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]}; keys are decimal token ids (as SGLang reads them)."""
+    raw = body.get("logit_bias")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise RequestError("logit_bias must be an object mapping token ids to numbers", "logit_bias")
+    bias: dict[int, float] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not key.isascii() or not key.isdigit() or len(key) > 9:
+            raise RequestError(f"logit_bias keys must be token ids, got {key[:20]!r}", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise RequestError(f"logit_bias values must be numbers in [-100, 100], got {value!r}"[:120], "logit_bias")
+        bias[int(key)] = float(value)
+    return tuple(sorted(bias.items()))
+
+
+def _top_k(body: Mapping[str, Any]) -> int:
+    """SGLang's top_k: -1 (or 0, OpenAI clients' "off") for the whole vocabulary, else at least 1."""
+    top_k = _opt_int(body, "top_k", lo=-1)
+    return -1 if top_k in (None, 0) else top_k
+
+
+def _decoding_fields(body: Mapping[str, Any], min_tokens_key: str) -> dict[str, Any]:
+    """top-k, top-p, min-p, the three penalties, the minimum length and logit_bias, validated as SGLang does."""
     top_p = _opt_float(body, "top_p", 0.0, 1.0)
-    if top_p is not None and top_p < 1.0 and temperature != 0.0:
-        raise RequestError(
-            "top_p is not supported by the ddtree reference server below 1 (only with temperature 0)", "top_p"
-        )
+    if top_p == 0.0:
+        raise RequestError("top_p must be in (0, 1], got 0", "top_p")
+    repetition = _opt_float(body, "repetition_penalty", 0.0, 2.0)
+    if repetition == 0.0:
+        raise RequestError("repetition_penalty must be in (0, 2], got 0", "repetition_penalty")
+    fields: dict[str, Any] = {
+        "top_k": _top_k(body),
+        "top_p": 1.0 if top_p is None else top_p,
+        "min_p": _opt_float(body, "min_p", 0.0, 1.0) or 0.0,
+        "frequency_penalty": _opt_float(body, "frequency_penalty", -2.0, 2.0) or 0.0,
+        "presence_penalty": _opt_float(body, "presence_penalty", -2.0, 2.0) or 0.0,
+        "repetition_penalty": 1.0 if repetition is None else repetition,
+        "min_tokens": _opt_int(body, min_tokens_key, lo=0) or 0,
+        "logit_bias": _logit_bias(body),
+    }
+    return fields
 
 
 def _seed(body: Mapping[str, Any], key: str) -> int | None:
@@ -244,7 +280,6 @@ def _openai_sampling(body: Mapping[str, Any], max_key_names: tuple[str, ...]) ->
             max_tokens = v
             break
     temperature = _opt_float(body, "temperature", 0.0, 2.0)
-    _top_p(body, temperature)
     return Sampling(
         max_tokens=max_tokens,
         temperature=1.0 if temperature is None else temperature,
@@ -253,6 +288,7 @@ def _openai_sampling(body: Mapping[str, Any], max_key_names: tuple[str, ...]) ->
         stop_token_ids=token_ids(body["stop_token_ids"], "stop_token_ids") if body.get("stop_token_ids") else (),
         ignore_eos=_opt_bool(body, "ignore_eos"),
         no_stop_trim=_opt_bool(body, "no_stop_trim"),
+        **_decoding_fields(body, "min_tokens"),
     )
 
 
@@ -349,7 +385,6 @@ def parse_generate(body: Any) -> GenerateRequest:
     _refuse_unsupported(body, GENERATE_TOP_UNSUPPORTED)
     max_new = _opt_int(sp, "max_new_tokens", lo=1)
     temperature = _opt_float(sp, "temperature", 0.0, 2.0)
-    _top_p(sp, temperature)
     sampling = Sampling(
         max_tokens=GENERATE_DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new,
         temperature=1.0 if temperature is None else temperature,
@@ -358,6 +393,7 @@ def parse_generate(body: Any) -> GenerateRequest:
         stop_token_ids=token_ids(sp["stop_token_ids"], "stop_token_ids") if sp.get("stop_token_ids") else (),
         ignore_eos=_opt_bool(sp, "ignore_eos"),
         no_stop_trim=_opt_bool(sp, "no_stop_trim"),
+        **_decoding_fields(sp, "min_new_tokens"),
     )
     return GenerateRequest(
         text=text,

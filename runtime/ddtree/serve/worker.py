@@ -14,8 +14,12 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ddtree.serve.stats import ServerStats
+
+if TYPE_CHECKING:
+    from ddtree.acceptance import Decoding
 
 log = logging.getLogger("ddtree.serve")
 
@@ -29,6 +33,7 @@ class GenParams:
     temperature: float
     seed: int | None
     stop_token_ids: tuple[int, ...]
+    decoding: Decoding | None = None  # top-k/p, min-p, penalties, min tokens, logit_bias (None: temperature only)
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,7 @@ class EngineWorker:
             temperature=p.temperature,
             seed=p.seed,
             stop_token_ids=p.stop_token_ids,
+            **({} if p.decoding is None else {"decoding": p.decoding}),
         )
         try:
             t = time.perf_counter()
