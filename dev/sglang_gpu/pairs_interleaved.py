@@ -49,6 +49,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy-budgets", type=bench.int_list, default=[15])
     p.add_argument("--with-baseline", action="store_true", help="the baseline service too (one more start a round)")
     p.add_argument("--isolation", choices=("alone", "sleep"), default="alone")
+    p.add_argument(
+        "--record",
+        type=Path,
+        help="instead of the comparison: record rounds for the policy simulator and paths for the acceptance replay "
+        "into this directory (one start per shape, greedy; see record_plan)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="server starts per service (>= 3 for a verdict)")
     p.add_argument("--only-round", type=int, default=None, help="run this round only (0-based), e.g. one per call")
     p.add_argument("--concurrency", type=bench.int_list, default=[1, 4, 8, 16, 32])
@@ -71,10 +77,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def record_plan(pair: str, args: argparse.Namespace) -> list[Any]:
+    """The recording services of a pair: the largest `--budgets` tree pinned to each candidate shape in turn
+    (`ddtree.policy: tree15`, `tree7`, `tree3`, `chain`; pinned, every round goes through the policy's
+    bookkeeping), each writing its rounds (`DDTREE_RECORD_ROUNDS`: the configured tree's give every shape's
+    acceptance, each shape's its cost); and the tree with the policy off writing its accepted paths
+    (`DDTREE_RECORD_PATHS`, a sync per round: apart from the timed runs)."""
+    from ddtree.policy import candidate_shapes
+
+    budget = max(args.budgets)
+    specs = []
+    for shape in candidate_shapes(budget):
+        env = (("DDTREE_RECORD_ROUNDS", str(args.record / f"{pair}-{shape.label}.jsonl")),)
+        name = f"{pair}-rec{shape.label}"
+        specs.append(bench.ServiceSpec(name, pair, "tree", "tree-record", budget, shape.label, env, (0.0,)))
+    env = (("DDTREE_RECORD_PATHS", str(args.record / f"paths-{pair}.json")),)
+    specs.append(bench.ServiceSpec(f"{pair}-recpaths", pair, "tree", "tree-paths", budget, None, env, (0.0,)))
+    return specs
+
+
 def plan(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Per pair: the services (pairs_bench's specs), the reference, and the start order of each round to run."""
     out = {}
     for pair in args.pairs.split(","):
+        if args.record is not None:
+            specs = record_plan(pair, args)
+            out[pair] = {"specs": specs, "reference": "", "rounds": {0: [s.name for s in specs]}}
+            continue
         specs = [s for s in bench.service_plan([pair], args) if args.with_baseline or s.mode != "baseline"]
         names = [s.name for s in specs]
         rounds = interleaved_rounds(f"{pair}-linear", names, args.rounds)
@@ -83,19 +112,64 @@ def plan(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
 def measure(host: Any, svc: Any, spec: Any, args: argparse.Namespace, prompts: list[Any]) -> dict[str, Any]:
-    """Every level of one started server, per temperature: tok/s per request of each request, and the summary."""
+    """Every level of one started server, per temperature: tok/s per request of each request, and the summary;
+    a recording service also keeps where each level's rounds end in its rounds file (`record_marks`)."""
     from opsctl.bench.load import bench_levels, level_json
 
     out: dict[str, Any] = {}
+    rounds_file = dict(spec.host_env).get("DDTREE_RECORD_ROUNDS")
+    marks = [_lines(Path(rounds_file))] if rounds_file else []
+
+    def mark(msg: str) -> None:
+        print(msg, flush=True)
+        if rounds_file:
+            time.sleep(0.5)  # the worker reads its reports two rounds late: the level's last ones arrive idle
+            marks.append(_lines(Path(rounds_file)))
+
     for temp in spec.temperatures:
         levels = bench_levels(
-            host, svc, prompts, args.concurrency, 1, args.max_tokens, temp, timeout_s=args.level_timeout
+            host, svc, prompts, args.concurrency, 1, args.max_tokens, temp, timeout_s=args.level_timeout, progress=mark
         )
         out[f"t{temp:g}"] = [
             {**level_json(r, len(svc.gpus)), "samples_tok_s": [round(s.tok_s, 2) for s in r.samples]} for r in levels
         ]
+    if rounds_file:
+        out["record_marks"] = marks
     return out
+
+
+def write_recordings(result: dict[str, Any], args: argparse.Namespace) -> list[Path]:
+    """The recording services' rounds files -> `rounds-<pair>.json` (ddtree-rounds/1, one level per concurrency,
+    every shape's run merged into it; docs/policy-rounds.md)."""
+    from ddtree.policy import candidate_shapes
+    from ddtree.policy_sim import Level, Recording, level_from_reports, recording_json
+
+    shapes = candidate_shapes(max(args.budgets))
+    written = []
+    for pair in args.pairs.split(","):
+        levels: dict[str, Level] = {}
+        for rec in result["rounds"]:
+            marks = rec.get("levels", {}).get("record_marks")
+            if rec["pair"] != pair or not marks:
+                continue
+            label = rec["service"].removeprefix(f"{pair}-rec")
+            lines = (args.record / f"{pair}-{label}.jsonl").read_text().splitlines()
+            for c, lo, hi in zip(args.concurrency, marks, marks[1:], strict=False):
+                name = f"{pair} c={c}"
+                new = level_from_reports(name, pair, shapes, [json.loads(x) for x in lines[lo:hi] if x.strip()])
+                old = levels.get(name)
+                levels[name] = new if old is None else Level(name, pair, old.rounds + new.rounds)
+        if levels:
+            source = f"pairs_interleaved.py --record, {time.strftime('%Y-%m-%d')}, {args.scale} build"
+            path = args.record / f"rounds-{pair}.json"
+            path.write_text(json.dumps(recording_json(Recording(shapes, tuple(levels.values()), source))) + "\n")
+            written.append(path)
+    return written
 
 
 def _noop(_pair: str, _build: dict[str, Any]) -> None:
@@ -108,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
     from opsctl.render import render_service
 
     t0 = time.monotonic()
+    if args.record is not None:
+        args.record.mkdir(parents=True, exist_ok=True)
     log_dir = Path("/tmp/pairs_interleaved_logs")
     log_dir.mkdir(parents=True, exist_ok=True)
     schedule = plan(args)
@@ -160,7 +236,12 @@ def run(args: argparse.Namespace) -> int:
                         srv.start()
                         health = bench.wait_healthy([srv], {svc.name: url}, args.start_timeout)
                     health = bench.probe([srv], {svc.name: url}, health)
-                    rec: dict[str, Any] = {"pair": pair, "round": i, "service": svc.name, "health": health[svc.name]}
+                    rec: dict[str, Any] = {
+                        "pair": pair,
+                        "round": i,
+                        "service": svc.name,
+                        "health": health.get(svc.name),
+                    }
                     if health[svc.name] == "ok":
                         try:
                             rec["levels"] = measure(host, svc, spec, args, prompts)
@@ -174,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
                     bench.stop_all([g[0] for g in group])
     finally:
         bench.stop_all([s[0] for s in servers.values()])
+        if args.record is not None:
+            result["recordings"] = [str(p) for p in write_recordings(result, args)]
         save("done")
     return 0
 

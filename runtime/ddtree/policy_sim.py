@@ -326,6 +326,8 @@ def level_from_reports(name: str, series: str, shapes: Sequence[Shape], records:
         acc: list[int | None] = [None] * len(shapes)
         acc[shapes.index(ran)] = int(rec["tree_accepted"])
         for i, s in enumerate(shapes):
+            if s == ran:
+                continue  # what the round committed (a chain round reports it as its spine too)
             if s.is_chain and rec.get("spine_accepted") is not None:
                 acc[i] = int(rec["spine_accepted"])
             elif not s.is_chain and str(s.budget) in (rec.get("smaller") or {}):

@@ -4,9 +4,11 @@ bootstrap interval, and 'wider than +-5%' instead of a number)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -16,6 +18,17 @@ assert _spec is not None and _spec.loader is not None
 stats = importlib.util.module_from_spec(_spec)
 sys.modules["pairs_stats"] = stats
 _spec.loader.exec_module(stats)
+
+
+def interleaved() -> ModuleType:
+    """dev/sglang_gpu/pairs_interleaved.py (it imports pairs_bench and pairs_stats from beside itself)."""
+    if "pairs_interleaved" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("pairs_interleaved", REPO / "dev/sglang_gpu/pairs_interleaved.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["pairs_interleaved"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["pairs_interleaved"]
 
 
 def test_rounds_alternate_the_reference_first_and_last() -> None:
@@ -72,11 +85,7 @@ def test_the_bootstrap_is_seeded_and_its_interval_holds_the_ratios_median() -> N
 def test_the_report_merges_calls_and_takes_ratios_within_rounds() -> None:
     """Three calls, one round each; each round's servers have their own offset (x1, x0.6, x1.3): the tree's
     ratio over linear stays 1.25 within every round, and the policy is judged against the best fixed service."""
-    spec = importlib.util.spec_from_file_location("pairs_interleaved", REPO / "dev/sglang_gpu/pairs_interleaved.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["pairs_interleaved"] = mod
-    spec.loader.exec_module(mod)
+    mod = interleaved()
     rng = random.Random(3)
     calls = []
     for rnd, offset in enumerate((1.0, 0.6, 1.3)):
@@ -93,3 +102,29 @@ def test_the_report_merges_calls_and_takes_ratios_within_rounds() -> None:
     assert mod.plan(mod.parse_args(["--pairs", "dense", "--only-round", "1"]))["dense"]["rounds"] == {
         1: ["dense-policy15", "dense-tree15", "dense-tree7", "dense-linear"]
     }
+
+
+def test_recording_runs_become_one_level_per_concurrency(tmp_path: Path) -> None:
+    mod = interleaved()
+    args = mod.parse_args(["--pairs", "hybrid", "--record", str(tmp_path), "--concurrency", "1,4"])
+    names = [s.name for s in mod.record_plan("hybrid", args)]
+    assert names == ["hybrid-rectree15", "hybrid-rectree7", "hybrid-rectree3", "hybrid-recchain", "hybrid-recpaths"]
+
+    def line(rid: int, bs: int, shape: str, tree: int) -> str:
+        smaller = {"7": tree - 1, "3": tree - 2} if shape == "tree15" else {}
+        return json.dumps({"round_id": rid, "batch_size": bs, "shape": shape, "tree_accepted": tree,
+                           "spine_accepted": tree - 1, "smaller": smaller, "cost_ms": 5.0, "gap_ms": 1.0})  # fmt: skip
+
+    (tmp_path / "hybrid-tree15.jsonl").write_text("\n".join([line(0, 1, "tree15", 4), line(1, 4, "tree15", 12)]))
+    (tmp_path / "hybrid-chain.jsonl").write_text("\n".join([line(0, 1, "chain", 3), line(1, 4, "chain", 9)]))
+    result = {
+        "rounds": [
+            {"pair": "hybrid", "service": "hybrid-rectree15", "levels": {"record_marks": [0, 1, 2]}},
+            {"pair": "hybrid", "service": "hybrid-recchain", "levels": {"record_marks": [0, 1, 2]}},
+        ]
+    }
+    [path] = mod.write_recordings(result, args)
+    data = json.loads(path.read_text())
+    assert data["shapes"] == ["tree15", "tree7", "tree3", "chain"]
+    assert [lv["name"] for lv in data["levels"]] == ["hybrid c=1", "hybrid c=4"]
+    assert data["levels"][1]["rounds"] == [[4, 0, 5.0, 1.0, 12, 11, 10, 11], [4, 3, 5.0, 1.0, None, None, None, 9]]
