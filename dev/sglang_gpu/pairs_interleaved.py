@@ -38,6 +38,8 @@ from pairs_stats import interleaved_rounds, level_verdict  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--report", nargs="*", type=Path, help="merge these JSONs and print the verdicts; run nothing")
+    p.add_argument("--reference-tau", nargs="*", type=Path, help="print the reference's median greedy tau in these")
+    p.add_argument("--default-tau", type=float, default=0.0, help="--reference-tau: printed when none is there")
     p.add_argument("--wheels", type=Path, default=bench.REPO / ".cache" / "pairs" / "wheels")
     p.add_argument("--cache", type=Path, default=Path("/tmp/pairs"))
     p.add_argument("--scale", default="gpu")
@@ -299,8 +301,25 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def reference_tau(results: list[dict[str, Any]], default: float) -> float:
+    """The median greedy tau (opsctl bench's completion tokens / spec_verify_ct) of the reference service's levels
+    over these runs: DFLASH's acceptance on the pair, which the shape tables project DFLASH's step with."""
+    taus = [
+        lv["tau"]
+        for res in results
+        for rec in res.get("rounds", [])
+        if rec["service"].endswith("-linear")
+        for lv in rec.get("levels", {}).get("t0", [])
+        if lv.get("tau")
+    ]
+    return statistics.median(taus) if taus else default
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.reference_tau is not None:
+        print(f"{reference_tau([json.loads(p.read_text()) for p in args.reference_tau], args.default_tau):.3f}")
+        return 0
     if args.report is not None:
         print("\n".join(verdicts([json.loads(p.read_text()) for p in args.report])))
         return 0

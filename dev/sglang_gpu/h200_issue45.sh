@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# dev/sglang_gpu/h200_issue45.sh: the H200 calls behind issue 45's two tables (docs/runtime-perf.md, "How to
+# reproduce / pending GPU run"). Each GPU step is one run-tool call (carry [".cache/gpu-45"], timeout 600); a warm
+# machine keeps /tmp (the pairs built by content hash, the installed wheels, Triton's cache), a cold one builds
+# the pairs again (~190 s) inside the step's deadline.
+#
+#   bash dev/sglang_gpu/h200_issue45.sh stage             # here: wheels, corpus wheels, HEAD's opsctl + runtime
+#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh record hybrid   # GPU: recorded rounds + paths of a pair
+#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh record dense
+#   bash dev/sglang_gpu/h200_issue45.sh carry <files_at>  # here: the recorded paths into the staged copy
+#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh shape hybrid a  # GPU: 27B shape, baseline, DFLASH, tree15
+#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh shape hybrid b  # GPU: 27B shape, tree7, tree31
+#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh shape dense ab  # GPU: 8B shape, all five
+#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh pairs hybrid 0  # GPU: one round of the pairs (0, 1, 2)
+#   ...                                                                # (pairs hybrid 1, 2; pairs dense 0, 1, 2)
+#   bash dev/sglang_gpu/h200_issue45.sh report <dir>      # here: every table from the calls' files
+#
+# Results under $OUT: record-<pair>/ (rounds-<pair>.json, paths-<pair>.json, the JSON of the run), cost-*.json,
+# pairs-<pair>-<round>.json, each step's log. Paths recording needs the tree worker's DDTREE_RECORD_PATHS hook
+# (ddtree.sglang.replay.PathRecorder) and the shape tables its DDTREE_REPLAY_ACCEPTANCE hook; without them the
+# steps still run (the rounds recording does not need them) and the shape tables show random-weight acceptance.
+set -euo pipefail
+D=.cache/gpu-45
+case "${1:-}" in
+stage)
+    cd "$(dirname "$0")/../.."
+    [ -d .whl ] && [ -d .whl-server ] || bash dev/sglang_gpu/fetch_wheels.sh --server
+    PYTHONPATH=$PWD/runtime python3 -m ddtree.pairs fetch --wheels .cache/pairs/wheels
+    rm -rf "$D" && mkdir -p "$D/dev" "$D/.cache/pairs" "$D/paths"
+    git archive HEAD opsctl runtime pyproject.toml tests/runtime/sglang_cpu.py \
+        tests/runtime/sglang_engine/engine_patches.py | tar -x -C "$D"
+    git archive HEAD dev/sglang_gpu | tar -x -C "$D"
+    rsync -a .whl .whl-server "$D/"
+    rsync -a .cache/pairs/wheels "$D/.cache/pairs/"
+    du -sh "$D"
+    ;;
+carry)  # the recorded paths files of the record steps, into the staged copy (the shape steps read them there)
+    cd "$(dirname "$0")/../.."
+    find "${2:?the files_at of the record steps}" -name 'paths-*.json' -exec cp {} "$D/paths/" \;
+    ls -la "$D/paths"
+    ;;
+record | shape | pairs)
+    cd "$(dirname "$0")/../.."
+    : "${OUT:?the run tool sets OUT}"
+    export PYTHONUNBUFFERED=1 SGLANG_GPU_SITE=/tmp/site-45
+    pair=${2:?pair: dense or hybrid}
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/machine-$1-$pair.txt" 2>&1 || true
+    case $1 in
+    record)  # ~8 min: 5 server starts alone (tree15, tree7, tree3, chain pinned; paths), greedy levels 1-32
+        timeout -k 5 585 bash dev/sglang_gpu/run.sh interleaved --pairs "$pair" --record "$OUT/record-$pair" \
+            --budgets 15 --temperatures 0 --prompts 16 --deadline 520 --start-timeout 240 \
+            --json "$OUT/record-$pair/run.json" 2>&1 | tee "$OUT/record-$pair.log"
+        ;;
+    shape)  # ~8 min a part: Engines at the real shape (random weights), CUDA graphs, batch 1-64, 256 new tokens
+        part=${3:?part: a, b or ab}
+        case $part in a) modes=baseline,dflash,tree15 ;; b) modes=tree7,tree31 ;; *) modes=baseline,dflash,tree7,tree15,tree31 ;; esac
+        paths="$D/paths/paths-$pair.json"
+        [ -f "$paths" ] || paths=""  # before any recording: random-weight acceptance (a rehearsal of the cost)
+        timeout -k 5 585 bash dev/sglang_gpu/run.sh cost --models "$pair" --modes "$modes" --graphs on \
+            --batches 1,2,4,8,16,32,64 --new-tokens 256 --repeats 1 --timeout 200 \
+            ${paths:+--replay "$paths"} --json "$OUT/cost-$pair-$part.json" 2>&1 | tee "$OUT/cost-$pair-$part.log"
+        ;;
+    pairs)  # ~9 min a round: linear, tree7, tree15, policy15 each started alone, t0 and t1 levels 1-32
+        round=${3:?round: 0, 1 or 2}
+        timeout -k 5 585 bash dev/sglang_gpu/run.sh interleaved --pairs "$pair" --rounds 3 --only-round "$round" \
+            --budgets 7,15 --policy-budgets 15 --prompts 16 --deadline 540 --start-timeout 240 \
+            --json "$OUT/pairs-$pair-$round.json" 2>&1 | tee "$OUT/pairs-$pair-$round.log"
+        ;;
+    esac
+    ;;
+report)  # here, over a directory holding every call's files
+    cd "$(dirname "$0")/../.."
+    R=${2:?a directory with the files of the calls}
+    export PYTHONPATH=$PWD:$PWD/runtime
+    for pair in hybrid dense; do
+        mapfile -t pairs < <(find "$R" -name "pairs-$pair-*.json")
+        default_tau=$([ "$pair" = hybrid ] && echo 2.11 || echo 3.56)  # the earlier pairs runs' DFLASH tau
+        tau=$(python3 dev/sglang_gpu/pairs_interleaved.py --reference-tau "${pairs[@]}" --default-tau "$default_tau")
+        mapfile -t costs < <(find "$R" -name "cost-$pair-*.json")
+        if [ "${#costs[@]}" -gt 0 ]; then
+            echo "## $pair shape, replayed acceptance (DFLASH at tau $tau)"
+            python3 dev/sglang_gpu/cost_bench.py --replay-report "${costs[@]}" --dflash-tau "$tau"
+        fi
+        if [ "${#pairs[@]}" -gt 0 ]; then
+            echo "## $pair pairs, interleaved starts"
+            python3 dev/sglang_gpu/pairs_interleaved.py --report "${pairs[@]}"
+        fi
+        rounds=$(find "$R" -name "rounds-$pair.json" | head -1)
+        if [ -n "$rounds" ]; then
+            echo "## $pair policy simulator on the recorded rounds"
+            python3 -m ddtree.policy_sim run "$rounds"
+        fi
+    done
+    ;;
+*)
+    echo "usage: $0 stage | carry DIR | record PAIR | shape PAIR a|b|ab | pairs PAIR ROUND | report DIR" >&2
+    exit 2
+    ;;
+esac
