@@ -92,7 +92,7 @@ class LevelVerdict:
             return f"{len(self.ratios)} round(s): fewer than 3, no number (ratios {_list(self.ratios)})"
         if not self.readable:
             return (
-                f"wider than +-{self.tolerance:.0%} (+-{self.half_width:.0%}), no number (ratios {_list(self.ratios)})"
+                f"wider than +-{self.tolerance:.0%} (+-{self.half_width:.1%}), no number (ratios {_list(self.ratios)})"
             )
         return (
             f"{self.median:.2f}x [{lo:.2f}-{hi:.2f}] "
