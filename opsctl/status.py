@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import httpx
 
 from opsctl import health, metrics, modelcheck, systemd
-from opsctl.deploy import lock, release
+from opsctl.deploy import drift, lock, release
 from opsctl.errors import OpsctlError
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec, Service
 from opsctl.ops import model_restore
@@ -40,12 +40,13 @@ class ServiceStatus:
     incomplete_releases: list[str] = field(default_factory=list)  # staged, never finished, not marked BAD
     lock: str | None = None  # the host's deploy lock: holder, age, STALE when its process is gone
     lock_stale: bool = False  # held by a process that is gone: every deploy to the host is refused
+    drift: list[str] = field(default_factory=list)  # files of the current release (or the rollback target) changed
     error: str | None = None
 
     @property
     def failing(self) -> bool:
         """Whether this row makes `status` exit non-zero: not serving, a model problem, or a stale lock."""
-        return not self.healthy or not self.models_ok or self.lock_stale
+        return not self.healthy or not self.models_ok or self.lock_stale or bool(self.drift)
 
 
 def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, deep: bool = False) -> ServiceStatus:
@@ -63,6 +64,7 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
     summary = metrics.summarize(metrics.parse_lines(journal.splitlines()))
     verdicts = modelcheck.check(conn, service, paths.unit_name, deep=deep, host=host)
     failed = _failed_restores(conn, service, verdicts)
+    changed = _drift(conn, paths, facts, manifest)
     held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
     return ServiceStatus(
         host=host.name,
@@ -87,7 +89,35 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
         ],
         lock=held.describe(datetime.now(UTC)) if held is not None else None,
         lock_stale=held is not None and held.holder_gone() is True,
+        drift=changed,
     )
+
+
+def _drift(
+    conn: Connection, paths: release.ServicePaths, facts: release.ReleaseFacts, manifest: release.Manifest | None
+) -> list[str]:
+    """What changed on the host in the current release and the rollback target since they were deployed."""
+    recorded: dict[str, dict[str, str]] = {}
+    if facts.current and manifest is not None and manifest.files:
+        recorded[facts.current] = manifest.files
+    target = facts.rollback_target()
+    if target is not None and target != facts.current:
+        try:
+            theirs = release.Manifest.from_json(conn.get_text(f"{paths.release(target)}/{release.MANIFEST}"))
+        except OpsctlError:
+            theirs = None
+        if theirs is not None and theirs.files:
+            recorded[target] = theirs.files
+    if not recorded:
+        return []
+    names = {rid: sorted(files) for rid, files in recorded.items()}
+    found = drift.parse_hashes(conn.run(drift.hash_cmd(paths, names), check=False).stdout)
+    lines = []
+    for rid, files in recorded.items():
+        current = rid == facts.current
+        for line in drift.differences(rid, files, found, paths.installed_unit if current else ""):
+            lines.append(line if current else f"rollback target {line}")
+    return lines
 
 
 def _spec(service: Service, verdict: modelcheck.ModelVerdict) -> ModelSpec:

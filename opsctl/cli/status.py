@@ -122,6 +122,14 @@ def _table(rows: list[ServiceStatus]) -> None:
         )
         for line in r.models:
             console.print(f"[bold red]{r.host}/{r.service}: {line}[/]", markup=True)
+        for line in r.drift:
+            console.print(f"[bold red]{r.host}/{r.service}: {line}[/]", markup=True)
+        if r.drift:
+            console.print(
+                f"[bold red]{r.host}/{r.service}: `opsctl deploy -i INVENTORY --host {r.host} --service {r.service} "
+                "--force` writes the release's files again[/]",
+                markup=True,
+            )
         if r.incomplete_releases:
             console.print(
                 f"[yellow]{r.host}/{r.service}: incomplete release {', '.join(r.incomplete_releases)} "
