@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from opsctl.chat import chat_body, first_model, load_prompt_items
+from opsctl.chat import PROMPT_KEYS, chat_body, first_model, load_prompt_items
 from opsctl.errors import SmokeError
 from opsctl.inventory.model import SMOKE_PROMPT as DEFAULT_SMOKE_PROMPT
 
@@ -126,20 +126,65 @@ class Prompt:
     id: str
     text: str
     max_tokens: int = 64
+    sampling: tuple[tuple[str, float], ...] = ()  # SGLang sampling params beside temperature 0 (docs/deploy.md)
+
+    @property
+    def seeded(self) -> bool:
+        """A sampled prompt (temperature > 0): comparable only where both servers draw with seeds."""
+        return dict(self.sampling).get("temperature", 0.0) > 0.0
+
+
+# The sampling params an equivalence prompt may set, with their ranges (SGLang's own checks).
+SAMPLING_KEYS: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (1e-6, 1.0),
+    "top_k": (-1, 1 << 20),
+    "min_p": (0.0, 1.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "presence_penalty": (-2.0, 2.0),
+    "repetition_penalty": (1e-6, 2.0),
+    "min_new_tokens": (0, 4096),
+    "sampling_seed": (0, 2**63 - 1),
+}
+
+
+def _sampling(where: str, i: int, raw: Any) -> tuple[tuple[str, float], ...]:
+    """A prompt's `sampling:` mapping, validated key by key; a sampled one must carry its seed."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise SmokeError(f"{where}: prompts[{i}].sampling must be a mapping", "fix the file")
+    out: list[tuple[str, float]] = []
+    for key, value in raw.items():
+        if key not in SAMPLING_KEYS:
+            allowed = ", ".join(SAMPLING_KEYS)
+            raise SmokeError(f"{where}: prompts[{i}].sampling: unknown key {str(key)[:30]!r}", f"use {allowed}")
+        lo, hi = SAMPLING_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+            raise SmokeError(f"{where}: prompts[{i}].sampling.{key} must be a number in [{lo}, {hi}]", "fix the file")
+        out.append((key, value))
+    values = dict(out)
+    if values.get("temperature", 0.0) > 0.0 and "sampling_seed" not in values:
+        raise SmokeError(f"{where}: prompts[{i}] samples without a sampling_seed", "add sampling.sampling_seed")
+    return tuple(out)
+
+
+EQUIVALENCE_KEYS = PROMPT_KEYS | {"sampling"}
 
 
 def load_prompts(path: Path | None = None) -> list[Prompt]:
     """The user's YAML prompt file, or the shipped default set (opsctl/data/prompts/equivalence.yaml).
 
-    Format: `prompts: [{id: name, prompt: text, max_tokens: 64}, ...]` (max_tokens optional).
+    Format: `prompts: [{id: name, prompt: text, max_tokens: 64, sampling: {...}}, ...]` (max_tokens and
+    sampling optional; a sampled prompt names its `sampling_seed`).
     """
-    where, items = load_prompt_items(path, "equivalence.yaml")
+    where, items = load_prompt_items(path, "equivalence.yaml", EQUIVALENCE_KEYS)
     prompts: list[Prompt] = []
     for i, (pid, item) in enumerate(items):
         max_tokens = item.get("max_tokens", 64)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 4096:
             raise SmokeError(f"{where}: prompts[{i}].max_tokens must be an integer 1..4096", "fix the file")
-        prompts.append(Prompt(pid, item["prompt"], max_tokens))
+        prompts.append(Prompt(pid, item["prompt"], max_tokens, _sampling(where, i, item.get("sampling"))))
     return prompts
 
 
@@ -257,8 +302,8 @@ def generate(
     input_ids: list[int] | None,
     timeout: float = 300.0,
 ) -> Generation:
-    """Greedy generation through SGLang's native /generate (token ids out)."""
-    sampling = {"temperature": 0, "max_new_tokens": prompt.max_tokens}
+    """Generation through SGLang's native /generate (token ids out): greedy unless the prompt says otherwise."""
+    sampling: dict[str, Any] = {"temperature": 0, "max_new_tokens": prompt.max_tokens, **dict(prompt.sampling)}
     body: dict[str, Any] = {"sampling_params": sampling}
     if input_ids is not None:
         body["input_ids"] = input_ids
@@ -283,15 +328,19 @@ def run_equivalence(
     threshold: float = 1.0,
     baseline_cache: dict[str, Generation] | None = None,
     progress: Any = None,
+    seeded: bool = False,
 ) -> EquivalenceReport:
-    """Greedy outputs of `service` vs `baseline` per prompt. Input ids come from the baseline's /tokenize
-    (chat template, thinking off) when it has one, and both servers get the very same ids."""
+    """Outputs of `service` vs `baseline` per prompt. Input ids come from the baseline's /tokenize (chat
+    template, thinking off) when it has one, and both servers get the very same ids. Seeded sampled prompts
+    only when `seeded` (both servers draw with seeds: `seeded_sampling`); the others are left out."""
     name, base, headers = service
     b_name, b_base, b_headers = baseline
     cache = baseline_cache if baseline_cache is not None else {}
     model = first_model(client, b_base, b_headers, 30.0)
     results: list[PromptAgreement] = []
     for prompt in prompts:
+        if prompt.seeded and not seeded:
+            continue
         ids = chat_input_ids(client, b_base, model, prompt.text, b_headers, 30.0)
         if prompt.id not in cache:
             cache[prompt.id] = generate(client, b_base, prompt, b_headers, ids)
@@ -301,3 +350,13 @@ def run_equivalence(
         if progress is not None:
             progress(agreement)
     return summarize_equivalence(name, b_name, results, threshold)
+
+
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+
+
+def seeded_sampling(engine: str, extra_args: Sequence[str]) -> bool:
+    """Whether a service draws seeded samples by (seed, position), so that seeded sampled outputs can be compared
+    token for token: the reference engine always; SGLang only with --enable-deterministic-inference (it fills
+    `sampling_seed` only then; docs/sglang.md, "Request kinds")."""
+    return engine == "reference" or DETERMINISTIC_FLAG in extra_args

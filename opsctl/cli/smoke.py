@@ -1,5 +1,5 @@
-"""`opsctl smoke`: per service /v1/models + one chat completion; `--equivalence` compares greedy tokens
-against a baseline-mode service."""
+"""`opsctl smoke`: per service /v1/models + one chat completion; `--equivalence` compares greedy tokens (and
+seeded sampled ones where both servers draw with seeds) against a baseline-mode service."""
 
 from __future__ import annotations
 
@@ -27,7 +27,15 @@ from opsctl.inventory.model import Host, Inventory, Mode, Router, Service
 from opsctl.inventory.select import select, select_routers
 from opsctl.progress import Ticker
 from opsctl.router.render import router_url
-from opsctl.smoke import EquivalenceReport, Generation, PromptAgreement, load_prompts, run_equivalence, smoke_service
+from opsctl.smoke import (
+    EquivalenceReport,
+    Generation,
+    PromptAgreement,
+    load_prompts,
+    run_equivalence,
+    seeded_sampling,
+    smoke_service,
+)
 
 
 def find_baseline(inv: Inventory, spec: str | None) -> tuple[Host, Service]:
@@ -135,6 +143,7 @@ def _equivalence(
 ) -> bool:
     b_host, b_svc = find_baseline(inv, baseline)
     prompts = load_prompts(prompts_file)
+    b_seeded = seeded_sampling(b_svc.engine.value, b_svc.extra_args)
     cache: dict[str, Generation] = {}
     reports = []
     b_name = f"{b_host.name}/{b_svc.name}"
@@ -142,7 +151,16 @@ def _equivalence(
         if (h.name, s.name) == (b_host.name, b_svc.name):
             continue
         name = f"{h.name}/{s.name}"
-        console.print(f"{name} vs {b_name}: {len(prompts)} prompts, greedy", markup=False)
+        seeded = b_seeded and seeded_sampling(s.engine.value, s.extra_args)
+        sampled = sum(p.seeded for p in prompts)
+        kinds = "greedy and seeded sampled" if seeded and sampled else "greedy"
+        console.print(f"{name} vs {b_name}: {len(prompts) - (0 if seeded else sampled)} prompts, {kinds}", markup=False)
+        if sampled and not seeded:
+            console.print(
+                f"    {sampled} seeded sampled prompts left out: SGLang draws seeded samples only with "
+                "--enable-deterministic-inference on both services (docs/sglang.md, 'Request kinds')",
+                markup=False,
+            )
 
         try:
             with Ticker(f"    {name} vs {b_name}", out=lambda line: console.print(line, markup=False)) as ticker:
@@ -164,6 +182,7 @@ def _equivalence(
                     threshold,
                     cache,
                     progress=show,
+                    seeded=seeded,
                 )
         except OpsctlError as exc:  # one service down must not hide the others' results
             reports.append(EquivalenceReport(name, b_name, threshold, error=exc.one_line()))

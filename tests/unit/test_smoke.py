@@ -98,6 +98,12 @@ def test_default_prompt_set_is_varied():
         ("prompts: [{id: a, prompt: x}, {id: a, prompt: y}]", "duplicate id"),
         ("prompts: [{prompt: x, max_tokens: 0}]", "max_tokens"),
         ("prompts: [{prompt: x", "not valid YAML"),
+        ("prompts: [{prompt: x, sampling: [1]}]", "sampling must be a mapping"),
+        ("prompts: [{prompt: x, sampling: {top_q: 1}}]", "unknown key 'top_q'"),
+        ("prompts: [{prompt: x, sampling: {temperature: 0.7}}]", "without a sampling_seed"),
+        ("prompts: [{prompt: x, sampling: {temperature: 3, sampling_seed: 1}}]", "temperature must be a number"),
+        ("prompts: [{prompt: x, sampling: {top_p: true}}]", "top_p must be a number"),
+        ("prompts: [{prompt: x, sampling: {sampling_seed: -1}}]", "sampling_seed must be a number"),
     ],
 )
 def test_bad_prompt_files(tmp_path: Path, text, msg):
@@ -147,3 +153,45 @@ def test_generate_uses_input_ids_when_given():
     assert bodies[0]["input_ids"] == [1, 2, 3] and "text" not in bodies[0]
     assert bodies[1]["text"] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     assert bodies[1]["sampling_params"] == {"temperature": 0, "max_new_tokens": 8}
+
+
+def test_sampled_prompts_are_parsed_and_sent():
+    prompts = smoke.load_prompts()
+    sampled = [p for p in prompts if p.seeded]
+    assert sampled and all(dict(p.sampling)["sampling_seed"] >= 0 for p in sampled)
+    bodies = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        import json
+
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json={"text": "x", "output_ids": [5], "meta_info": {}})
+
+    with _client(handler) as client:
+        smoke.generate(client, "http://h:1", sampled[0], {}, [1])
+    params = bodies[0]["sampling_params"]
+    assert params["temperature"] == dict(sampled[0].sampling)["temperature"] > 0 and "sampling_seed" in params
+
+
+def test_seeded_prompts_run_only_where_both_servers_draw_with_seeds():
+    asked = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        import json
+
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny"}]})
+        if request.url.path.endswith("tokenize"):
+            return httpx.Response(404)
+        asked.append(json.loads(request.content)["sampling_params"].get("temperature"))
+        return httpx.Response(200, json={"text": "x", "output_ids": [5], "meta_info": {}})
+
+    prompts = [smoke.Prompt("g", "hi", 4), smoke.Prompt("s", "hi", 4, (("temperature", 1.0), ("sampling_seed", 3)))]
+    with _client(handler) as client:
+        greedy_only = smoke.run_equivalence(client, ("a", "http://a:1", {}), ("b", "http://b:1", {}), prompts)
+        both = smoke.run_equivalence(client, ("a", "http://a:1", {}), ("b", "http://b:1", {}), prompts, seeded=True)
+    assert [r.id for r in greedy_only.prompts] == ["g"] and [r.id for r in both.prompts] == ["g", "s"]
+    assert asked.count(1.0) == 2  # the sampled prompt on both servers, once
+    assert smoke.seeded_sampling("reference", ())
+    assert not smoke.seeded_sampling("sglang", ("--sampling-backend", "pytorch"))
+    assert smoke.seeded_sampling("sglang", ("--enable-deterministic-inference",))
