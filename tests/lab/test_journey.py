@@ -44,11 +44,23 @@ TINY_PROMPTS = [
 ]  # fmt: skip
 
 
+# seeded sampled prompts: the reference engine draws one sample per committed token from the seed's generator, so
+# tree mode must return the baseline's tokens for them too
+SAMPLED_PROMPTS: list[dict[str, object]] = [
+    {"id": "s0", "prompt": "tell me about the dog", "max_tokens": 32,
+     "sampling": {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "sampling_seed": 5}},
+    {"id": "s1", "prompt": "list 4 fruits", "max_tokens": 32, "sampling": {"temperature": 1.0, "sampling_seed": 6}},
+]  # fmt: skip
+
+
 def _tiny_prompts(folder: Path) -> Path:
     import yaml
 
     path = folder / "prompts.yaml"
-    items = [{"id": f"p{i}", "prompt": p, "max_tokens": 48} for i, p in enumerate(TINY_PROMPTS)]
+    items: list[dict[str, object]] = [
+        {"id": f"p{i}", "prompt": p, "max_tokens": 48} for i, p in enumerate(TINY_PROMPTS)
+    ]
+    items += SAMPLED_PROMPTS
     path.write_text(yaml.safe_dump({"prompts": items}))
     return path
 
@@ -86,7 +98,7 @@ def test_journey(journey_inventory: Path) -> None:
     reports = json.loads(eq.stdout)
     assert len(reports) == 2
     for report in reports:
-        assert report["passed"] and report["agreement"] == 1.0 and len(report["prompts"]) == len(TINY_PROMPTS)
+        assert report["passed"] and report["agreement"] == 1.0 and len(report["prompts"]) == len(TINY_PROMPTS) + 2
         assert all(p["equal"] and p["first_divergence"] is None for p in report["prompts"])
 
     logs = opsctl("logs", "-i", inv, "ref", "--metrics", "--json")
