@@ -105,8 +105,9 @@ class MetricsLog:
     """Collects RoundStats and emits the DDTREE lines: init (on `start`), verify completed (after the first
     round), metrics (every `config.log_interval` rounds, and on `flush` for a partial window).
 
-    `prom` (default: the process's, `ddtree.prom.default_sink`; None exports nothing) gets every recorded round
-    and, with each metrics line, the policy's state: the `ddtree_*` Prometheus series count what the lines do."""
+    `prom` (default: the process's, `ddtree.prom.default_sink`; None exports nothing) gets each metrics line's
+    window of rounds and the policy's state as the line is written: the `ddtree_*` Prometheus series count what
+    the lines do, and move when they do."""
 
     def __init__(
         self,
@@ -139,8 +140,6 @@ class MetricsLog:
         self.rounds += 1
         self.tokens += stats.accepted_len
         self._window.append(stats)
-        if self.prom is not None:
-            self.prom.observe(stats)
         lines = []
         if self.rounds == 1:
             lines.append(self._emit(format_verify_completed(stats)))
@@ -160,7 +159,9 @@ class MetricsLog:
 
     def _flush_window(self) -> str:
         summary = summarize(self._window, self.rounds, self.tokens)
+        if self.prom is not None:
+            self.prom.observe_window(self._window)
+            if self.policy is not None:
+                self.prom.policy(self.policy.snapshot())
         self._window = []
-        if self.prom is not None and self.policy is not None:
-            self.prom.policy(self.policy.snapshot())
         return self._emit(format_metrics(summary, self.hybrid, self.policy))

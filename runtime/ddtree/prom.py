@@ -22,7 +22,9 @@ none per request. A restart starts every counter at 0, as Prometheus expects.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -117,22 +119,27 @@ class DDTreeProm:
         self._seen_switches = 0
         self._seen_probes = 0
 
-    def observe(self, stats: RoundStats) -> None:
-        """One request-round, as `MetricsLog.record` counts it."""
-        self._rounds.inc()
-        self._tokens.inc(stats.accepted_len)
-        if stats.off_spine:
-            self._off_spine.inc()
-        for name, ms in zip(PHASES, (stats.draft_ms, stats.build_ms, stats.verify_ms, stats.commit_ms), strict=True):
+    def observe_window(self, window: Sequence[RoundStats]) -> None:
+        """The request-rounds of one metrics line's window, as `MetricsLog` writes the line: every series moves
+        once per line (a few updates per window, not per round: under SGLang each update is a write to a
+        multiprocess file)."""
+        if not window:
+            return
+        self._rounds.inc(len(window))
+        self._tokens.inc(sum(r.accepted_len for r in window))
+        off = sum(1 for r in window if r.off_spine)
+        if off:
+            self._off_spine.inc(off)
+        for name, ms in zip(PHASES, _phase_sums(window), strict=True):
             if ms > 0:
                 self._phase[name].inc(ms / 1000.0)
-        self._accept.observe(stats.accepted_len)
-        self._nodes.observe(stats.nodes)
-        self._depth.observe(stats.depth)
-        if stats.width > 0:
-            self._width.observe(stats.width)
+        observe_counts(self._accept, Counter(r.accepted_len for r in window))
+        observe_counts(self._nodes, Counter(r.nodes for r in window))
+        observe_counts(self._depth, Counter(r.depth for r in window))
+        observe_counts(self._width, Counter(r.width for r in window if r.width > 0))
         if self._kind_of_round is not None:
-            self.decode_round(self._kind_of_round(stats))
+            for kind, n in Counter(self._kind_of_round(r) for r in window).items():
+                self._kinds[(kind, "")].inc(n)
 
     def decode_round(self, kind: RoundKind, why: str = "") -> None:
         """One decode round (a batch) of `kind`; `why` (a `dflash` round's) is the worker's reason text, mapped
@@ -155,6 +162,31 @@ class DDTreeProm:
         if snap.probes > self._seen_probes:
             self._probes.inc(snap.probes - self._seen_probes)
             self._seen_probes = snap.probes
+
+
+def _phase_sums(window: Sequence[RoundStats]) -> tuple[float, float, float, float]:
+    return (
+        sum(r.draft_ms for r in window),
+        sum(r.build_ms for r in window),
+        sum(r.verify_ms for r in window),
+        sum(r.commit_ms for r in window),
+    )
+
+
+def observe_counts(child: Any, counts: Mapping[int, int]) -> None:
+    """`child.observe(value)` `n` times for each value: n; in one update of its sum and one of the value's
+    bucket (prometheus_client's Histogram child: `_sum`, `_buckets` per upper bound, non-cumulative, as its
+    `observe` keeps them), else through `observe`."""
+    buckets, bounds = getattr(child, "_buckets", None), getattr(child, "_upper_bounds", None)
+    total = getattr(child, "_sum", None)
+    if buckets is None or bounds is None or total is None or len(buckets) != len(bounds):
+        for value, n in counts.items():
+            for _ in range(n):
+                child.observe(value)
+        return
+    for value, n in counts.items():
+        total.inc(value * n)
+        buckets[bisect.bisect_left(bounds, value)].inc(n)
 
 
 # The process's default sink: a factory installed once at start-up (the SGLang plugin), called once.

@@ -10,15 +10,16 @@ import random
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from ddtree.config import DDTreeConfig
 from ddtree.metrics import MetricsLog, RoundStats
 from ddtree.policy import CHAIN, BucketView, PolicyMode, PolicySetting, PolicySnapshot, Shape
-from ddtree.prom import DDTreeProm
+from ddtree.prom import NODE_BUCKETS, DDTreeProm, observe_counts
 from ddtree.sglang import prom_glue
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from opsctl.metrics import DDTreeMetrics, parse_lines
@@ -101,6 +102,30 @@ def test_series_equal_the_metrics_lines_over_the_same_rounds(seed: int) -> None:
     assert _value(fresh, "ddtree_selfcheck_failed") == 0
 
 
+def test_window_updates_equal_one_observe_per_round() -> None:
+    """`observe_counts` (one update per distinct value) leaves a histogram as `observe` per value would."""
+    values = [1, 1, 2, 16, 17, 100, 600, 32, 32, 0]
+    one, bulk = CollectorRegistry(), CollectorRegistry()
+    a = Histogram("h", "h", registry=one, buckets=NODE_BUCKETS)
+    b = Histogram("h", "h", registry=bulk, buckets=NODE_BUCKETS)
+    for v in values:
+        a.observe(v)
+    observe_counts(b, Counter(values))
+    got, want = ({k: v for k, v in _samples(r).items() if k[0] != "h_created"} for r in (bulk, one))
+    assert got == want and len(want) == len(NODE_BUCKETS) + 3  # the buckets, +Inf, count, sum
+
+    class Plain:  # a histogram without prometheus_client's internals: one observe per value
+        def __init__(self) -> None:
+            self.seen: list[float] = []
+
+        def observe(self, v: float) -> None:
+            self.seen.append(v)
+
+    plain = Plain()
+    observe_counts(plain, Counter(values))
+    assert sorted(plain.seen) == sorted(values)
+
+
 def test_policy_state_and_decode_round_kinds() -> None:
     registry = CollectorRegistry()
     prom = DDTreeProm(registry, "m")
@@ -154,6 +179,7 @@ SGLANG_PROCESS = textwrap.dedent(
     log = MetricsLog(DDTreeConfig(log_interval=2), 16, "none", logging.getLogger("x"))
     for n in (3, 5, 1):
         log.record(RoundStats(n, 32, 8, n > 3, 1.0, 0.5, 10.0, 0.5, 4))
+    log.flush()  # the partial window, as at shutdown
     prom_glue.note_round(False, "", "", policy=False)
     prom_glue.note_round(True, "", "", policy=False)  # prefill: not a decode round
     prom_glue.note_round(False, "log-prob requests", "", policy=False)
@@ -173,7 +199,7 @@ def test_multiprocess_files_reach_sglangs_collector(tmp_path: Path) -> None:
         )
         assert json.loads(out.stdout) == [True, rank == 0], out.stderr
     collect = (
-        "from prometheus_client import CollectorRegistry, generate_latest, multiprocess\n"
+        "from prometheus_client import CollectorRegistry, Histogram, generate_latest, multiprocess\n"
         "r = CollectorRegistry(); multiprocess.MultiProcessCollector(r); print(generate_latest(r).decode())"
     )
     text = subprocess.run([sys.executable, "-c", collect], env=env, capture_output=True, text=True, check=True).stdout
