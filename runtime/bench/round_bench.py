@@ -29,15 +29,13 @@ mismatch prints it and exits 1.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -48,6 +46,7 @@ from torch import Tensor
 if __package__ in (None, ""):  # run as a script from a checkout: this checkout's runtime package, no install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ddtree.config import FusedBuild
 from ddtree.fused_tree import fused_available
 from ddtree.sglang.batch_round import (
     BatchCommit,
@@ -87,18 +86,9 @@ COLUMNS = (
 )
 
 
-@contextlib.contextmanager
-def fused_build(on: bool) -> Iterator[None]:
-    """DDTREE_FUSED_BUILD for the calls inside (ddtree.fused_tree reads it per call)."""
-    old = os.environ.get("DDTREE_FUSED_BUILD")
-    os.environ["DDTREE_FUSED_BUILD"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["DDTREE_FUSED_BUILD"]
-        else:
-            os.environ["DDTREE_FUSED_BUILD"] = old
+def planner(fused: bool) -> FusedBuild:
+    """The planner setting a timed call passes (`DDTreeConfig.fused_build`): Triton's, or torch's."""
+    return FusedBuild.ON if fused else FusedBuild.OFF
 
 
 def sync(device: torch.device) -> None:
@@ -207,12 +197,10 @@ def run_config(args: argparse.Namespace, device: torch.device, bs: int, prefix: 
     index_d, num_d, predict_d = index.to(device), num.to(device), predict.to(device)
 
     def new_plan() -> BatchPlan:
-        with fused_build(False):
-            return plan_batch(lp, roots, prefixes, slots, budget, topk)
+        return plan_batch(lp, roots, prefixes, slots, budget, topk, FusedBuild.OFF)
 
     def new_mask(tree_mask: Tensor) -> Tensor:
-        with fused_build(False):
-            return full_mask_batched(tree_mask, prefixes, numel)
+        return full_mask_batched(tree_mask, prefixes, numel, FusedBuild.OFF)
 
     plan = new_plan()
     mask = new_mask(plan.tree_mask)
@@ -277,12 +265,10 @@ def fused_arm(
     slots, budget, topk = args.block, args.budget, args.topk
 
     def fplan() -> BatchPlan:
-        with fused_build(True):
-            return plan_batch(lp, roots, prefixes, slots, budget, topk)
+        return plan_batch(lp, roots, prefixes, slots, budget, topk, FusedBuild.ON)
 
     def fmask(tree_mask: Tensor) -> Tensor:
-        with fused_build(True):
-            return full_mask_batched(tree_mask, prefixes, numel)
+        return full_mask_batched(tree_mask, prefixes, numel, FusedBuild.ON)
 
     got = fplan()
     problems = [f"fused:{m}" for m in plan_pair_mismatches(plan, got)]
@@ -332,9 +318,8 @@ def tie_parity(args: argparse.Namespace, device: torch.device) -> list[str]:
             numel = full_mask_numel(int(prefixes_host.sum()), bs, slots)
             index, num, predict = random_path_verify(ref, vocab, seed=i)
             for fused in (False, True) if fused_available(device, args.topk) else (False,):
-                with fused_build(fused):
-                    plan = plan_batch(lp, roots, prefixes_host.to(device), slots, budget, args.topk)
-                    mask = full_mask_batched(plan.tree_mask, prefixes_host.to(device), numel)
+                plan = plan_batch(lp, roots, prefixes_host.to(device), slots, budget, args.topk, planner(fused))
+                mask = full_mask_batched(plan.tree_mask, prefixes_host.to(device), numel, planner(fused))
                 commit = commit_batch(plan, index.to(device), num.to(device), predict.to(device))
                 bad = plan_mismatches(ref, plan, mask)
                 bad += commit_mismatches(commit_round(ref, index, num, predict), commit)

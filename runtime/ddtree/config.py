@@ -16,6 +16,10 @@
 | DDTREE_POLICY               | off, auto,      | off     | tree verify: per round, the configured tree (off),  |
 |                             | chain, tree<N>  |         | the shape `ddtree.policy` estimates best (auto), or |
 |                             |                 |         | one pinned shape (N <= DDTREE_BUDGET)               |
+| DDTREE_FUSED_BUILD          | 0, 1            | (unset) | the tree planner: unset, the Triton one on CUDA and |
+|                             |                 |         | the torch one on a CPU; 0, torch everywhere (a kill |
+|                             |                 |         | switch); 1, Triton on a CPU too, under Triton's     |
+|                             |                 |         | interpreter (TRITON_INTERPRET=1: parity tests)      |
 | DDTREE_REPLAY_ACCEPTANCE    | a paths file    | (unset) | BENCHMARKS ONLY: the SGLang tree worker commits the |
 |                             |                 |         | recorded paths instead of the target's choices      |
 |                             |                 |         | (`ddtree.sglang.replay`); opsctl refuses to render  |
@@ -23,16 +27,17 @@
 |                             |                 |         | request's accepted paths there (a paths file, the   |
 |                             |                 |         | replay's input; a sync per round); opsctl refuses   |
 
-An unset or empty variable takes its default (a systemd EnvironmentFile may write `KEY=`).
-`DDTREE_FUSED_BUILD=0` (read by `ddtree.fused_tree`, not here; a kill switch): the torch tree planner instead of
-the Triton one on CUDA.
+An unset or empty variable takes its default (a systemd EnvironmentFile may write `KEY=`). A process reads its
+environment once (`process_config`, `triton_interpreted`); nothing on a round's path reads it again.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import lru_cache
 
 from ddtree.policy import PolicySetting
 
@@ -59,6 +64,14 @@ class HybridMode(StrEnum):
     NONE = "none"  # the target has no recurrent layers
 
 
+class FusedBuild(StrEnum):
+    """Which tree planner `ddtree.fused_tree.fused_available` picks (DDTREE_FUSED_BUILD)."""
+
+    AUTO = "auto"  # the Triton planner on CUDA, the torch one on a CPU
+    OFF = "0"  # the torch planner everywhere
+    ON = "1"  # the Triton planner on a CPU too, under Triton's interpreter
+
+
 @dataclass(frozen=True)
 class DDTreeConfig:
     verify: VerifyMode = VerifyMode.TREE
@@ -71,6 +84,7 @@ class DDTreeConfig:
     policy: PolicySetting = field(default_factory=PolicySetting)  # off: always the configured tree
     replay_acceptance: str = ""  # a benchmark's paths file (ddtree.sglang.replay); "" in production
     record_paths: str = ""  # where a recording run writes its accepted paths (ddtree.sglang.replay); "" in production
+    fused_build: FusedBuild = FusedBuild.AUTO
 
     def __post_init__(self) -> None:
         for name in ("budget", "topk", "log_interval", "selfcheck_every", "round_graphs_max_bs"):
@@ -80,6 +94,8 @@ class DDTreeConfig:
                 raise ValueError(f"DDTreeConfig.{name} must be an int >= {least}, got {value!r}")
         if not isinstance(self.verify, VerifyMode):
             object.__setattr__(self, "verify", _parse_verify("DDTreeConfig.verify", str(self.verify)))
+        if not isinstance(self.fused_build, FusedBuild):
+            object.__setattr__(self, "fused_build", _parse_fused("DDTreeConfig.fused_build", str(self.fused_build)))
         if not isinstance(self.policy, PolicySetting):
             object.__setattr__(self, "policy", _parse_policy("DDTreeConfig.policy", str(self.policy), self.budget))
         pin = self.policy.pinned
@@ -116,6 +132,7 @@ class DDTreeConfig:
             policy=defaults.policy if policy is None else _parse_policy("DDTREE_POLICY", policy, budget),
             replay_acceptance=get("DDTREE_REPLAY_ACCEPTANCE") or "",
             record_paths=get("DDTREE_RECORD_PATHS") or "",
+            fused_build=_parse_fused("DDTREE_FUSED_BUILD", get("DDTREE_FUSED_BUILD") or FusedBuild.AUTO.value),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -131,7 +148,22 @@ class DDTreeConfig:
             "DDTREE_POLICY": self.policy.text,
         }
         hooks = {"DDTREE_REPLAY_ACCEPTANCE": self.replay_acceptance, "DDTREE_RECORD_PATHS": self.record_paths}
+        if self.fused_build is not FusedBuild.AUTO:
+            hooks["DDTREE_FUSED_BUILD"] = self.fused_build.value
         return env | {k: v for k, v in hooks.items() if v}
+
+
+@lru_cache(maxsize=1)
+def process_config() -> DDTreeConfig:
+    """This process's configuration, read from its environment once (a bad value: ValueError, one line)."""
+    return DDTreeConfig.from_env(os.environ)
+
+
+@lru_cache(maxsize=1)
+def triton_interpreted() -> bool:
+    """Whether Triton runs its kernels interpreted in this process (`TRITON_INTERPRET=1`, which triton itself reads
+    when the kernels are defined)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _parse_verify(key: str, raw: str) -> VerifyMode:
@@ -140,6 +172,13 @@ def _parse_verify(key: str, raw: str) -> VerifyMode:
     except ValueError:
         choices = ", ".join(m.value for m in VerifyMode)
         raise ValueError(f"{key}={raw!r}: expected one of {choices}") from None
+
+
+def _parse_fused(key: str, raw: str) -> FusedBuild:
+    try:
+        return FusedBuild(raw.lower())
+    except ValueError:
+        raise ValueError(f"{key}={raw!r}: expected 0, 1 or auto") from None
 
 
 def _parse_policy(key: str, raw: str, budget: int) -> PolicySetting:

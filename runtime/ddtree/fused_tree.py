@@ -17,7 +17,6 @@ off (`ddtree.sglang.batch_round.plan_batch` then builds with `build_trees_batche
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from types import ModuleType
 
@@ -25,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ddtree.batch_tree import BatchTrees, check_tree_inputs, level_sizes
+from ddtree.config import FusedBuild, process_config, triton_interpreted
 
 CHUNK = 4096  # vocabulary tokens per stage-one program
 MAX_TOPK = 32  # larger top-k: the unrolled extraction gets long; build_trees_batched is used instead
@@ -40,14 +40,15 @@ def kernels() -> ModuleType | None:
     return _triton_tree
 
 
-def fused_available(device: torch.device, topk: int) -> bool:
-    """The fused build runs here: on a CUDA device unless `DDTREE_FUSED_BUILD=0`; on a CPU only under Triton's
-    interpreter and when asked for (`TRITON_INTERPRET=1` and `DDTREE_FUSED_BUILD=1`: the parity tests; the CPU
-    engine tests, which interpret SGLang's own kernels, keep the torch planner); triton importable; topk small."""
-    flag = os.environ.get("DDTREE_FUSED_BUILD", "")
-    if flag == "0" or topk > MAX_TOPK:
+def fused_available(device: torch.device, topk: int, setting: FusedBuild | None = None) -> bool:
+    """The fused build runs here: on a CUDA device unless the setting is OFF; on a CPU only under Triton's
+    interpreter and when asked for (`TRITON_INTERPRET=1` and ON: the parity tests; the CPU engine tests, which
+    interpret SGLang's own kernels, keep the torch planner); triton importable; topk small. `setting`: the
+    worker's `DDTreeConfig.fused_build`, else this process's (`ddtree.config.process_config`, read once)."""
+    setting = process_config().fused_build if setting is None else setting
+    if setting is FusedBuild.OFF or topk > MAX_TOPK:
         return False
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1" and flag == "1"
+    interpreted = setting is FusedBuild.ON and triton_interpreted()
     return (device.type == "cuda" or interpreted) and kernels() is not None
 
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 from ddtree import __version__
-from ddtree.config import DDTreeConfig, HybridMode, VerifyMode
+from ddtree.config import DDTreeConfig, FusedBuild, HybridMode, VerifyMode
 from ddtree.metrics import MetricsLog, RoundStats, format_metrics, summarize
 
 pytestmark = pytest.mark.runtime
@@ -163,3 +163,60 @@ def test_the_benchmark_hooks_read_once_and_round_trip() -> None:
     assert config.to_env()["DDTREE_REPLAY_ACCEPTANCE"] == "/tmp/p.json" and "DDTREE_RECORD_PATHS" not in config.to_env()
     assert DDTreeConfig.from_env(config.to_env()) == config
     assert "DDTREE_REPLAY_ACCEPTANCE" not in DDTreeConfig().to_env()  # production: absent
+
+
+# --------------------------------------------------------------------------------------- the tree planner switch
+
+
+@pytest.mark.parametrize(
+    ("raw", "setting"),
+    [
+        (None, FusedBuild.AUTO),
+        ("", FusedBuild.AUTO),
+        ("auto", FusedBuild.AUTO),
+        ("0", FusedBuild.OFF),
+        ("1", FusedBuild.ON),
+    ],
+)
+def test_the_planner_switch_is_a_config_field(raw: str | None, setting: FusedBuild) -> None:
+    config = DDTreeConfig.from_env({} if raw is None else {"DDTREE_FUSED_BUILD": raw})
+    assert config.fused_build is setting
+    assert DDTreeConfig.from_env(config.to_env()) == config
+    assert ("DDTREE_FUSED_BUILD" in config.to_env()) is (setting is not FusedBuild.AUTO)
+    with pytest.raises(ValueError, match=r"^DDTREE_FUSED_BUILD='yes': expected 0, 1 or auto$"):
+        DDTreeConfig.from_env({"DDTREE_FUSED_BUILD": "yes"})
+
+
+def test_the_planner_is_decided_by_the_setting_not_by_the_environment_at_each_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch = pytest.importorskip("torch")
+    fused_tree = pytest.importorskip("ddtree.fused_tree")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(fused_tree, "kernels", lambda: object())  # as if triton were importable
+    monkeypatch.setattr(fused_tree, "triton_interpreted", lambda: False)
+    assert fused_tree.fused_available(cuda, 8, FusedBuild.AUTO) and not fused_tree.fused_available(
+        cpu, 8, FusedBuild.AUTO
+    )
+    assert not fused_tree.fused_available(cuda, 8, FusedBuild.OFF) and not fused_tree.fused_available(
+        cpu, 8, FusedBuild.ON
+    )
+    assert not fused_tree.fused_available(cuda, fused_tree.MAX_TOPK + 1, FusedBuild.AUTO)
+    monkeypatch.setattr(fused_tree, "triton_interpreted", lambda: True)
+    assert fused_tree.fused_available(cpu, 8, FusedBuild.ON) and not fused_tree.fused_available(cpu, 8, FusedBuild.AUTO)
+    # no setting given: this process's configuration, read once; a later change of the environment is not seen
+    monkeypatch.setattr(fused_tree, "process_config", lambda: DDTreeConfig(fused_build=FusedBuild.OFF))
+    monkeypatch.setenv("DDTREE_FUSED_BUILD", "1")
+    assert not fused_tree.fused_available(cuda, 8)
+
+
+def test_the_process_configuration_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    config_module = pytest.importorskip("ddtree.config")
+    config_module.process_config.cache_clear()
+    try:
+        monkeypatch.setenv("DDTREE_BUDGET", "12")
+        first = config_module.process_config()
+        monkeypatch.setenv("DDTREE_BUDGET", "13")
+        assert config_module.process_config() is first and first.budget == 12
+    finally:
+        config_module.process_config.cache_clear()

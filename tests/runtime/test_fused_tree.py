@@ -24,6 +24,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     triton_interpreter.install()
 from dataclasses import fields
 from ddtree.batch_tree import build_trees_batched
+from ddtree.config import FusedBuild
 from ddtree.fused_tree import build_trees_fused, fused_available, row_topk_fused
 from ddtree.batch_tree import batch_row_topk
 from ddtree.sglang import batch_round as br
@@ -31,7 +32,7 @@ from ddtree.tree import build_tree_heap
 from tree_inputs import batch_logprobs  # tests/runtime: the parity tests' one generator
 
 device = torch.device(sys.argv[1])
-assert fused_available(device, 8), "fused build unavailable"
+assert fused_available(device, 8, FusedBuild.ON), "fused build unavailable"
 problems = []
 
 
@@ -74,12 +75,8 @@ for i, (kind, bs, vocab, budget, topk, slots) in enumerate(cases):
         if f.name != "trees" and not same(getattr(want, f.name), getattr(got, f.name)):
             problems.append(f"case {i} layout.{f.name}")
     numel = br.full_mask_numel(int(prefix.sum()), bs, slots)
-    import os
-    flag = os.environ.get("DDTREE_FUSED_BUILD", "")
-    os.environ["DDTREE_FUSED_BUILD"] = "0"
-    mask_torch = br.full_mask_batched(want.tree_mask, prefix, numel)
-    os.environ["DDTREE_FUSED_BUILD"] = flag
-    if not same(br.full_mask_batched(got.tree_mask, prefix, numel), mask_torch):
+    mask_torch = br.full_mask_batched(want.tree_mask, prefix, numel, FusedBuild.OFF)
+    if not same(br.full_mask_batched(got.tree_mask, prefix, numel, FusedBuild.ON), mask_torch):
         problems.append(f"case {i} full_mask")
     if budget and topk <= vocab:
         rows = lp.shape[1]
@@ -95,7 +92,7 @@ def run_script(device: str, interpret: bool) -> str:
     path = [str(REPO / "runtime"), str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     if interpret:
-        env.update(TRITON_INTERPRET="1", DDTREE_FUSED_BUILD="1")
+        env.update(TRITON_INTERPRET="1")
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, device], env=env, capture_output=True, text=True, timeout=1200, check=False
     )

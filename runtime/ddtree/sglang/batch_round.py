@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ddtree.batch_tree import BatchTrees, ancestor_masks, bfs_slot_order, build_trees_batched, build_trees_from_topk
+from ddtree.config import FusedBuild
 from ddtree.fused_tree import build_trees_fused, fused_available, kernels
 from ddtree.metrics import MetricsLog, RoundStats
 
@@ -51,15 +52,22 @@ class BatchPlan:
 
 
 def plan_batch(
-    draft_logprobs: Tensor, root_tokens: Tensor, prefix_lens: Tensor, num_slots: int, budget: int, topk: int
+    draft_logprobs: Tensor,
+    root_tokens: Tensor,
+    prefix_lens: Tensor,
+    num_slots: int,
+    budget: int,
+    topk: int,
+    fused: FusedBuild | None = None,
 ) -> BatchPlan:
     """Every request's tree and its verify inputs, on the log-probs' device (FULL_MASK: `full_mask_batched`).
 
-    draft_logprobs: [bs, R, V] (row d - 1 = depth d); root_tokens, prefix_lens: [bs] int tensors.
+    draft_logprobs: [bs, R, V] (row d - 1 = depth d); root_tokens, prefix_lens: [bs] int tensors. `fused`: the
+    planner setting (`DDTreeConfig.fused_build`; None: this process's, `ddtree.config.process_config`).
     """
     _check_budget_fits(budget, num_slots)
     prefix_lens = prefix_lens.to(draft_logprobs.device)
-    if fused_available(draft_logprobs.device, topk):  # 5 Triton launches (ddtree.fused_tree)
+    if fused_available(draft_logprobs.device, topk, fused):  # 5 Triton launches (ddtree.fused_tree)
         trees = build_trees_fused(draft_logprobs, root_tokens, budget, topk)
         return layout_batch_fused(trees, prefix_lens, num_slots)
     trees = build_trees_batched(draft_logprobs, root_tokens, budget, topk)
@@ -176,14 +184,14 @@ def full_mask_numel(prefix_sum: int, batch_size: int, num_slots: int) -> int:
     return num_slots * prefix_sum + batch_size * num_slots * num_slots
 
 
-def full_mask_batched(tree_mask: Tensor, prefix_lens: Tensor, numel: int) -> Tensor:
+def full_mask_batched(tree_mask: Tensor, prefix_lens: Tensor, numel: int, fused: FusedBuild | None = None) -> Tensor:
     """SGLang's FULL_MASK (= `layout.full_mask`): per request b an [S, prefix_b + S] row-major block, prefix all
     True, then the tree mask; blocks concatenated. tree_mask: [bs, S, S] bool, prefix_lens: [bs] on its device,
     numel: `full_mask_numel(sum(prefix_lens))`, known on the host (it sizes the output)."""
     s = tree_mask.shape[1]
     device = tree_mask.device
     plen = prefix_lens.to(device=device, dtype=torch.int64)
-    mod = kernels() if fused_available(device, 1) else None
+    mod = kernels() if fused_available(device, 1, fused) else None
     if mod is not None:  # one Triton launch, one program per (request, row)
         bs = tree_mask.shape[0]
         out8 = torch.empty(numel, dtype=torch.int8, device=device)
