@@ -35,11 +35,14 @@ if TYPE_CHECKING:
 
 RoundKind = Literal["tree", "chain", "dflash"]
 PHASES = ("draft", "build", "verify", "commit")
-# Why a decode round ran DFLASH's chain verify instead of a tree: the label value per reason
+# Why a decode round ran DFLASH's chain verify instead of a tree: the label value by the start of the worker's
+# reason text (ddtree.sglang.request_kinds.dflash_round_reason; "self-check" after a failed self-check)
 DFLASH_REASONS: dict[str, str] = {
-    "sampling requests": "sampling",
-    "grammar-constrained requests": "grammar",
-    "log-prob requests": "logprob",
+    "sampling": "sampling",
+    "grammar": "grammar",
+    "log-prob": "logprob",
+    "custom logit": "logit_processor",
+    "penalties": "penalties",
     "self-check": "selfcheck",
 }
 ACCEPT_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0)
@@ -143,8 +146,8 @@ class DDTreeProm:
 
     def decode_round(self, kind: RoundKind, why: str = "") -> None:
         """One decode round (a batch) of `kind`; `why` (a `dflash` round's) is the worker's reason text, mapped
-        to a label value by DFLASH_REASONS (an unknown text counts as `other`)."""
-        reason = "" if kind != "dflash" else DFLASH_REASONS.get(why, "other")
+        to a label value by `dflash_reason`."""
+        reason = "" if kind != "dflash" else dflash_reason(why)
         self._kinds[(kind, reason)].inc()
 
     def self_check_failed(self) -> None:
@@ -162,6 +165,11 @@ class DDTreeProm:
         if snap.probes > self._seen_probes:
             self._probes.inc(snap.probes - self._seen_probes)
             self._seen_probes = snap.probes
+
+
+def dflash_reason(why: str) -> str:
+    """The `reason` label of a DFLASH round: DFLASH_REASONS' value for the text's start, else `other`."""
+    return next((label for start, label in DFLASH_REASONS.items() if why.startswith(start)), "other")
 
 
 def _phase_sums(window: Sequence[RoundStats]) -> tuple[float, float, float, float]:

@@ -142,7 +142,8 @@ def test_policy_state_and_decode_round_kinds() -> None:
     prom.policy(snap(2, 115, CHAIN))
     prom.policy(snap(3, 120, Shape(16)))
     prom.policy(snap(3, 120, Shape(16)))  # the same snapshot again adds nothing
-    for kind, why in [("tree", ""), ("tree", ""), ("chain", ""), ("dflash", "sampling requests"), ("dflash", "?")]:
+    whys = ["log-prob requests (the tree round returns no log-probs)", "sampling requests", "?"]
+    for kind, why in [("tree", ""), ("tree", ""), ("chain", ""), *(("dflash", w) for w in whys)]:
         prom.decode_round(kind, why)  # type: ignore[arg-type]
     prom.self_check_failed()
     s = _samples(registry)
@@ -153,7 +154,9 @@ def test_policy_state_and_decode_round_kinds() -> None:
     assert _value(s, "ddtree_decode_rounds_total", kind="chain", reason="") == 1
     assert _value(s, "ddtree_decode_rounds_total", kind="dflash", reason="sampling") == 1
     assert _value(s, "ddtree_decode_rounds_total", kind="dflash", reason="other") == 1
+    assert _value(s, "ddtree_decode_rounds_total", kind="dflash", reason="logprob") == 1
     assert _value(s, "ddtree_decode_rounds_total", kind="dflash", reason="grammar") == 0
+    assert _value(s, "ddtree_decode_rounds_total", kind="dflash", reason="penalties") == 0
     assert _value(s, "ddtree_selfcheck_failed") == 1
 
 
