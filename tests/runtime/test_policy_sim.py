@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -53,6 +54,15 @@ def test_the_policy_before_issue_45_loses_on_the_same_rounds(recording: Recordin
     """The check can fail: the knobs that lost 9-54% on the pairs fall below the goal here too."""
     old = simulate(recording, lambda shapes: ShapePolicy(PolicyConfig(shapes=shapes), PolicySetting(PolicyMode.AUTO)))
     assert min(r.ratio for r in old) < 0.9
+
+
+def test_without_start_up_costs_the_short_levels_lose(recording: Recording) -> None:
+    """What docs/policy-rounds.md says: the worker must seed the costs; unseeded, warm-up probes in the pairs'
+    short levels cost more than 3% somewhere."""
+    bare = Recording(recording.shapes, tuple(dataclasses.replace(lv, startup={}) for lv in recording.levels))
+    results = simulate(bare, stable_policy(0))
+    below = {r.name for r in results if r.ratio < GOAL}
+    assert below and all(name.startswith("pairs-") for name in below)
 
 
 def _rec(rounds: list[Round], startup: dict[int, dict[int, tuple[float, float]]] | None = None) -> Recording:
