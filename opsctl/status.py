@@ -41,12 +41,13 @@ class ServiceStatus:
     lock: str | None = None  # the host's deploy lock: holder, age, STALE when its process is gone
     lock_stale: bool = False  # held by a process that is gone: every deploy to the host is refused
     drift: list[str] = field(default_factory=list)  # files of the current release (or the rollback target) changed
+    gates_pending: bool = False  # current went live and its gates never finished (never tested)
     error: str | None = None
 
     @property
     def failing(self) -> bool:
         """Whether this row makes `status` exit non-zero: not serving, a model problem, or a stale lock."""
-        return not self.healthy or not self.models_ok or self.lock_stale or bool(self.drift)
+        return not self.healthy or not self.models_ok or self.lock_stale or bool(self.drift) or self.gates_pending
 
 
 def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, deep: bool = False) -> ServiceStatus:
@@ -90,6 +91,7 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
         lock=held.describe(datetime.now(UTC)) if held is not None else None,
         lock_stale=held is not None and held.holder_gone() is True,
         drift=changed,
+        gates_pending=facts.current_pending,
     )
 
 

@@ -122,6 +122,13 @@ def _table(rows: list[ServiceStatus]) -> None:
         )
         for line in r.models:
             console.print(f"[bold red]{r.host}/{r.service}: {line}[/]", markup=True)
+        if r.gates_pending:
+            console.print(
+                f"[bold red]{r.host}/{r.service}: release {r.current} went live but never finished its gates "
+                f"(interrupted): `opsctl deploy -i INVENTORY --host {r.host} --service {r.service}` runs them, "
+                "or rolls back[/]",
+                markup=True,
+            )
         for line in r.drift:
             console.print(f"[bold red]{r.host}/{r.service}: {line}[/]", markup=True)
         if r.drift:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from opsctl import __version__, artifact, health, logs, modelcheck, systemd
 from opsctl.commands import Cmd
-from opsctl.deploy import argcheck, corridor, guards, preflight, release, secret_fp
+from opsctl.deploy import argcheck, corridor, guards, pending, preflight, release, secret_fp
 from opsctl.deploy.context import LIVE_TIMEOUT_S, ServiceContext
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
@@ -180,6 +180,10 @@ class ServiceRelease:
                 settings, readiness_delay=min(self.ctx.service.readiness_delay if delay is None else delay, 5.0)
             )
         gate = _gate(self.ctx, settings, baseline, cancellable=not restoring)
+        if gate.ok and settings.smoke:  # a release goes back into service only after the same gates as a deploy
+            failed = _smoke(self.ctx, ServiceResult(self.ctx.host.name, self.ctx.service.name, Outcome.FAILED))
+            if failed:
+                return False, failed, gate.time_to_healthy or 0.0
         return gate.ok, gate.reason, gate.time_to_healthy or 0.0
 
     def unit_state(self) -> systemd.UnitState:
@@ -265,6 +269,8 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     # Verified model files written after the service started: restart it so it loads them.
     stale = guards.models_changed(verdicts) if same_config and not rotated else []
     if same_config and not rotated and not stale:
+        if facts.current_pending:
+            return pending.finish_gates(ServiceRelease(ctx, settings), facts, result)
         return _unchanged(ctx, settings, facts, result)
     missing = release.missing_models(ctx.conn, ctx.service)
     why = "; API key changed" if rotated else ""
@@ -446,6 +452,7 @@ def _switch_and_gate(ctx: ServiceContext, settings: DeploySettings, new_id: str,
         return NOT_SWITCHED
     try:
         ctx.say(f"switching to {new_id} and restarting {ctx.paths.unit_name}")
+        ctx.run(release.mark_pending_cmd(ctx.paths, new_id))  # untested until its gates pass
         t_restart = time.monotonic()
         baseline = _restart(ctx, new_id)
         result.timings["restart_s"] = time.monotonic() - t_restart
@@ -485,6 +492,7 @@ def _go_live(
         ctx.audit("deploy", new_id, "interrupted", NOT_SWITCHED)
         return
     if not reason:
+        ctx.run(release.clear_pending_cmd(ctx.paths, new_id), check=False)
         pruned = _prune(ctx, settings.keep)
         result.outcome = Outcome.DEPLOYED
         result.message = f"{new_id} (previous: {previous or 'none'})" + (

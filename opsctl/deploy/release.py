@@ -28,6 +28,10 @@ PLACEHOLDER_ID = "00000000T000000Z-000000000000"  # used to render for hashing (
 HASH_LEN = 12
 _ID = re.compile(r"^(\d{8}T\d{6}Z)-([0-9a-f]{12})$")
 BAD_MARKER = "BAD"  # a file in a release dir: the release failed its gates; its content says why
+# A file in a release dir from the switch until its gates passed: a release that has it and is current was
+# never tested (the host rebooted, opsctl was killed mid-gate); the next deploy finishes its gates or rolls back,
+# status fails, and it is nobody's rollback target.
+PENDING_MARKER = "GATES_PENDING"
 MANIFEST = "manifest.json"
 PREVIOUS = "previous"  # a file in a release dir: the release that served when this one was deployed
 DEFAULT_KEEP = 5
@@ -168,6 +172,12 @@ class ReleaseEntry:
     release_id: str
     bad: bool
     complete: bool  # manifest.json present (staging finished)
+    pending: bool = False  # switched to, its gates never finished (PENDING_MARKER)
+
+    @property
+    def good(self) -> bool:
+        """A release that may serve again: complete, not BAD, and it passed its gates."""
+        return self.complete and not self.bad and not self.pending
 
 
 @dataclass(frozen=True)
@@ -183,13 +193,19 @@ class ReleaseFacts:
     def entry(self, release_id: str) -> ReleaseEntry | None:
         return next((r for r in self.releases if r.release_id == release_id), None)
 
+    @property
+    def current_pending(self) -> bool:
+        """`current` was switched to and its gates never finished."""
+        entry = self.entry(self.current) if self.current else None
+        return entry is not None and entry.pending and not entry.bad
+
     def previous_good(self, before: str | None = None) -> str | None:
         """The newest complete, not-bad release older than `before` (default: current)."""
         limit = before if before is not None else self.current
         candidates = [
             r.release_id
             for r in self.releases
-            if r.complete and not r.bad and r.release_id != limit and (limit is None or r.release_id < limit)
+            if r.good and r.release_id != limit and (limit is None or r.release_id < limit)
         ]
         return candidates[-1] if candidates else None
 
@@ -200,20 +216,21 @@ class ReleaseFacts:
         must restore A, not B (which the operator already rolled away from).
         """
         prior = self.entry(self.deployed_over) if self.deployed_over else None
-        if prior is not None and prior.complete and not prior.bad and prior.release_id != self.current:
+        if prior is not None and prior.good and prior.release_id != self.current:
             return prior.release_id
         return self.previous_good()
 
 
 def facts_cmd(paths: ServicePaths) -> Cmd:
-    """One round trip: where `current` points and every release with its bad/complete flags."""
+    """One round trip: where `current` points and every release with its bad/complete/pending flags."""
     script = (
         f'cur=$(readlink {shlex.quote(paths.current)} 2>/dev/null || true); echo "current $cur"; '
         f'echo "previous $(cat {shlex.quote(paths.current)}/{PREVIOUS} 2>/dev/null || true)"; '
         f'for d in {shlex.quote(paths.releases)}/*/; do [ -d "$d" ] || continue; '
-        'id=$(basename "$d"); b=0; c=0; '
+        'id=$(basename "$d"); b=0; c=0; p=0; '
         f'[ -e "${{d}}{BAD_MARKER}" ] && b=1; [ -e "${{d}}{MANIFEST}" ] && c=1; '
-        'echo "release $id $b $c"; done'
+        f'[ -e "${{d}}{PENDING_MARKER}" ] && p=1; '
+        'echo "release $id $b $c $p"; done'
     )
     return sh(script, sudo=True)
 
@@ -233,8 +250,9 @@ def parse_release_facts(stdout: str) -> ReleaseFacts:
             current = name if is_release_id(name) else None
         elif parts[0] == "previous":
             deployed_over = parts[1] if len(parts) == 2 and is_release_id(parts[1]) else None
-        elif parts[0] == "release" and len(parts) == 4 and is_release_id(parts[1]):
-            entries.append(ReleaseEntry(parts[1], parts[2] == "1", parts[3] == "1"))
+        elif parts[0] == "release" and len(parts) in (4, 5) and is_release_id(parts[1]):
+            pending = len(parts) == 5 and parts[4] == "1"  # 4 fields: an opsctl from before the marker
+            entries.append(ReleaseEntry(parts[1], parts[2] == "1", parts[3] == "1", pending))
     entries.sort(key=lambda e: e.release_id)
     return ReleaseFacts(current, tuple(entries), deployed_over)
 
@@ -277,6 +295,16 @@ def pip_install_cmd(venv: str, wheel_path: str, site: str) -> Cmd:
 def mark_bad_cmd(paths: ServicePaths, release_id: str, reason: str) -> Cmd:
     marker = f"{paths.release(release_id)}/{BAD_MARKER}"
     return sh(f"printf '%s\\n' {shlex.quote(reason)} > {shlex.quote(marker)}", sudo=True)
+
+
+def mark_pending_cmd(paths: ServicePaths, release_id: str) -> Cmd:
+    """Before the switch: the release goes live untested until clear_pending_cmd."""
+    return Cmd.of("touch", "--", f"{paths.release(release_id)}/{PENDING_MARKER}", sudo=True)
+
+
+def clear_pending_cmd(paths: ServicePaths, release_id: str) -> Cmd:
+    """The release passed its gates."""
+    return Cmd.of("rm", "-f", "--", f"{paths.release(release_id)}/{PENDING_MARKER}", sudo=True)
 
 
 def remove_releases_cmd(paths: ServicePaths, release_ids: list[str]) -> Cmd:

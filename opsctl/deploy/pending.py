@@ -1,0 +1,58 @@
+"""A release whose gates never finished (`release.PENDING_MARKER`, written at the switch, removed once the health
+and smoke gates passed): the host rebooted or opsctl was killed mid-gate, and the release is `current` without
+ever having been tested. The next deploy of the same configuration is not "unchanged": it takes the service out
+of its routers, runs the gates on what runs now, and either keeps the release (the marker removed) or rolls
+back to the last release that passed its gates, marking this one BAD. `status` fails while it is so, and it is
+never a rollback target (`ReleaseFacts.rollback_target`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from opsctl.deploy import corridor, release
+from opsctl.deploy.release import ReleaseFacts
+from opsctl.deploy.rollout import Outcome
+from opsctl.errors import OpsctlError
+
+if TYPE_CHECKING:
+    from opsctl.deploy.context import ServiceContext
+    from opsctl.deploy.flow import DeploySettings, ServiceResult
+
+
+class Gated(corridor.Releasable, Protocol):
+    ctx: ServiceContext
+    settings: DeploySettings
+
+
+def finish_gates(target: Gated, facts: ReleaseFacts, result: ServiceResult) -> ServiceResult:
+    """The gates of `facts.current`, which went live and was never tested; fills and returns `result`."""
+    current = str(facts.current)
+    previous = facts.rollback_target()
+    result.release, result.previous = current, previous
+    if target.settings.plan:
+        result.outcome = Outcome.PLANNED
+        result.message = (
+            f"release {current} never finished its gates: run them (health, smoke) and keep it, or roll back to "
+            f"{previous or '(nothing: stop the service)'}"
+        )
+        return result
+    target.say(f"release {current} went live but never finished its gates: running them now")
+    ctx = target.ctx
+    if ctx.before_live is not None:
+        ctx.before_live()  # out of its routers while it is tested (an error: nothing changed)
+    try:
+        ok, why, seconds = target.gate(target.unit_state().n_restarts)
+    except OpsctlError as exc:
+        ok, why, seconds = False, exc.one_line(), 0.0
+    if ok:
+        target.run(release.clear_pending_cmd(target.paths, current), check=False)
+        target.audit("deploy", current, "ok", "gates finished (interrupted before)")
+        result.outcome = Outcome.DEPLOYED
+        result.message = f"{current}: gates finished (interrupted before), healthy after {seconds:.1f}s"
+        return result
+    result.journal_tail = target.journal_tail()
+    result.outcome, result.message = corridor.roll_back_after_failure(
+        target, previous, current, f"release {current} never finished its gates, and fails them now: {why}"
+    )
+    return result
