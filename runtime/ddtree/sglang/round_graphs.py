@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from ddtree.config import FusedBuild
 from ddtree.sglang.batch_round import BatchCommit, BatchPlan, commit_batch, plan_batch
 
 T = TypeVar("T")
@@ -36,8 +37,16 @@ class _Captured:
 class RoundGraphs:
     """plan_batch / commit_batch for one worker's (slots, budget, topk), replayed from CUDA graphs."""
 
-    def __init__(self, num_slots: int, budget: int, topk: int, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        budget: int,
+        topk: int,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        fused: FusedBuild | None = None,  # the worker's DDTreeConfig.fused_build (None: the process's)
+    ) -> None:
         self.num_slots, self.budget, self.topk, self.max_batch = num_slots, budget, topk, max_batch
+        self.fused = fused
         self._plans: dict[tuple[int, ...], _Captured] = {}
         self._commits: dict[tuple[int, ...], _Captured] = {}
         self._pool: Any = None
@@ -50,7 +59,7 @@ class RoundGraphs:
         inputs = (logprobs, roots.to(torch.int64), prefix_lens.to(torch.int64))
 
         def run(lp: Tensor, root: Tensor, prefix: Tensor) -> BatchPlan:
-            return plan_batch(lp, root, prefix, self.num_slots, self.budget, self.topk)
+            return plan_batch(lp, root, prefix, self.num_slots, self.budget, self.topk, self.fused)
 
         return self._replay(self._plans, inputs, run)
 
@@ -75,7 +84,7 @@ class RoundGraphs:
             if replay:
                 plan = self.plan(logprobs, roots, prefix)
             else:
-                plan = plan_batch(logprobs, roots, prefix, self.num_slots, self.budget, self.topk)
+                plan = plan_batch(logprobs, roots, prefix, self.num_slots, self.budget, self.topk, self.fused)
             index = torch.full((bs, self.num_slots), -1, dtype=torch.int32, device=device)
             index[:, 0] = torch.arange(bs, dtype=torch.int32, device=device) * self.num_slots  # the roots
             num = torch.zeros(bs, dtype=torch.int32, device=device)
