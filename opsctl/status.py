@@ -65,7 +65,7 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
     summary = metrics.summarize(metrics.parse_lines(journal.splitlines()))
     verdicts = modelcheck.check(conn, service, paths.unit_name, deep=deep, host=host)
     failed = _failed_restores(conn, service, verdicts)
-    changed = _drift(conn, paths, facts, manifest)
+    changed = _drift(conn, paths, facts)
     held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
     return ServiceStatus(
         host=host.name,
@@ -95,30 +95,13 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
     )
 
 
-def _drift(
-    conn: Connection, paths: release.ServicePaths, facts: release.ReleaseFacts, manifest: release.Manifest | None
-) -> list[str]:
+def _drift(conn: Connection, paths: release.ServicePaths, facts: release.ReleaseFacts) -> list[str]:
     """What changed on the host in the current release and the rollback target since they were deployed."""
-    recorded: dict[str, dict[str, str]] = {}
-    if facts.current and manifest is not None and manifest.files:
-        recorded[facts.current] = manifest.files
     target = facts.rollback_target()
+    found = drift.release_drift(conn, paths, [r for r in (facts.current, target) if r], facts.current)
+    lines = list(found.get(facts.current or "", []))
     if target is not None and target != facts.current:
-        try:
-            theirs = release.Manifest.from_json(conn.get_text(f"{paths.release(target)}/{release.MANIFEST}"))
-        except OpsctlError:
-            theirs = None
-        if theirs is not None and theirs.files:
-            recorded[target] = theirs.files
-    if not recorded:
-        return []
-    names = {rid: sorted(files) for rid, files in recorded.items()}
-    found = drift.parse_hashes(conn.run(drift.hash_cmd(paths, names), check=False).stdout)
-    lines = []
-    for rid, files in recorded.items():
-        current = rid == facts.current
-        for line in drift.differences(rid, files, found, paths.installed_unit if current else ""):
-            lines.append(line if current else f"rollback target {line}")
+        lines += [f"rollback target {line}" for line in found.get(target, [])]
     return lines
 
 

@@ -133,8 +133,8 @@ def _table(rows: list[ServiceStatus]) -> None:
             console.print(f"[bold red]{r.host}/{r.service}: {line}[/]", markup=True)
         if r.drift:
             console.print(
-                f"[bold red]{r.host}/{r.service}: `opsctl deploy -i INVENTORY --host {r.host} --service {r.service} "
-                "--force` writes the release's files again[/]",
+                f"[bold red]{r.host}/{r.service}: `opsctl deploy -i INVENTORY --host {r.host} --service {r.service}` "
+                "writes the current release's files again[/]",
                 markup=True,
             )
         if r.incomplete_releases:

@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from opsctl.commands import Cmd
+from opsctl.deploy import release
 from opsctl.deploy.release import ServicePaths
+from opsctl.errors import OpsctlError
+from opsctl.remote.base import Connection
 
 INSTALLED = "installed unit"
 _MASKED_KEY = 'api-key: "***"'  # opsctl.render's masked server.yaml line
@@ -81,3 +84,26 @@ def differences(
         elif now != unit:
             lines.append(f"{installed_unit} differs from release {release_id}'s unit (edited on the host)")
     return lines
+
+
+def release_drift(
+    conn: Connection, paths: ServicePaths, releases: Sequence[str], current: str | None
+) -> dict[str, list[str]]:
+    """Release id -> its differences (empty: none found), for each of `releases` whose manifest records file
+    digests (one read of each manifest, one hashing command); the installed unit is compared for `current`."""
+    recorded: dict[str, dict[str, str]] = {}
+    for rid in dict.fromkeys(releases):
+        try:
+            manifest = release.Manifest.from_json(conn.get_text(f"{paths.release(rid)}/{release.MANIFEST}"))
+        except OpsctlError:
+            continue
+        if manifest.files:
+            recorded[rid] = manifest.files
+    if not recorded:
+        return {}
+    names = {rid: sorted(files) for rid, files in recorded.items()}
+    found = parse_hashes(conn.run(hash_cmd(paths, names), check=False).stdout)
+    return {
+        rid: differences(rid, files, found, paths.installed_unit if rid == current else "")
+        for rid, files in recorded.items()
+    }

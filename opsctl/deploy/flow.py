@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from opsctl import __version__, artifact, health, logs, modelcheck, systemd
 from opsctl.commands import Cmd
-from opsctl.deploy import argcheck, corridor, guards, pending, preflight, release, secret_fp
+from opsctl.deploy import argcheck, corridor, drift, guards, pending, preflight, release, secret_fp
 from opsctl.deploy.context import LIVE_TIMEOUT_S, ServiceContext
 from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
@@ -268,13 +268,18 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     rotated = same_config and _secrets_rotated(ctx, staged, str(facts.current), settings.plan)
     # Verified model files written after the service started: restart it so it loads them.
     stale = guards.models_changed(verdicts) if same_config and not rotated else []
-    if same_config and not rotated and not stale:
-        if facts.current_pending:
-            return pending.finish_gates(ServiceRelease(ctx, settings), facts, result)
+    if same_config and not rotated and not stale and facts.current_pending:
+        return pending.finish_gates(ServiceRelease(ctx, settings), facts, result)
+    # Files of the current release changed on the host (edited by hand): a new release writes them again
+    same = same_config and not rotated and not stale
+    drifted = drift.release_drift(ctx.conn, ctx.paths, [str(facts.current)], facts.current) if same else {}
+    changed = drifted.get(str(facts.current), [])
+    if same and not changed:
         return _unchanged(ctx, settings, facts, result)
     missing = release.missing_models(ctx.conn, ctx.service)
     why = "; API key changed" if rotated else ""
     why += f"; model changed under the running service ({stale[0].detail})" if stale else ""
+    why += f"; drift: {changed[0]}" + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "") if changed else ""
     if settings.plan:
         return _planned(ctx, facts, staged, missing, why, result)
     _refuse_missing_models(ctx, missing)
@@ -282,6 +287,8 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
         ctx.say(f"API key changed since {facts.current}: deploying a new release")
     if stale:
         ctx.say(f"{modelcheck.describe(stale[0])}: deploying a new release to restart it")
+    for line in changed:
+        ctx.say(f"drift: {line}: deploying a new release to repair it")
     abandoned = guards.mark_incomplete(ctx, facts)
     if abandoned:
         ctx.say(f"marked incomplete release {', '.join(abandoned)} BAD (its staging never finished)")
@@ -549,6 +556,9 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
             )
         target = found
     result.release = target
+    changed = drift.release_drift(ctx.conn, ctx.paths, [target], facts.current).get(target, [])
+    for line in changed:
+        ctx.say(f"rollback target drifted: {line}")
     guards.refuse_damaged(ctx, guards.model_verdicts(ctx))
     if not settings.allow_old_secrets:
         secrets = StagedRelease.render(ctx.host, ctx.service).checked_secrets()
@@ -559,6 +569,8 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
     if ctx.before_live is not None:
         ctx.before_live()  # out of its routers first (an error: nothing was switched)
     outcome, message, tail = corridor.roll_back_to(ServiceRelease(ctx, settings), facts.current, target)
+    if changed:
+        message += f"; its files changed on the host since its deploy ({changed[0]})"
     result.outcome, result.message, result.journal_tail = outcome, message, tail
     result.timings["total_s"] = time.monotonic() - start
     return result

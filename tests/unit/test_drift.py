@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -13,9 +14,11 @@ import pytest
 
 from opsctl import status
 from opsctl.commands import Cmd
-from opsctl.deploy import drift, release
+from opsctl.deploy import drift, flow, release
+from opsctl.deploy.rollout import Outcome
 from opsctl.inventory.load import load_inventory
 from opsctl.remote.fake import FakeHost
+from tests.unit.test_rollout_flow import SETTINGS, Box, ctx_for  # noqa: F401
 
 GOLDEN = Path(__file__).parent / "golden"
 RID, OLD = "20260101T000000Z-abc123abc123", "20251231T000000Z-def456def456"
@@ -110,3 +113,31 @@ def test_status_reports_a_hand_edited_unit_and_fails(row: status.ServiceStatus) 
     )
     assert row.drift[1].startswith(f"rollback target release {OLD}: env changed on the host since the deploy")
     assert len(row.drift) == 2
+
+
+def test_deploy_repairs_drift_without_force_and_rollback_says_a_target_drifted(ctx_for) -> None:  # noqa: F811
+    """Issue 42: `deploy` said "unchanged" over a hand-edited release; only --force repaired it."""
+    make, wheel, said = ctx_for
+    ctx, first_host = make(Box(None))
+    first = flow.deploy_service(ctx, wheel, SETTINGS)
+    box = Box(first.release)
+    ctx, fake = make(box)
+    fake.files.update(first_host.files)  # the release's files and manifest, as the first deploy wrote them
+    assert flow.deploy_service(ctx, wheel, SETTINGS).outcome is Outcome.UNCHANGED  # the host answers no drift
+
+    def edited(cmd: Cmd):  # type: ignore[no-untyped-def]
+        if cmd.argv[:2] == ("python3", "-c") and drift.INSTALLED in cmd.display():
+            return (0, f"{first.release}/env\t{'e' * 64}\n", "")  # the env file edited by hand
+        return box.handler(cmd)
+
+    fake.handler = edited
+    again = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert again.outcome is Outcome.DEPLOYED and again.release != first.release, again.message
+    assert again.release[-12:] == first.release[-12:]  # the same configuration, written again
+    assert any(line.startswith(f"drift: release {first.release}: env changed on the host") for line in said)
+    # rolling back to the edited release: done, and said
+    box.current = again.release
+    box.releases[again.release] = 0
+    back = flow.rollback_service(ctx, replace(SETTINGS, allow_old_secrets=True))
+    assert back.outcome is Outcome.REVERTED and "its files changed on the host since its deploy" in back.message
+    assert any(line.startswith("rollback target drifted: release ") for line in said)
