@@ -60,8 +60,16 @@ class EngineHost:
         new_tokens: int,
         env: dict[str, str] | None = None,
         overrides: dict[str, list[dict[str, Any]]] | None = None,
+        top_logprobs: int | None = None,
     ) -> Run:
-        spec = {"engine": engine, "batches": batches, "max_new_tokens": new_tokens, "overrides": overrides or {}}
+        spec: dict[str, Any] = {
+            "engine": engine,
+            "batches": batches,
+            "max_new_tokens": new_tokens,
+            "overrides": overrides or {},
+        }
+        if top_logprobs is not None:  # every request returns its log-probs and its top K (driver.py)
+            spec["top_logprobs"] = top_logprobs
         key = json.dumps({"spec": spec, "env": env or {}}, sort_keys=True)
         if key not in self._done:
             run_dir = self.workdir / f"{label}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"

@@ -212,23 +212,33 @@ def engine_runs(tiny_dense: Path, dense_reference: Reference, sglang_engine: Eng
         ),
         "wide": ({"speculative_algorithm": "DDTREE", **draft}, [tree], NEW_TOKENS, WIDE_ENV, {}),
         "policy": ({"speculative_algorithm": "DDTREE", **draft}, [tree[:1]], POLICY_TOKENS, POLICY_ENV, {}),
-        # every request kind in one batch, seeded sampling on (--enable-deterministic-inference): baseline and tree
-        "kinds-baseline": (KINDS_ENGINE, [kinds_prompts(prompts)], KINDS_TOKENS, {}, {"0": kinds(tiny_dense)}),
-        "kinds-tree": (
-            {**KINDS_ENGINE, "speculative_algorithm": "DDTREE", **draft},
-            [kinds_prompts(prompts)],
-            KINDS_TOKENS,
-            TREE_ENV,
-            {"0": kinds(tiny_dense)},
-        ),
     }
     return launcher("", engine_kwargs(tiny_dense / "target"), modes, sglang_engine)
+
+
+@pytest.fixture(scope="module")
+def kinds_runs(tiny_dense: Path, dense_reference: Reference, sglang_engine: EngineHost) -> Launcher:
+    """Every request kind in one batch, seeded sampling on (--enable-deterministic-inference), every request
+    returning its log-probs and top KINDS_TOP_LOGPROBS: "baseline" and "tree"."""
+    engine = {**engine_kwargs(tiny_dense / "target"), **KINDS_ENGINE}
+    draft = {"speculative_algorithm": "DDTREE", "speculative_draft_model_path": str(tiny_dense / "draft")}
+    batches, overrides = [kinds_prompts(dense_reference.prompts)], {"0": kinds(tiny_dense)}
+
+    def get(mode: str) -> tuple[dict[str, Any], str]:
+        extra, env = (draft, TREE_ENV) if mode == "tree" else ({}, {})
+        return sglang_engine.run(
+            f"kinds-{mode}", {**engine, **extra}, batches, KINDS_TOKENS, env, overrides, top_logprobs=KINDS_TOP_LOGPROBS
+        )
+
+    return get
 
 
 # Request kinds (docs/sglang.md, "Request kinds"): one batch holding every kind a tree round serves, decoded by
 # the baseline and by tree mode with seeded sampling on; each request's tokens must be the baseline's.
 KINDS_ENGINE = {"enable_deterministic_inference": True, "sampling_backend": "pytorch", "max_running_requests": 8}
 KINDS_TOKENS = 16
+KINDS_TOP_LOGPROBS = 3
+LOGPROB_TOLERANCE = 1e-4  # float32 on a CPU: the tree verify and the decode step round differently
 KIND_NAMES = [
     "greedy, logit_bias bans its 4th greedy token",
     "greedy, frequency_penalty 1.5",
@@ -239,6 +249,21 @@ KIND_NAMES = [
     "seeded, temperature 1.0",
     "greedy",
 ]
+
+
+# The hybrid target's request kinds: fewer and shorter (each step runs the interpreted GDN kernels)
+HYBRID_KINDS_TOKENS = 12
+HYBRID_KINDS: list[dict[str, Any]] = [
+    {"frequency_penalty": 1.5, "presence_penalty": 0.5},
+    {"repetition_penalty": 1.3, "logit_bias": {"10": 5.0}},
+    {"temperature": 0.7, "top_p": 0.9, "sampling_seed": 21},
+    {"temperature": 1.0, "top_k": 20, "sampling_seed": 22},
+]
+
+
+def hybrid_kinds_prompts(prompts: list[list[int]]) -> list[list[int]]:
+    t0, t1 = prompts[HYBRID_TREE[0]], prompts[HYBRID_TREE[1]]
+    return [t0, t1, t0, t1]
 
 
 def kinds_prompts(prompts: list[list[int]]) -> list[list[int]]:
@@ -283,6 +308,15 @@ def hybrid_runs(tiny_hybrid: Path, hybrid_reference: Reference, sglang_engine: E
         "baseline": ({}, [prompts], BASELINE_TOKENS, {}, {}),
         "ddtree": (draft, [chat], NEW_TOKENS, SHADOW_ENV, {}),
         "tree": (draft, [tree, tree[:1]], NEW_TOKENS, TREE_ENV, {}),
+        # four request kinds through the recurrent layers, seeded sampling on
+        "kinds-baseline": (KINDS_ENGINE, [hybrid_kinds_prompts(prompts)], HYBRID_KINDS_TOKENS, {}, {"0": HYBRID_KINDS}),
+        "kinds-tree": (
+            {**KINDS_ENGINE, **draft},
+            [hybrid_kinds_prompts(prompts)],
+            HYBRID_KINDS_TOKENS,
+            TREE_ENV,
+            {"0": HYBRID_KINDS},
+        ),
     }
     target = tiny_hybrid / "target"
     return launcher("hybrid-", {**engine_kwargs(target), **hybrid_overrides(target)}, modes, sglang_engine)
@@ -371,6 +405,20 @@ def test_ddtree_shadow_engine_matches_baseline_and_transformers_and_logs_tree_st
         assert stats["width"] >= 1
 
 
+def assert_logprobs_close(name: str, got: dict[str, Any], want: dict[str, Any]) -> None:
+    """SGLang's output_token_logprobs ([logprob, token id, text] per token) and output_top_logprobs (the top K
+    per token) of two runs: same tokens, values within LOGPROB_TOLERANCE."""
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        g, w = got.get(key), want.get(key)
+        assert g and w and len(g) == len(w), f"{name}: {key} {g!r:.200} vs {w!r:.200}"
+        for position, (a, b) in enumerate(zip(g, w, strict=True)):
+            pairs_a = [a] if key == "output_token_logprobs" else a
+            pairs_b = [b] if key == "output_token_logprobs" else b
+            assert [p[1] for p in pairs_a] == [p[1] for p in pairs_b], f"{name}: {key}[{position}] tokens differ"
+            for x, y in zip(pairs_a, pairs_b, strict=True):
+                assert abs(x[0] - y[0]) <= LOGPROB_TOLERANCE, f"{name}: {key}[{position}] {x[0]} vs {y[0]}"
+
+
 def assert_shadow_log(log: str, hybrid: str) -> None:
     """A shadow run's DDTREE lines: init with the knobs, verify rounds, tree statistics on (no spine mismatch),
     every metrics window a real tree (more than one node, within the budget) and some trees branching."""
@@ -417,13 +465,14 @@ def test_ddtree_tree_engine_matches_baseline_and_transformers_and_accepts_off_th
 
 @needs_sglang
 def test_every_request_kind_takes_tree_rounds_and_gets_the_baseline_tokens(
-    engine_runs: Launcher, tiny_dense: Path
+    kinds_runs: Launcher, engine_runs: Launcher, tiny_dense: Path
 ) -> None:
     """logit_bias, each penalty, min_new_tokens and seeded sampling (with and without top-k / top-p), batched
-    with greedy rows: tree mode's tokens equal the baseline's token for token, and the batch takes tree rounds
-    (no DFLASH chain round)."""
-    base, _ = engine_runs("kinds-baseline")
-    tree, log = engine_runs("kinds-tree")
+    with greedy rows, every request asking for log-probs: tree mode's tokens equal the baseline's token for
+    token, their log-probs (and top-3) within LOGPROB_TOLERANCE, and the batch takes tree rounds (no DFLASH
+    chain round)."""
+    base, _ = kinds_runs("baseline")
+    tree, log = kinds_runs("tree")
     (want,) = base["batches"]
     (got,) = tree["batches"]
     params = kinds(tiny_dense)
@@ -435,11 +484,25 @@ def test_every_request_kind_takes_tree_rounds_and_gets_the_baseline_tokens(
     assert want[1]["output_ids"][: len(greedy[tuple(want[1]["prompt_ids"])])] != greedy[tuple(want[1]["prompt_ids"])]
     for name, w, g in zip(KIND_NAMES, want, got, strict=True):
         assert g["output_ids"] == w["output_ids"], f"{name}: tree {g['output_ids']} != baseline {w['output_ids']}"
+        assert_logprobs_close(name, g["meta_info"], w["meta_info"])
     assert "take DFLASH's chain verify" not in log, log[-3000:]
     lines = metrics_lines(log)
     assert lines and sum(int(fields["rounds"]) for fields in lines) > 0, log[-3000:]
     assert SELFCHECK_OK in log and "self-check FAILED" not in log
     print("\n".join(m.group(0) for m in METRICS.finditer(log)))
+
+
+@needs_sglang
+def test_hybrid_request_kinds_take_tree_rounds_and_get_the_baseline_tokens(hybrid_runs: Launcher) -> None:
+    """Penalties, logit_bias and seeded sampling on the hybrid target: the tree's per-node rules and draws run
+    through the GDN tree kernels and still give the baseline's tokens."""
+    (want,) = hybrid_runs("kinds-baseline")[0]["batches"]
+    tree, log = hybrid_runs("kinds-tree")
+    (got,) = tree["batches"]
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert g["output_ids"] == w["output_ids"], f"{HYBRID_KINDS[i]}: tree {g['output_ids']} != {w['output_ids']}"
+    assert "take DFLASH's chain verify" not in log, log[-3000:]
+    assert metrics_lines(log) and SELFCHECK_OK in log and "self-check FAILED" not in log
 
 
 @needs_sglang

@@ -62,6 +62,12 @@ def needs_node_rules(batch: Any) -> bool:
     info = batch.sampling_info
     if info is not None and getattr(info, "logit_bias", None) is not None:
         return True
+    return reads_output(batch)
+
+
+def reads_output(batch: Any) -> bool:
+    """True when some request's rules read its output so far (penalties, min_new_tokens): DFLASH's chain round
+    would get them wrong (it repeats one relaxed row per request), so the shape policy must not pick it."""
     return any(request_rules(req).reads_output for req in batch.reqs)
 
 
@@ -71,14 +77,14 @@ def dflash_round_reason(batch: Any, tp_size: int, overlap: bool) -> str:
     info = batch.sampling_info
     if batch.has_grammar:
         return "grammar-constrained requests (one vocabulary mask per tree node is not built)"
-    if batch.return_logprob:
-        return "log-prob requests (the tree round returns no log-probs)"
+    if batch.return_logprob and tp_size > 1:
+        return "log-prob requests at TP > 1 (the verify logits stay vocabulary-sharded)"
     if info is not None and getattr(info, "has_custom_logit_processor", False):
         return "custom logit processors (they see one row per request, not one per tree node)"
     sampled = info is not None and not info.is_all_greedy
     if tp_size > 1 and (sampled or needs_node_rules(batch)):
         return "sampling or logit rules at TP > 1 (the verify logits stay vocabulary-sharded)"
-    if overlap and any(request_rules(req).reads_output for req in batch.reqs):
+    if overlap and reads_output(batch):
         return "penalties or min_new_tokens under the overlap scheduler (the committed output lags a round)"
     return ""
 
@@ -124,18 +130,19 @@ def node_choices(
     positions: Tensor,
     sampler: Any,
     rules: BatchRules | None,
-) -> Tensor:
-    """[bs, S] the target's choice after each node. logits: [bs * S, V] the verify's; tokens, depths: [bs, S];
-    tree_mask: [bs, S, S]; positions: [bs * S], each node's position (prefix_len + depth, the baseline's
-    position for the same token); sampler: SGLang's Sampler (model_runner.sampler)."""
+) -> tuple[Tensor, Tensor]:
+    """([bs, S] the target's choice after each node, [bs, S, V] the rows it chose from: the logits with the
+    rules applied, the ones the baseline's log-probs read). logits: [bs * S, V] the verify's; tokens, depths:
+    [bs, S]; tree_mask: [bs, S, S]; positions: [bs * S], each node's position (prefix_len + depth, the
+    baseline's position for the same token); sampler: SGLang's Sampler (model_runner.sampler)."""
     bs, slots = tokens.shape
     rows = logits.view(bs, slots, -1)
     if rules is not None:
         rows = apply_node_rules(rows, tokens, tree_mask, depths, rules)
     info = batch.sampling_info
     if info is None or info.is_all_greedy:
-        return torch.argmax(rows, dim=-1)
+        return torch.argmax(rows, dim=-1), rows
     flat = rows.reshape(bs * slots, -1).clone()  # the Sampler scales and softmaxes in place
     out = SimpleNamespace(next_token_logits=flat)
     choices = sampler(out, expanded_sampling_info(info, slots), False, [], [], positions)
-    return choices.view(bs, slots).to(torch.int64)
+    return choices.view(bs, slots).to(torch.int64), rows

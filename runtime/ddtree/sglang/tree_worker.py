@@ -1,6 +1,8 @@
 """The DDTREE `tree` worker for SGLang: DFLASH's drafting, a DDTree tree per request, ONE target forward over
-the whole tree (TARGET_VERIFY, ancestor-only custom mask), SGLang's `verify_tree_greedy` for acceptance, the
-accepted nodes' KV kept, their hidden states fed back to the drafter. Greedy only; dense and hybrid targets.
+the whole tree (TARGET_VERIFY, ancestor-only custom mask), one choice per node (the request's logit rules and
+SGLang's own sampler at the node's position: `ddtree.sglang.request_kinds`), SGLang's `verify_tree_greedy` walk
+over those choices, the accepted nodes' KV kept, their hidden states fed back to the drafter. Greedy, sampled and
+seeded requests, logit_bias, penalties, min_new_tokens and log-probs; dense and hybrid targets.
 
 One round, per decode batch (prefill and idle batches run DFLASH's own code, unchanged):
 
@@ -12,8 +14,9 @@ One round, per decode batch (prefill and idle batches run DFLASH's own code, unc
    (DDTREE_BUDGET nodes, DDTREE_TOPK per row; the trees `build_tree_heap` builds) in SGLang's EAGLE tree layout
    (`ddtree.sglang.layout` documents it), padded to S = B slots (2B for a wide tree), with FULL_MASK;
 3. verify (`_verify` -> `VerifiedRound`): one target forward (TARGET_VERIFY) with the FULL_MASK custom mask and
-   positions prefix_len + depth, writing the window req_to_token[prefix_len : prefix_len + S];
-   `verify_tree_greedy` walks the target's argmax over the tree links;
+   positions prefix_len + depth, writing the window req_to_token[prefix_len : prefix_len + S]; each node's
+   choice (argmax, or the request's rules and sampler: docs/sglang.md, "Request kinds"), and
+   `verify_tree_greedy` walks those choices over the tree links;
 4. commit (`_commit` -> `KeptRound`, page_size 1): the window's req_to_token entries are permuted so the
    accepted path's slots come first (path order) and the others after: req_to_token[prefix_len : prefix_len +
    tau] = the accepted nodes' KV locations; the unaccepted locations stay in the request's reservation (as
@@ -44,9 +47,9 @@ DDTREE_ALLOW_HYBRID_UNSAFE=1, which runs the flat, wrong order on purpose), no c
 cache, no selector / LiLiCorr / Domino drafts, CUDA graphs on dense targets only with the triton backend (the
 verify graphs are captured reading the tree mask, `ddtree.sglang.graph_masks`; SGLang captures DFLASH's
 causal), a dense LM head (vocab-parallel at TP > 1: each rank's top-k is gathered,
-`ddtree.sglang.vocab_parallel`, so every rank builds the same trees). A decode batch with a sampling,
-log-prob or grammar-constrained request takes DFLASH's own round (chain verify, exact for sampling) instead of
-a tree round (WARNING once).
+`ddtree.sglang.vocab_parallel`, so every rank builds the same trees). A decode batch with a grammar-constrained
+request or a custom logit processor (and at TP > 1 one with sampling, rules or log-probs) takes DFLASH's own round
+(chain verify) instead of a tree round (`request_kinds.dflash_round_reason`; WARNING once per reason).
 
 The shape policy (DDTREE_POLICY, `ddtree.sglang.policy_glue`): with it on, each greedy decode round first asks
 the policy for its shape, from the batch size and what the rounds `RoundLedger.lag` back measured: a tree of the
@@ -92,7 +95,13 @@ from ddtree.sglang.batch_round import (
 )
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
 from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger, round_accepts
-from ddtree.sglang.request_kinds import dflash_round_reason, needs_node_rules, node_choices, rules_of_batch
+from ddtree.sglang.request_kinds import (
+    dflash_round_reason,
+    needs_node_rules,
+    node_choices,
+    reads_output,
+    rules_of_batch,
+)
 from ddtree.sglang.round_graphs import RoundGraphs, clone_result
 from ddtree.sglang.selfcheck import (
     STATE_TOLERANCE,
@@ -363,6 +372,7 @@ class KeptRound:
     bonus: Tensor  # [bs] int64: the first token of the next round
     state_index: Tensor  # the accept index commit_mamba_states_after_verify reads (hybrid targets)
     state_width: int  # its verify width (S, or B for the chain)
+    predict: Tensor  # [bs * width]: the choice after each verify row (what a row's log-prob is taken of)
     hidden_rows: Tensor | None  # [bs, S]: verify rows in path order; None: already in path order
     hidden_loc: Tensor  # [bs, >= B] int64: the drafter's KV locations, path order
     logits_output: Any  # the forward whose hidden states go to the drafter (and to SGLang's result)
@@ -379,6 +389,7 @@ def tree_worker_class() -> type:
     import sglang.srt.speculative.dflash_worker_v2 as dw
     from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_func
     from sglang.srt.configs.hybrid_arch import mambaish_config
+    from sglang.srt.layers.logprob_processor import compute_spec_logprobs
     from sglang.srt.managers.scheduler import GenerationBatchResult
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -617,6 +628,9 @@ def tree_worker_class() -> type:
             glue = self._ddtree_glue
             if not glue.enabled:
                 return self._ddtree_round(batch, on_publish, self._ddtree_config.budget)[0]  # no policy row
+            if reads_output(batch):  # the policy's chain (DFLASH's round) would relax these rules: a tree round
+                self._ddtree_ledger.interrupt()
+                return self._ddtree_round(batch, on_publish, self._ddtree_config.budget)[0]
             bs = len(batch.seq_lens)
             shape = glue.next_shape(bs, self._ddtree_ledger.due())  # the rounds `lag` back: host memory only
             note = glue.switch_note(bs)
@@ -667,7 +681,10 @@ def tree_worker_class() -> type:
                 return None
             rules = rules_of_batch(batch, int(logits.shape[-1]), logits.device)
             sampler = self.target_worker.model_runner.sampler
-            return node_choices(batch, logits, tokens, tree_mask, depths, positions, sampler, rules)
+            choices, rows = node_choices(batch, logits, tokens, tree_mask, depths, positions, sampler, rules)
+            if batch.return_logprob and rules is not None:  # the log-probs read the rows the choices came from
+                logits.copy_(rows.reshape(logits.shape))
+            return choices
 
         def _tree_verify(self, verify_input: Any, plan: BatchPlan, batch: Any) -> Any:
             """Prepare and run the verify forward. On an exact hybrid target SGLang's GDN backend reads the tree
@@ -836,6 +853,8 @@ def tree_worker_class() -> type:
             ms["commit"] = (t4 - t3) * 1e3
             if self._ddtree_stats is None:
                 raise RuntimeError("DDTREE: a decode round before init_cuda_graphs (SGLang's start-up order changed)")
+            if batch.return_logprob:  # the committed tokens' log-probs, from the rows of the path that chose them
+                compute_spec_logprobs(batch, kept.logits_output, kept.predict, accept_index=kept.state_index)
             if self._ddtree_rank == 0:  # sync 2, on a round that completes a line
                 self._ddtree_stats.push(stats_tensor(planned.plan, commit), ms)
             block = int(self.block_size)
@@ -1063,6 +1082,7 @@ def tree_worker_class() -> type:
                 bonus=commit.bonus,
                 state_index=verified.accept_index,
                 state_width=slots,
+                predict=verified.target_predict.reshape(-1),
                 hidden_rows=commit.perm,
                 hidden_loc=hidden_loc,
                 logits_output=verified.output.logits_output,
@@ -1105,6 +1125,7 @@ def tree_worker_class() -> type:
                 bonus=check.bonus,
                 state_index=chain_accept_index(bs, block, device),
                 state_width=block,
+                predict=chain_predict.reshape(-1),
                 hidden_rows=None,
                 hidden_loc=self._draft_write_ids(draft.window.plan).view(bs, block).to(torch.int64),
                 logits_output=logits_output,

@@ -5,7 +5,8 @@ in CI").
     python driver.py --serve
 
 JOB: {"engine": {ServerArgs keyword arguments}, "batches": [[input_ids, ...], ...], "max_new_tokens": N,
-"overrides": {"<batch index>": [{sampling params of request i}, ...]}} ("overrides" optional).
+"overrides": {"<batch index>": [{sampling params of request i}, ...]}, "top_logprobs": K} ("overrides" optional;
+"top_logprobs", optional: every request returns its output log-probs and its top K, SGLang's return_logprob).
 Each batch is one `Engine.generate` call (several requests in one call run batched in the scheduler), greedy,
 `ignore_eos`, unless overridden per request. RESULT: {"startup_s", "generate_s", "batches": [[{"prompt_ids",
 "output_ids", "meta_info"}, ...], ...]}.
@@ -51,7 +52,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         for index, batch in enumerate(job["batches"]):
             overrides = job.get("overrides", {}).get(str(index))
             sampling: Any = [{**params, **o} for o in overrides] if overrides else params
-            outs = engine.generate(input_ids=batch, sampling_params=sampling)
+            logprobs: dict[str, Any] = {}
+            if job.get("top_logprobs") is not None:
+                logprobs = {"return_logprob": True, "top_logprobs_num": int(job["top_logprobs"])}
+            outs = engine.generate(input_ids=batch, sampling_params=sampling, **logprobs)
             batches.append(
                 [
                     {"prompt_ids": prompt, "output_ids": out["output_ids"], "meta_info": out["meta_info"]}
