@@ -8,24 +8,42 @@ never a rollback target (`ReleaseFacts.rollback_target`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol, TypeVar
 
 from opsctl.deploy import corridor, release
+from opsctl.deploy.context import ServiceContext
 from opsctl.deploy.release import ReleaseFacts
 from opsctl.deploy.rollout import Outcome
 from opsctl.errors import OpsctlError
 
-if TYPE_CHECKING:
-    from opsctl.deploy.context import ServiceContext
-    from opsctl.deploy.flow import DeploySettings, ServiceResult
+
+class _Settings(Protocol):
+    @property
+    def plan(self) -> bool: ...
+
+
+class _Result(Protocol):
+    """What this fills of flow's ServiceResult (flow calls this module; this module never imports flow)."""
+
+    release: str | None
+    previous: str | None
+    outcome: Outcome
+    message: str
+    journal_tail: str
 
 
 class Gated(corridor.Releasable, Protocol):
-    ctx: ServiceContext
-    settings: DeploySettings
+    @property
+    def ctx(self) -> ServiceContext: ...
+
+    @property
+    def settings(self) -> _Settings: ...
 
 
-def finish_gates(target: Gated, facts: ReleaseFacts, result: ServiceResult) -> ServiceResult:
+R = TypeVar("R", bound=_Result)
+
+
+def finish_gates(target: Gated, facts: ReleaseFacts, result: R) -> R:
     """The gates of `facts.current`, which went live and was never tested; fills and returns `result`."""
     current = str(facts.current)
     previous = facts.rollback_target()
