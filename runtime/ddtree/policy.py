@@ -175,6 +175,9 @@ class PolicyConfig:
     # 1 - (1 - alpha)^g); False: by samples only (weight max(alpha, 1 / n)), so a shape that only probes measure,
     # one round in a few hundred, is not judged by its latest probe alone
     forget_by_rounds: bool = True
+    # a bucket without start-up costs takes the nearest bucket's cost estimates as its seeds (scaled, like start-up
+    # seeds, by what its own live rounds measure), instead of probing every shape in warm-up
+    borrow_costs: bool = False
 
     def __post_init__(self) -> None:
         if not self.shapes or len(set(self.shapes)) != len(self.shapes):
@@ -201,7 +204,8 @@ def stable_config(shapes: tuple[Shape, ...], seed: int = 0) -> PolicyConfig:
     needs both shapes to have 512 acceptance samples and the gain to clear 1% plus twice its standard error; a
     bucket's first switch may come from its 4th round (a seeded bucket leaves a losing configured tree at once),
     later ones at most once per 256 of its rounds. One round in 64 probes another shape, never one that is
-    surely worse. `python -m ddtree.policy_sim` replays recorded rounds through it (docs/policy-rounds.md)."""
+    surely worse. A bucket without start-up costs borrows the nearest bucket's. `python -m ddtree.policy_sim`
+    replays recorded rounds through it (docs/policy-rounds.md)."""
     return PolicyConfig(
         shapes=shapes,
         seed=seed,
@@ -216,6 +220,7 @@ def stable_config(shapes: tuple[Shape, ...], seed: int = 0) -> PolicyConfig:
         pool_accept=True,
         min_accept_samples=512,
         forget_by_rounds=False,
+        borrow_costs=True,
     )
 
 
@@ -460,6 +465,8 @@ class ShapePolicy:
             # one draw per round whatever the outcome, so the RNG stream depends only on the call sequence
             draw = self._rng.random() < self.config.explore
             unmeasured = any(b.cost[s].value is None and s not in b.seed for s in self.config.shapes)
+            if unmeasured and self.config.borrow_costs and not b.seed:
+                unmeasured = not self._borrow(index)
             warmup = b.rounds % self.config.warmup_every == 0 and unmeasured
             target = self._probe_target(b) if (draw or warmup) and len(self.config.shapes) > 1 else None
             if target is not None:
@@ -494,6 +501,19 @@ class ShapePolicy:
                 return
         b.current, b.last_switch = best, b.rounds
         b.switches += 1
+
+    def _borrow(self, index: int) -> bool:
+        """Seed bucket `index` from the nearest bucket with a cost estimate of every shape (per request, with a 10%
+        spread); False if there is none yet."""
+        b = self._buckets[index]
+        for other in sorted(self._buckets, key=lambda i: (abs(i - index), i)):
+            if other == index:
+                continue
+            costs = {s: self._cost(self._buckets[other], s) for s in self.config.shapes}
+            if all(c is not None for c in costs.values()):
+                b.seed = {s: (c[0], 0.1 * c[0]) for s, c in costs.items() if c is not None}
+                return True
+        return False
 
     def _probe_target(self, b: _Bucket) -> Shape | None:
         """The other shape whose cost was measured longest ago (never measured first; ties: the last candidate

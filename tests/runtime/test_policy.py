@@ -445,3 +445,14 @@ def test_probes_skip_a_shape_that_is_surely_worse() -> None:
         policy.seed_cost(1, shape, ms, 0.1)
     ran = simulate(policy, lambda _bs, _i: {T32: (4.0, 10.0), T8: (3.9, 9.5), CHAIN: (3.6, 40.0)}, [1] * 400)
     assert CHAIN not in ran and ran.count(T8) > 20  # tree8 is close enough to be worth its probes
+
+
+def test_a_new_bucket_borrows_the_nearest_buckets_costs_instead_of_probing() -> None:
+    policy = stable((T32, CHAIN), explore=0.0, min_accept_samples=1)
+    for _ in range(40):  # bucket 5-8: warm-up probes measure the chain, the tree runs
+        d = policy.decide(8)
+        policy.observe(d.round_id, accepted={T32: 4.0, CHAIN: 3.0} if not d.shape.is_chain else {CHAIN: 3.0},
+                       cost_ms=40.0 if not d.shape.is_chain else 16.0)  # fmt: skip
+    assert policy.estimate(8, CHAIN) is not None
+    ran = [policy.decide(4).shape for _ in range(8)]  # bucket 3-4: no probe, its costs come from 5-8
+    assert CHAIN not in ran[:3] and policy.estimate(4, CHAIN) == pytest.approx(policy.estimate(8, CHAIN))
