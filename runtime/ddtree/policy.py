@@ -21,6 +21,12 @@ probe rounds (`explore`) that run another shape once, so its cost and acceptance
 has never been measured in a bucket every `warmup_every`-th round probes; probes do not change the current
 shape.
 
+`stable_config` (what `auto` runs in the SGLang tree worker, issue 45) adds to this: costs seeded per bucket at
+start-up (`seed_cost`) or borrowed from the nearest bucket, averaged by samples rather than rounds; acceptance
+pooled over the buckets with paired differences between shapes; and a switch only when the gain clears `margin`
+plus `confidence` standard errors (`_gain_err`). The defaults of `PolicyConfig` keep the behaviour described
+above (the reference engine's).
+
 Determinism: decisions are a function of the seed and the sequence of calls. At TP > 1 every rank makes its own
 decisions and they agree as long as every rank feeds the same numbers: the acceptances are the same on every
 rank (the same trees, the same verify), the costs must be too (rank 0's, or the max over ranks, shared).
