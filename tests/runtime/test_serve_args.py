@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from ddtree.serve.args import (
+    HOLD_LOADING_ENV,
     Mode,
     SpecAlgorithm,
     parse_args,
@@ -165,3 +166,11 @@ def test_tokenizer_is_loaded_from_tokenizer_path(tiny_dense: Path, tmp_path: Pat
     assert engine.tokenizer.decode(ids) == "MARK hi"
     default = load_engine(str(target), None, Mode.BASELINE, None, "cpu", "float32")
     assert default.tokenizer.decode(render_chat(default.tokenizer, [ChatMessage("user", "hi")], {})) != "MARK hi"
+
+
+def test_the_labs_loading_hold_comes_through_the_arguments(tmp_path: Path) -> None:
+    """The hook is read with the rest of the arguments, at the start; the load path only takes it from there."""
+    assert parse_args(["--model-path", "/m"], environ={}).hold_loading_while == ""
+    held = tmp_path / "hold"
+    args = parse_args(["--model-path", "/m"], environ={HOLD_LOADING_ENV: f" {held} "})
+    assert args.hold_loading_while == str(held) and str(held) not in str(args.public_dict())

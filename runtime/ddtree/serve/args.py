@@ -72,6 +72,9 @@ COMPAT_DESTS: tuple[str, ...] = tuple(
 )
 
 
+HOLD_LOADING_ENV = "DDTREE_SERVE_HOLD_LOADING_WHILE"  # ServerArgs.hold_loading_while
+
+
 @dataclass(frozen=True)
 class ServerArgs:
     model_path: str
@@ -92,6 +95,9 @@ class ServerArgs:
     skip_server_warmup: bool
     reasoning_parser: str | None
     compat: Mapping[str, Any]  # accepted-for-compatibility flags, as given
+    # A lab test hook, from the environment (HOLD_LOADING_ENV): while this file exists the server stays in its
+    # loading phase (/health 503), so a test can look at a server still starting without racing its start-up.
+    hold_loading_while: str = ""
 
     def public_dict(self) -> dict[str, Any]:
         """Everything /server_info shows: the key itself never, only whether and where it came from."""
@@ -206,6 +212,7 @@ def resolve(ns: argparse.Namespace, environ: Mapping[str, str]) -> ServerArgs:
         skip_server_warmup=ns.skip_server_warmup,
         reasoning_parser=parser_name,
         compat={dest: getattr(ns, dest) for dest in COMPAT_DESTS},
+        hold_loading_while=environ.get(HOLD_LOADING_ENV, "").strip(),
     )
 
 

@@ -16,15 +16,12 @@ from typing import Any
 from ddtree.metrics import RoundStats
 from ddtree.prom import DDTreeProm, RoundKind
 from ddtree.serve import faults
-from ddtree.serve.args import Mode, ServerArgs
+from ddtree.serve.args import HOLD_LOADING_ENV, Mode, ServerArgs
 from ddtree.serve.loader import ModelInfo, load_engine, stop_ids
 from ddtree.serve.stats import ServerStats
 from ddtree.serve.worker import EngineWorker
 
 log = logging.getLogger("ddtree.serve")
-# A test hook: while the file this variable names exists, the server stays in its loading phase (/health 503), so
-# a lab test can look at a server that is still starting without racing its start-up (tests/lab).
-HOLD_LOADING_ENV = "DDTREE_SERVE_HOLD_LOADING_WHILE"
 
 
 class Phase(enum.StrEnum):
@@ -84,7 +81,7 @@ class AppState:
 
     def _load(self) -> None:
         try:
-            _hold_loading(os.environ.get(HOLD_LOADING_ENV, ""))
+            _hold_loading(self.args.hold_loading_while)
             log.info("Load weight begin. mode=%s device=%s dtype=%s", self.mode.value, self.device, self.dtype)
             t0 = time.monotonic()
             a = self.args
@@ -173,7 +170,7 @@ def collector_paused() -> Iterator[None]:
 
 
 def _hold_loading(path: str, poll_s: float = 0.2) -> None:
-    """Wait while `path` exists (HOLD_LOADING_ENV; nothing when it is unset)."""
+    """Wait while `path` exists (the lab's `ServerArgs.hold_loading_while`; nothing when it is "")."""
     if path and os.path.exists(path):
         log.info("Loading held while %s exists (%s)", path, HOLD_LOADING_ENV)
         while os.path.exists(path):
