@@ -51,6 +51,8 @@ def write_files(out: Path, files: list[MonitorFile]) -> int:
     folders that this render did not write; returns how many were removed."""
     written = {out / f.path for f in files}
     try:
+        for folder in TARGET_DIRS:  # both, even empty: Prometheus watches each folder it is given
+            (out / folder).mkdir(parents=True, exist_ok=True)
         for f in files:
             path = out / f.path
             path.parent.mkdir(parents=True, exist_ok=True)
