@@ -391,3 +391,45 @@ def test_canary_rolls_back_a_much_slower_release(router_inventory: Path, tmp_pat
         bad = opsctl("deploy", "-i", str(slow_inv), "--service", "ref", "--mode", mode, "--canary", timeout=1500)
     _assert_canary_rolled_back(router_inventory, "canary_slow", bad, client, before,
                                r"canary: (ITL p95|tok/s) .* FAIL")  # fmt: skip
+
+
+def test_canary_rolls_back_a_release_that_refuses_what_the_old_group_serves(
+    router_inventory: Path, tmp_path: Path
+) -> None:
+    """Issue 42: a release with `--context-length 128` (every flag valid, the smoke prompt short) passed the
+    canary: its error rate counted only aborts, its request count left out the 400s (clients lost 98 of 212 long
+    requests). The judge reads the router's per-worker answers: the canary's refusals roll it back at once."""
+    router = f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}"
+    mode = current_mode(router_inventory, "lab2", "ref")
+
+    def short_context(doc: dict[str, Any]) -> None:
+        _with_canary(doc)
+        doc["routers"]["front"]["canary"].update(window=60, min_requests=5, replay=0)
+        service(doc, "lab1", "ref")["extra_args"] = ["--context-length", "128"]
+
+    bad_inv = derived_inventory(tmp_path / "short-context.yaml", short_context)
+    before = {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")}
+    long_prompt = {
+        "model": "default",
+        "messages": [{"role": "user", "content": " ".join(["count the words of this sentence"] * 10)}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    client = SteadyClient(router, rate=2, max_s=420, body=long_prompt)
+    client.start()
+    try:
+        bad = opsctl("deploy", "-i", str(bad_inv), "--service", "ref", "--mode", mode, "--canary", timeout=1500)
+    finally:
+        client.finish()
+    print(_canary_lines(bad.stderr))
+    _record("canary_refuses", client.report, deploy_rc=bad.returncode)
+    assert bad.returncode == 1, bad.stderr[-5000:]
+    assert "canary behind router front: rolled-back" in bad.stderr, bad.stderr[-5000:]
+    assert re.search(r"canary: refused +\d+ \([\d.]+%\) +0 \(0\.00%\) .* FAIL", bad.stderr), _canary_lines(bad.stderr)
+    assert {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")} == before
+    members = _members(router_inventory)
+    assert len(members) == 2 and all(members.values()), members
+    # what clients lost: the canary's 400s until it was rolled back, nothing else
+    assert set(client.report.causes) <= {"HTTP 400"}, client.report.summary()
+    assert 0 < client.report.failed < client.report.sent / 2, client.report.summary()
