@@ -13,10 +13,10 @@ then the target's own choice given its accepted prefix: greedy rows get the base
 baseline's law (each visited node is drawn independently), and seeded rows, drawn with the baseline's own
 noise keyed by (seed, position), the baseline's tokens.
 
-SGLang's order (`SamplingBatchInfo.copy_for_forward` then `apply_logits_bias`): additive penalties (frequency,
-presence, min_new_tokens' -inf on stop tokens), then the multiplicative repetition penalty, then the grammar
-mask, then logit_bias; the sampler then applies temperature, top-k, top-p and min-p. SGLang counts output
-tokens only (not the prompt) for all three penalties.
+SGLang's order: the penalties (frequency, presence, min_new_tokens' -inf on stop tokens, the multiplicative
+repetition penalty; in the order `PENALTIES` documents), then the grammar mask, then logit_bias; the sampler then
+applies temperature, top-k, top-p and min-p. SGLang counts output tokens only (not the prompt) for all three
+penalties.
 
 Pure tensor code: the SGLang worker and the reference engine both call it; tests/runtime/test_acceptance.py
 checks it against a per-node reference and a distribution oracle.
@@ -126,21 +126,43 @@ def path_counts(base: Tensor, tokens: Tensor, tree_mask: Tensor, depths: Tensor)
     return counts
 
 
-def apply_node_rules(logits: Tensor, tokens: Tensor, tree_mask: Tensor, depths: Tensor, rules: BatchRules) -> Tensor:
+# The order SGLang applies a batch's penalties in. A spec worker's batch (and the reference engine) sums the
+# additive ones, then scales (`SamplingBatchInfo.copy_for_forward`); SGLang's non-speculative decode applies them
+# one by one in its orchestrator's order, a set of classes (`request_kinds.baseline_penalty_order` reads it), and
+# the repetition penalty's place in it changes the result.
+PENALTIES = ("frequency", "min_new_tokens", "presence", "repetition")
+
+
+def apply_node_rules(
+    logits: Tensor,
+    tokens: Tensor,
+    tree_mask: Tensor,
+    depths: Tensor,
+    rules: BatchRules,
+    order: Sequence[str] = PENALTIES,
+) -> Tensor:
     """The verify logits [bs, S, V] adjusted per node as the baseline adjusts them at that node's position (a new
-    tensor, in the logits' dtype). tokens, depths: [bs, S]; tree_mask: [bs, S, S] (see `path_counts`)."""
+    tensor, in the logits' dtype): the penalties in `order` (a permutation of PENALTIES), then logit_bias.
+    tokens, depths: [bs, S]; tree_mask: [bs, S, S] (see `path_counts`)."""
+    if sorted(order) != sorted(PENALTIES):
+        raise ValueError(f"order must be a permutation of {PENALTIES}, got {tuple(order)}")
     out = logits.clone()
-    suppress = min_new_mask(rules, depths).unsqueeze(-1)  # [bs, S, 1]
-    additive = torch.where(suppress, rules.stop_penalty[:, None], 0.0)  # [bs, S, V]
+    counts: Tensor | None = None
     if bool((rules.frequency != 0).any() or (rules.presence != 0).any() or (rules.repetition != 1).any()):
         counts = path_counts(rules.counts, tokens, tree_mask, depths)  # [bs, S, V]
-        seen = counts > 0
-        additive = additive - rules.frequency.view(-1, 1, 1) * counts - rules.presence.view(-1, 1, 1) * seen
-        out.add_(additive.to(out.dtype))
-        scale = torch.where(seen, rules.repetition.view(-1, 1, 1), 1.0).to(out.dtype)
-        out = torch.where(out < 0, out * scale, out / scale)
-    else:
-        out.add_(additive.to(out.dtype))
+    for penalty in order:
+        if penalty == "min_new_tokens":
+            suppress = min_new_mask(rules, depths).unsqueeze(-1)  # [bs, S, 1]
+            out.add_(torch.where(suppress, rules.stop_penalty[:, None], 0.0).to(out.dtype))
+        elif counts is None:
+            continue
+        elif penalty == "frequency":
+            out.sub_((rules.frequency.view(-1, 1, 1) * counts).to(out.dtype))
+        elif penalty == "presence":
+            out.sub_((rules.presence.view(-1, 1, 1) * (counts > 0)).to(out.dtype))
+        else:  # repetition: multiplicative, by the sign of the logit it meets
+            scale = torch.where(counts > 0, rules.repetition.view(-1, 1, 1), 1.0).to(out.dtype)
+            out = torch.where(out < 0, out * scale, out / scale)
     if rules.logit_bias is not None:
         out.add_(rules.logit_bias[:, None].to(out.dtype))
     return out

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from ddtree.acceptance import (
+    PENALTIES,
     RequestRules,
     apply_node_rules,
     batch_rules,
@@ -54,21 +55,28 @@ def ancestors_mask(parents: list[int]) -> torch.Tensor:
     return mask
 
 
-def baseline_row(logits: torch.Tensor, rule: RequestRules, history: list[int]) -> torch.Tensor:
-    """SGLang's non-speculative rules on one row, written from its penalizers one token at a time: additive
-    (frequency per occurrence, presence once, min_new_tokens' -inf on stop tokens), then repetition, then bias."""
-    additive = torch.zeros(VOCAB)
-    for token in history:
-        additive[token] -= rule.frequency_penalty
-    for token in set(history):
-        additive[token] -= rule.presence_penalty
-    if len(history) < rule.min_new_tokens:
-        for token in rule.stop_token_ids:
-            additive[token] = float("-inf")
-    row = logits + additive
-    for token in set(history):
-        value = row[token]
-        row[token] = value * rule.repetition_penalty if value < 0 else value / rule.repetition_penalty
+def baseline_row(
+    logits: torch.Tensor, rule: RequestRules, history: list[int], order: tuple[str, ...] = PENALTIES
+) -> torch.Tensor:
+    """SGLang's non-speculative rules on one row, written from its penalizers one token at a time, in `order`:
+    frequency per occurrence, presence once, min_new_tokens' -inf on stop tokens, repetition by the sign of the
+    logit it meets; then logit_bias."""
+    row = logits.clone()
+    for penalty in order:
+        if penalty == "frequency":
+            for token in history:
+                row[token] -= rule.frequency_penalty
+        elif penalty == "presence":
+            for token in set(history):
+                row[token] -= rule.presence_penalty
+        elif penalty == "min_new_tokens":
+            if len(history) < rule.min_new_tokens:
+                for token in rule.stop_token_ids:
+                    row[token] = float("-inf")
+        else:
+            for token in set(history):
+                value = row[token]
+                row[token] = value * rule.repetition_penalty if value < 0 else value / rule.repetition_penalty
     for token, value in rule.logit_bias.items():
         row[token] += value
     return row
@@ -86,9 +94,12 @@ rules_strategy = st.builds(
 
 
 @settings(max_examples=40, deadline=None)
-@given(data=st.data(), bs=st.integers(1, 3), slots=st.integers(1, 7))
-def test_node_rules_equal_the_baseline_rules_at_each_nodes_position(data: st.DataObject, bs: int, slots: int) -> None:
-    """Every node's adjusted row equals the baseline's row for the output 'committed + the node's path'."""
+@given(data=st.data(), bs=st.integers(1, 3), slots=st.integers(1, 7), order=st.permutations(PENALTIES).map(tuple))
+def test_node_rules_equal_the_baseline_rules_at_each_nodes_position(
+    data: st.DataObject, bs: int, slots: int, order: tuple[str, ...]
+) -> None:
+    """Every node's adjusted row equals the baseline's row for the output 'committed + the node's path', in any
+    order of the penalties (SGLang's non-speculative decode applies them in its orchestrator's order)."""
     trees = [random_tree(data.draw, slots) for _ in range(bs)]
     rules = [data.draw(rules_strategy) for _ in range(bs)]
     outputs = [data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6)) for _ in range(bs)]
@@ -102,12 +113,12 @@ def test_node_rules_equal_the_baseline_rules_at_each_nodes_position(data: st.Dat
     if batch is None:
         assert not any(rule.active for rule in rules)
         return
-    got = apply_node_rules(logits, tokens, mask, depths, batch)
+    got = apply_node_rules(logits, tokens, mask, depths, batch, order)
     for b, (_, node_depths) in enumerate(trees):
         for i in range(slots):
             path = [j for j in range(slots) if mask[b, i, j] and node_depths[j] >= 1]
             history = outputs[b] + [int(tokens[b, j]) for j in sorted(path, key=lambda j: node_depths[j])]
-            want = baseline_row(logits[b, i].clone(), rules[b], history)
+            want = baseline_row(logits[b, i], rules[b], history, order)
             torch.testing.assert_close(got[b, i], want, msg=f"request {b} node {i} history {history}")
 
 
@@ -122,6 +133,20 @@ def test_node_rules_leave_the_verify_logits_untouched() -> None:
     # node 2's path holds 5 twice (depths 1 and 2) and the committed output 2 once: token 5 pays twice
     assert float(before[0, 2, 5] - adjusted[0, 2, 5]) == pytest.approx(2.0)
     assert float(before[0, 2, 2] - adjusted[0, 2, 2]) == pytest.approx(1.0)
+
+
+def test_the_repetition_penalty_s_place_changes_the_row_and_a_bad_order_is_refused() -> None:
+    cpu = torch.device("cpu")
+    batch = batch_rules([RequestRules(presence_penalty=0.8, repetition_penalty=1.3)], [[4]], VOCAB, cpu)
+    assert batch is not None
+    mask, depths = chain_layout(1, 1, cpu)
+    logits = torch.full((1, 1, VOCAB), 2.0)
+    first = apply_node_rules(logits, torch.tensor([[4]]), mask, depths, batch, ("repetition", "frequency",
+                             "presence", "min_new_tokens"))  # fmt: skip
+    last = apply_node_rules(logits, torch.tensor([[4]]), mask, depths, batch)
+    assert float(first[0, 0, 4]) == pytest.approx(2.0 / 1.3 - 0.8) and float(last[0, 0, 4]) == pytest.approx(1.2 / 1.3)
+    with pytest.raises(ValueError, match="permutation"):
+        apply_node_rules(logits, torch.tensor([[4]]), mask, depths, batch, ("frequency",))
 
 
 def test_no_rules_is_none_and_a_logit_bias_alone_is_kept() -> None:

@@ -14,13 +14,14 @@ Reads SGLang objects duck-typed (batch.reqs, req.sampling_params, SamplingBatchI
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ddtree.acceptance import BatchRules, RequestRules, apply_node_rules, batch_rules
+from ddtree.acceptance import PENALTIES, BatchRules, RequestRules, apply_node_rules, batch_rules
 
 
 def request_rules(req: Any) -> RequestRules:
@@ -55,6 +56,29 @@ def rules_of_batch(batch: Any, vocab: int, device: torch.device) -> BatchRules |
     if base is None or bias is None:
         return base
     return dataclasses.replace(base, logit_bias=bias.to(device, torch.float32))
+
+
+def baseline_penalty_order() -> tuple[str, ...]:
+    """The order SGLang's non-speculative decode applies a batch's penalties in (ddtree.acceptance.PENALTIES):
+    its orchestrator holds them in the iteration order of the set of penalizer classes
+    `SamplingBatchInfo.from_schedule_batch` builds (classes hash by address), rebuilt here the same way in the
+    same process. The repetition penalty's place in it changes logits, so the tree's rows must follow it; a
+    spec worker's own batch (`copy_for_forward`) sums the additive ones first instead."""
+    import sglang.srt.sampling.penaltylib as penaltylib
+
+    names = {
+        penaltylib.BatchedFrequencyPenalizer: "frequency",
+        penaltylib.BatchedMinNewTokensPenalizer: "min_new_tokens",
+        penaltylib.BatchedPresencePenalizer: "presence",
+        penaltylib.BatchedRepetitionPenalizer: "repetition",
+    }
+    classes = {  # the literal of sampling_batch_info.py, in its order
+        penaltylib.BatchedFrequencyPenalizer,
+        penaltylib.BatchedMinNewTokensPenalizer,
+        penaltylib.BatchedPresencePenalizer,
+        penaltylib.BatchedRepetitionPenalizer,
+    }
+    return tuple(names[cls] for cls in classes)
 
 
 def needs_node_rules(batch: Any) -> bool:
@@ -130,15 +154,17 @@ def node_choices(
     positions: Tensor,
     sampler: Any,
     rules: BatchRules | None,
+    order: Sequence[str] = PENALTIES,
 ) -> tuple[Tensor, Tensor]:
     """([bs, S] the target's choice after each node, [bs, S, V] the rows it chose from: the logits with the
     rules applied, the ones the baseline's log-probs read). logits: [bs * S, V] the verify's; tokens, depths:
     [bs, S]; tree_mask: [bs, S, S]; positions: [bs * S], each node's position (prefix_len + depth, the
-    baseline's position for the same token); sampler: SGLang's Sampler (model_runner.sampler)."""
+    baseline's position for the same token); sampler: SGLang's Sampler (model_runner.sampler); order: the
+    penalties' order (`baseline_penalty_order`)."""
     bs, slots = tokens.shape
     rows = logits.view(bs, slots, -1)
     if rules is not None:
-        rows = apply_node_rules(rows, tokens, tree_mask, depths, rules)
+        rows = apply_node_rules(rows, tokens, tree_mask, depths, rules, order)
     info = batch.sampling_info
     if info is None or info.is_all_greedy:
         return torch.argmax(rows, dim=-1), rows

@@ -96,6 +96,7 @@ from ddtree.sglang.batch_round import (
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
 from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger, round_accepts
 from ddtree.sglang.request_kinds import (
+    baseline_penalty_order,
     dflash_round_reason,
     needs_node_rules,
     node_choices,
@@ -440,6 +441,7 @@ def tree_worker_class() -> type:
             self._ddtree_stats: StatsQueue | None = None
             self._ddtree_dflash_reasons: set[str] = set()  # each logged once (WARNING)
             self._ddtree_overlap = not server_args.disable_overlap_schedule
+            self._ddtree_penalty_order = baseline_penalty_order()  # the penalties' order the baseline applies
             self._ddtree_rounds = 0
             self._ddtree_fallback = ""  # set by a failed self-check: DFLASH's rounds from then on
             self._ddtree_graphs: dict[int, RoundGraphs] = {}  # budget -> its plan / commit graphs
@@ -681,7 +683,8 @@ def tree_worker_class() -> type:
                 return None
             rules = rules_of_batch(batch, int(logits.shape[-1]), logits.device)
             sampler = self.target_worker.model_runner.sampler
-            choices, rows = node_choices(batch, logits, tokens, tree_mask, depths, positions, sampler, rules)
+            order = self._ddtree_penalty_order
+            choices, rows = node_choices(batch, logits, tokens, tree_mask, depths, positions, sampler, rules, order)
             if batch.return_logprob and rules is not None:  # the log-probs read the rows the choices came from
                 logits.copy_(rows.reshape(logits.shape))
             return choices
