@@ -28,8 +28,8 @@ def ensure(
 ) -> tuple[Path, bool]:
     """(the pair's directory, whether it was built now): reused when cache/<key>/build.json exists, else built
     into a sibling temporary directory and renamed into place, so the directory is absent or complete."""
+    from ddtree.tiny.arch import Arch
     from ddtree.tiny.atomic_dir import build_into
-    from ddtree.tiny.target import Arch
 
     settings = SCALES[scale]
     out = cache / cache_key(Arch(arch), seed, settings, corpus_hash(manifest))

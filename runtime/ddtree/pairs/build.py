@@ -20,9 +20,10 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ddtree.tiny import chat_prompt_ids
+from ddtree.tiny.arch import Arch
 from ddtree.tiny.chain import greedy_chain
 from ddtree.tiny.distill import DrafterSettings, collect_greedy, make_drafter, train_drafter
-from ddtree.tiny.target import Arch, TargetShape, TrainSettings, make_target, train_target
+from ddtree.tiny.target import TargetShape, TrainSettings, make_target, train_target
 from ddtree.tiny.tokenizer import ENDOFTEXT, IM_END, MASK, TOKEN_IDS, build_tokenizer
 
 from . import corpus

@@ -54,8 +54,15 @@ typer 0.12.5 typer-0.12.5-py3-none-any.whl
 werkzeug 3.0.4 werkzeug-3.0.4-py3-none-any.whl
     02c9eb92b7d6c06f31a782811505d2157837cea66aaede3e217c7c27c039476c
 """  # name version wheel-file, then the wheel's sha256
+
+
+def _pin(head: str, digest: str) -> Pin:
+    name, version, filename = head.split()
+    return Pin(name, version, filename, digest.strip())
+
+
 MANIFEST: tuple[Pin, ...] = tuple(
-    Pin(*head.split(), digest.strip()) for head, digest in zip(*[iter(_PINS.strip().splitlines())] * 2, strict=True)
+    _pin(head, digest) for head, digest in zip(*[iter(_PINS.strip().splitlines())] * 2, strict=True)
 )
 
 
@@ -110,7 +117,8 @@ def load(wheels: Path, manifest: tuple[Pin, ...] = MANIFEST) -> list[Document]:
 
 def split(docs: list[Document], seed: int, heldout_fraction: float = 0.1) -> tuple[list[Document], list[Document]]:
     """(train, held-out) by file: a seeded hash of the path decides, so the split is stable as files come and go."""
-    train, heldout = [], []
+    train: list[Document] = []
+    heldout: list[Document] = []
     for doc in docs:
         h = int.from_bytes(hashlib.sha256(f"{seed}:{doc.path}".encode()).digest()[:8], "big") / 2**64
         (heldout if h < heldout_fraction else train).append(doc)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddtree.serve.args import Mode
+from ddtree.config import Mode
 
 log = logging.getLogger("ddtree.serve")
 DEFAULT_CONTEXT_LEN = 4096

@@ -106,7 +106,7 @@ class RoundGraphs:
 
     def _capture(self, inputs: tuple[Tensor, ...], run: Callable[..., Any]) -> _Captured:
         static = tuple(tensor.clone() for tensor in inputs)
-        side = torch.cuda.Stream()
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves Stream.__new__ unannotated
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside the graph (allocator, lazy kernel loads)
             run(*static)

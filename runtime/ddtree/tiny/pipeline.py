@@ -14,9 +14,10 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 from ddtree.tiny_version import BUILD_VERSION  # bump it there when the build changes its output
 
 from . import corpus
+from .arch import Arch
 from .chain import greedy_chain
 from .distill import DrafterSettings, collect_greedy, make_drafter, train_drafter
-from .target import Arch, TargetShape, TrainSettings, make_target, train_target
+from .target import TargetShape, TrainSettings, make_target, train_target
 from .tokenizer import IM_END, MASK, TOKEN_IDS, build_tokenizer
 
 __all__ = ["BUILD_VERSION", "Arch", "BuildSettings", "build", "chat_prompt_ids"]
