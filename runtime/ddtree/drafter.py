@@ -182,7 +182,8 @@ class DFlashAttention(nn.Module):
         v = torch.cat([ctx_v, v_blk], dim=2)
         mask = None if attention_mask is None else attention_mask.unsqueeze(1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))  # [B, S, H]
+        projected: Tensor = self.o_proj(out.transpose(1, 2).reshape(b, s, -1))  # [B, S, H]
+        return projected
 
 
 class DFlashMLP(nn.Module):
@@ -193,7 +194,8 @@ class DFlashMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class DFlashDecoderLayer(nn.Module):
@@ -214,7 +216,8 @@ class DFlashDecoderLayer(nn.Module):
         attention_mask: Tensor | None,
     ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, attention_mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class DraftContext:
@@ -281,7 +284,8 @@ class DFlashDraftModel(PreTrainedModel):
     # --- context ---------------------------------------------------------------------------------------------
     def project_context(self, target_hidden: Tensor) -> Tensor:
         # target_hidden: [B, T, L*H] -> [B, T, H]
-        return self.hidden_norm(self.fc(target_hidden))
+        projected: Tensor = self.hidden_norm(self.fc(target_hidden))
+        return projected
 
     def context_kv(self, target_hidden: Tensor, start: int = 0) -> list[tuple[Tensor, Tensor]]:
         """Per-layer context K/V for tokens at positions start..start+T-1: each [B, kv_heads, T, D]."""
@@ -317,7 +321,8 @@ class DFlashDraftModel(PreTrainedModel):
         x = noise_embedding
         for layer, (ctx_k, ctx_v) in zip(self.layers, context, strict=True):
             x = layer(x, cos, sin, ctx_k, ctx_v, attention_mask)
-        return self.norm(x)
+        normed: Tensor = self.norm(x)
+        return normed
 
     def block_input_ids(self, bonus_token: Tensor) -> Tensor:
         # bonus_token: [B] -> [B, block_size]: [bonus, mask, ..., mask]
@@ -385,8 +390,9 @@ def load_drafter(
     cls = next((DRAFTER_ARCHITECTURES[a] for a in archs if a in DRAFTER_ARCHITECTURES), None)
     if cls is None:
         raise ValueError(f"{config_path}: architectures {archs} names no known drafter {sorted(DRAFTER_ARCHITECTURES)}")
-    model = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True)
-    return model.to(device).eval()
+    model: DFlashDraftModel = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    loaded: DFlashDraftModel = model.to(device).eval()
+    return loaded
 
 
 def block_attention_mask(ctx_len: int, anchors: Tensor, block_size: int) -> Tensor:

@@ -270,7 +270,7 @@ def _tree_recurrence_chunk(
     a = (kh @ kh.transpose(1, 2)) * decay * strict * bh[..., None]  # [H, N, N], zero diagonal
     rhs = bh[..., None] * (vh - scale * (kh @ state0))  # [H, N, d_v]
     u = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)  # (I + a) u = rhs
-    out = scale * (qh @ state0) + ((qh @ kh.transpose(1, 2)) * decay) @ u  # [H, N, d_v]
+    out: Tensor = scale * (qh @ state0) + ((qh @ kh.transpose(1, 2)) * decay) @ u  # [H, N, d_v]
     return out.transpose(0, 1)
 
 

@@ -183,7 +183,7 @@ def _quiet_transformers() -> None:
     """No tqdm bars in the journal (the server's own lines say when loading starts and ends)."""
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.disable_progress_bar()
 
 
 def _version() -> str:

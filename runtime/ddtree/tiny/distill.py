@@ -191,7 +191,7 @@ def train_drafter(
         w = weights * valid  # [B, m, S-1]
         loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         opt.step()
         sched.step()

@@ -120,7 +120,7 @@ def train_target(
         logits = model(input_ids=batch[:, :-1]).logits  # [B, L, V]
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
