@@ -57,8 +57,8 @@ def test_chat_fields() -> None:
     [
         ([1, 2], None, "must be a JSON object"),
         ({}, "messages", "non-empty list"),
-        ({**CHAT, "max_tokens": -1}, "max_tokens", "must be >= 1"),
-        ({**CHAT, "max_tokens": 0}, "max_tokens", "must be >= 1"),
+        ({**CHAT, "max_tokens": -1}, "max_tokens", "must be >= 0"),
+        ({**CHAT, "max_completion_tokens": -2}, "max_completion_tokens", "must be >= 0"),
         ({**CHAT, "max_tokens": "10"}, "max_tokens", "must be an integer"),
         ({**CHAT, "max_tokens": True}, "max_tokens", "must be an integer"),
         ({**CHAT, "temperature": -0.5}, "temperature", "must be in"),
@@ -90,7 +90,8 @@ def test_completion_and_generate() -> None:
     assert parse_generate({"text": "x"}).sampling.max_tokens == 128  # SGLang's default
     with pytest.raises(RequestError, match="exactly one of text or input_ids"):
         parse_generate({"text": "x", "input_ids": [1]})
-    with pytest.raises(RequestError, match="max_new_tokens must be >= 1"):
+    assert parse_generate({"text": "x", "sampling_params": {"max_new_tokens": 0}}).sampling.max_tokens == 0
+    with pytest.raises(RequestError, match="max_new_tokens must be >= 0"):
         parse_generate({"input_ids": [1], "sampling_params": {"max_new_tokens": -4}})
 
 
@@ -129,7 +130,7 @@ def test_max_tokens_against_context() -> None:
         (parse_completion, {"prompt": "x", "logprobs": 0}, "logprobs"),
         (parse_generate, {"text": "x", "sampling_params": {"regex": "a"}}, "sampling_params.regex"),
         (parse_generate, {"text": "x", "sampling_params": {"top_k": -3}}, "top_k"),
-        (parse_chat, {**CHAT, "seed": 2**64}, "seed"),
+        (parse_chat, {**CHAT, "seed": 2**63}, "seed"),  # SGLang's range ends at 2**63 - 1
         (parse_generate, {"text": "x", "sampling_params": {"sampling_seed": -(2**63) - 1}}, "sampling_seed"),
     ],
 )
@@ -152,8 +153,8 @@ def test_sampling_fields_are_parsed() -> None:
 
 def test_off_values_of_unsupported_fields_pass() -> None:
     off = {"logprobs": False, "tools": [], "tool_choice": "auto", "repetition_penalty": 1.0, "top_k": -1}
-    r = parse_chat({**CHAT, **off, "model": "anything", "top_p": 0.5, "temperature": 0, "seed": 2**64 - 1})
-    assert r.model == "anything" and r.sampling.seed == 2**64 - 1 and r.sampling.temperature == 0.0
+    r = parse_chat({**CHAT, **off, "model": "anything", "top_p": 0.5, "temperature": 0, "seed": 2**63 - 1})
+    assert r.model == "anything" and r.sampling.seed == 2**63 - 1 and r.sampling.temperature == 0.0
 
 
 def test_decode_batch_line_matches_sglang() -> None:

@@ -91,7 +91,7 @@ class TokenizeRequest:
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+SEED_RANGE = (-(2**63), 2**63 - 1)  # SGLang's sampling_seed range (SamplingParams.verify)
 
 # Fields SGLang implements and this engine does not, with the values that mean "off" (None always does). A field
 # present with any other value is a 400 naming it: a request is never answered as if the field were not there.
@@ -206,7 +206,7 @@ def _decoding_fields(body: Mapping[str, Any], min_tokens_key: str) -> dict[str, 
 def _seed(body: Mapping[str, Any], key: str) -> int | None:
     v = _opt_int(body, key)
     if v is not None and not SEED_RANGE[0] <= v <= SEED_RANGE[1]:
-        raise RequestError(f"{key} must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (64 bits), got {v}", key)
+        raise RequestError(f"{key} must be in [-2**63, 2**63 - 1], got {v}"[:160], key)
     return v
 
 
@@ -275,7 +275,7 @@ def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
 def _openai_sampling(body: Mapping[str, Any], max_key_names: tuple[str, ...]) -> Sampling:
     max_tokens = None
     for key in max_key_names:
-        v = _opt_int(body, key, lo=1)
+        v = _opt_int(body, key, lo=0)  # 0: SGLang answers with no tokens, finish_reason "length"
         if v is not None:
             max_tokens = v
             break
@@ -383,7 +383,7 @@ def parse_generate(body: Any) -> GenerateRequest:
     sp = _require_object(body.get("sampling_params") or {}, "sampling_params")
     _refuse_unsupported(sp, GENERATE_UNSUPPORTED, "sampling_params.")
     _refuse_unsupported(body, GENERATE_TOP_UNSUPPORTED)
-    max_new = _opt_int(sp, "max_new_tokens", lo=1)
+    max_new = _opt_int(sp, "max_new_tokens", lo=0)
     temperature = _opt_float(sp, "temperature", 0.0, 2.0)
     sampling = Sampling(
         max_tokens=GENERATE_DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new,

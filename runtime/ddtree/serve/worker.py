@@ -140,7 +140,7 @@ class EngineWorker:
         self._stats.on_start(len(p.prompt_ids))
         produced = 0
         accept: list[int] = []
-        finish = "stop"
+        finish = "stop" if p.max_new_tokens > 0 else "length"  # 0 tokens asked: SGLang says "length"
         it = self._stream(
             list(p.prompt_ids),
             max_new_tokens=p.max_new_tokens,
@@ -162,10 +162,10 @@ class EngineWorker:
                 produced += len(ids)
                 if ids:
                     job.post(Tokens(ids))
+                if ids and ids[-1] in p.stop_token_ids:  # a stop token as the last allowed token is still a stop
+                    break
                 if produced >= p.max_new_tokens:
                     finish = "length"
-                    break
-                if ids and ids[-1] in p.stop_token_ids:
                     break
                 if job.cancel.is_set():
                     finish = "abort"
