@@ -80,7 +80,7 @@ import torch
 from torch import Tensor
 
 from ddtree.acceptance import chain_layout
-from ddtree.config import DDTreeConfig
+from ddtree.config import process_config
 from ddtree.metrics import MetricsLog, RoundStats
 from ddtree.sglang.batch_round import (
     BatchCommit,
@@ -95,6 +95,7 @@ from ddtree.sglang.batch_round import (
 )
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
 from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger, round_accepts
+from ddtree.sglang.replay import AcceptanceReplay, PathRecorder, path_ranks, steer_predictions
 from ddtree.sglang.request_kinds import (
     baseline_penalty_order,
     dflash_round_reason,
@@ -416,7 +417,7 @@ def tree_worker_class() -> type:
             refusal = attribute_refusal(self)
             if refusal:
                 raise ValueError(refusal)
-            config = DDTreeConfig.from_env(os.environ)
+            config = process_config()
             block = int(self.block_size)
             self._ddtree_hybrid = mambaish_config(target_worker.model_runner.model_config) is not None
             self._ddtree_linear: Any = None
@@ -434,6 +435,10 @@ def tree_worker_class() -> type:
             if self.use_compact_draft_cache:
                 raise ValueError("DDTREE: tree verify does not support a windowed (compact) DFLASH draft cache")
             self._ddtree_config = config
+            # benchmark hooks (opsctl refuses them): replay recorded paths / record this run's paths
+            replay = config.replay_acceptance
+            self._ddtree_replay = AcceptanceReplay.from_file(replay) if replay else None
+            self._ddtree_paths = PathRecorder(config.record_paths) if config.record_paths else None
             head = self._ddtree_head()  # refused here, not in the first decode round
             self._ddtree_rank = head.rank  # rank 0 of a tensor-parallel group writes the DDTREE lines
             self._ddtree_exact_hybrid = False
@@ -850,6 +855,9 @@ def tree_worker_class() -> type:
             verified = self._verify(batch, draft_input, planned, check=self._self_check_due())
             t3 = time.perf_counter()
             commit, kept, new_seq_lens = self._commit(batch, draft_input, draft, planned, verified, on_publish)
+            if self._ddtree_paths is not None:  # DDTREE_RECORD_PATHS: a recording run (reads the paths to the host)
+                links = (planned.plan.retrieve_next_token, planned.plan.retrieve_next_sibling)
+                self._ddtree_paths.add([req.rid for req in batch.reqs], path_ranks(*links, commit.path))
             t4 = time.perf_counter()
 
             ms = {"draft": (t1 - t0) * 1e3, "build": (t2 - t1) * 1e3, "verify": (t3 - t2) * 1e3}
@@ -977,10 +985,13 @@ def tree_worker_class() -> type:
                 if graphed:
                     plan = graphs.plan(logprobs, draft_input.bonus_tokens, prefix_lens)
                 else:
-                    plan = plan_batch(logprobs, draft_input.bonus_tokens, prefix_lens, slots, budget, config.topk)
+                    plan = plan_batch(
+                        logprobs, draft_input.bonus_tokens, prefix_lens, slots, budget, config.topk, config.fused_build
+                    )
             host_lens = batch.seq_lens_cpu  # None: sync 1, the sum of the device's prefix lengths
             prefix_sum = int((host_lens if host_lens is not None else prefix_lens).sum())
-            custom_mask = full_mask_batched(plan.tree_mask, prefix_lens, full_mask_numel(prefix_sum, bs, slots))
+            numel = full_mask_numel(prefix_sum, bs, slots)
+            custom_mask = full_mask_batched(plan.tree_mask, prefix_lens, numel, config.fused_build)
             return PlannedRound(plan=plan, custom_mask=custom_mask, window=window, graphed=graphed, budget=budget)
 
         def _ddtree_round_graphs(self, budget: int) -> RoundGraphs:
@@ -988,7 +999,9 @@ def tree_worker_class() -> type:
             graphs = self._ddtree_graphs.get(budget)
             if graphs is None:
                 slots, most = verify_slots(budget, int(self.block_size)), self._ddtree_config.round_graphs_max_bs
-                graphs = self._ddtree_graphs[budget] = RoundGraphs(slots, budget, self._ddtree_config.topk, most)
+                config = self._ddtree_config
+                graphs = RoundGraphs(slots, budget, config.topk, most, fused=config.fused_build)
+                self._ddtree_graphs[budget] = graphs
             return graphs
 
         def _verify(self, batch: Any, draft_input: Any, planned: PlannedRound, check: bool) -> VerifiedRound:
@@ -1019,6 +1032,14 @@ def tree_worker_class() -> type:
                 choices = self._ddtree_choices(batch, logits, plan.tokens, plan.tree_mask, plan.depths, plan.positions)
                 target_predict = torch.argmax(logits, dim=-1) if choices is None else choices
             target_predict = target_predict.view(bs, slots)
+            if self._ddtree_replay is not None:  # DDTREE_REPLAY_ACCEPTANCE: the walk commits the recorded paths
+                depth = int(self.block_size) - 1
+                ranks = self._ddtree_replay.ranks([req.rid for req in batch.reqs], depth)
+                target_predict, _ = steer_predictions(
+                    plan.tokens, plan.retrieve_next_token, plan.retrieve_next_sibling, target_predict,
+                    AcceptanceReplay.as_tensor(ranks, depth, target_predict.device),
+                    int(self.target_worker.model_runner.model_config.vocab_size),
+                )  # fmt: skip
             predicts = torch.full((bs * slots,), -1, dtype=torch.int32, device=self.device)
             accept_index = torch.full((bs, slots), -1, dtype=torch.int32, device=self.device)
             accept_num = torch.zeros((bs,), dtype=torch.int32, device=self.device)
