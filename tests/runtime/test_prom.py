@@ -144,7 +144,7 @@ def test_policy_state_and_decode_round_kinds() -> None:
     prom.policy(snap(3, 120, Shape(16)))  # the same snapshot again adds nothing
     whys = ["log-prob requests (the tree round returns no log-probs)", "sampling requests", "?"]
     for kind, why in [("tree", ""), ("tree", ""), ("chain", ""), *(("dflash", w) for w in whys)]:
-        prom.decode_round(kind, why)  # type: ignore[arg-type]
+        prom.decode_round(kind, why)
     prom.self_check_failed()
     s = _samples(registry)
     assert _value(s, "ddtree_policy_switches_total") == 3 and _value(s, "ddtree_policy_probes_total") == 120
