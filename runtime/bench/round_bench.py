@@ -57,7 +57,7 @@ from ddtree.sglang.batch_round import (
     plan_batch,
 )
 from ddtree.sglang.devcheck import random_path_verify
-from ddtree.sglang.tree_worker import TreeCommit, TreeRound, commit_round, plan_round
+from ddtree.sglang.tree_round import TreeCommit, TreeRound, commit_round, plan_round
 
 COLUMNS = (
     ("bs", "bs"),

@@ -10,7 +10,7 @@ import torch
 from ddtree.sglang.batch_round import commit_batch, plan_batch
 from ddtree.sglang.devcheck import random_path_verify
 from ddtree.sglang.round_graphs import RoundGraphs, clone_result
-from ddtree.sglang.tree_worker import plan_round
+from ddtree.sglang.tree_round import plan_round
 
 pytestmark = pytest.mark.runtime
 

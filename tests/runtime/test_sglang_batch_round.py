@@ -21,7 +21,7 @@ from ddtree.sglang.batch_round import (
     stats_tensor,
 )
 from ddtree.sglang.devcheck import random_path_verify
-from ddtree.sglang.tree_worker import TreeRound, commit_round, plan_round, round_stats
+from ddtree.sglang.tree_round import TreeRound, commit_round, plan_round, round_stats
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tree_inputs import KINDS, batch_logprobs

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from ddtree.sglang.tree_worker import dense_conv_windows
+from ddtree.sglang.tree_round import dense_conv_windows
 
 pytestmark = pytest.mark.runtime
 

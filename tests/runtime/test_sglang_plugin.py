@@ -484,7 +484,7 @@ def test_sglang_creates_the_shadow_and_tree_workers_on_dflash(probe: dict[str, A
     ]
     assert "does not support overlap scheduling" in probe["overlap_create_worker"]
     assert probe["tree_worker_mro"] == [
-        "ddtree.sglang.tree_worker:tree_worker_class.<locals>.DDTreeTreeWorker",
+        "ddtree.sglang.tree_worker:DDTreeTreeWorker",
         "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2",
         "sglang.srt.speculative.base_spec_worker:BaseSpecWorker",
     ]

@@ -18,7 +18,7 @@ from ddtree.policy import CHAIN, PolicySetting, Shape, counterfactual_accepts
 from ddtree.sglang.batch_round import commit_batch, plan_batch
 from ddtree.sglang.devcheck import random_path_verify
 from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger, RoundReport, round_accepts
-from ddtree.sglang.tree_worker import commit_round, plan_round
+from ddtree.sglang.tree_round import commit_round, plan_round
 from test_batch_tree import KINDS
 from test_sglang_batch_round import random_round
 

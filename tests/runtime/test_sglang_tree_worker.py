@@ -1,5 +1,6 @@
-"""ddtree.sglang.tree_worker's pure parts (no SGLang): the round's verify inputs from the drafter's log-probs,
-and the commit from verify_tree_greedy's outputs, checked against ddtree.tree's own build and walk."""
+"""ddtree.sglang.tree_round (the tree worker's pure parts, no SGLang): the round's verify inputs from the
+drafter's log-probs, and the commit from verify_tree_greedy's outputs, checked against ddtree.tree's own build
+and walk."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from ddtree.sglang.devcheck import VOCAB, path_logits
 from ddtree.sglang.layout import accept_tensors, full_mask, greedy_accept
-from ddtree.sglang.tree_worker import (
+from ddtree.sglang.tree_round import (
     commit_round,
     folded_draft_head_warning,
     hybrid_tree_refusal,

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ddtree.config import DDTreeConfig
 from ddtree.policy import PolicyConfig, PolicySetting, ShapePolicy
 from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger
-from ddtree.sglang.tree_worker import cost_max
+from ddtree.sglang.tree_round import cost_max
 from ddtree.sglang.vocab_parallel import HeadShard
 
 ROUNDS, BS = 300, 8

@@ -33,7 +33,7 @@ from ddtree.sglang.layout import (
     stack_links,
     to_sglang_layout,
 )
-from ddtree.sglang.tree_worker import TreeRound
+from ddtree.sglang.tree_round import TreeRound
 from ddtree.tree import DraftTree, build_tree, is_off_spine, walk_tree
 
 VOCAB = 50

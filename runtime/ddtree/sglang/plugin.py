@@ -129,9 +129,9 @@ def worker_factory(server_args: Any) -> type:
     if config.policy.mode is not PolicyMode.OFF and config.verify is not VerifyMode.TREE:
         logger.warning("DDTREE_POLICY=%s has no effect: the shape policy picks tree rounds' shapes", config.policy.text)
     if config.verify is VerifyMode.TREE:
-        from ddtree.sglang.tree_worker import tree_worker_class
+        from ddtree.sglang.tree_worker import DDTreeTreeWorker
 
-        return tree_worker_class()
+        return DDTreeTreeWorker
     from ddtree.sglang.worker import shadow_worker_class
 
     return shadow_worker_class()
