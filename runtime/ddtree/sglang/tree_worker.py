@@ -114,6 +114,7 @@ from ddtree.sglang.graph_masks import (
 )
 from ddtree.sglang.hybrid_graphs import replay_tree_links, tree_links
 from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger, round_accepts
+from ddtree.sglang.prom_glue import note_round
 from ddtree.sglang.replay import AcceptanceReplay, PathRecorder, path_ranks, steer_predictions
 from ddtree.sglang.request_kinds import (
     baseline_penalty_order,
@@ -153,7 +154,7 @@ from ddtree.sglang.vocab_parallel import HeadShard, head_shard, head_topk
 logger = logging.getLogger("ddtree")
 
 
-class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
+class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
     def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         refusal = attribute_refusal(self)
@@ -258,13 +259,13 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
             self._ddtree_capture_causal_graphs()
         hybrid = HybridMode.NONE
         if self._ddtree_hybrid:
-            why = self._ddtree_hybrid_why
-            if why is None:
+            hybrid_why = self._ddtree_hybrid_why
+            if hybrid_why is None:
                 raise ValueError("DDTREE: CUDA graphs before attention backends (SGLang's start-up order changed)")
             try:
-                hybrid = hybrid_mode(self._ddtree_config, is_hybrid=True, exact_tree_path=not why)
+                hybrid = hybrid_mode(self._ddtree_config, is_hybrid=True, exact_tree_path=not hybrid_why)
             except GateError as exc:
-                raise ValueError(f"DDTREE: {exc} ({why})") from None
+                raise ValueError(f"DDTREE: {exc} ({hybrid_why})") from None
             if hybrid is HybridMode.EXACT and graphs:
                 target_backend = self.target_worker.model_runner.attn_backend
                 links = tree_links(target_backend)
@@ -280,7 +281,7 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
                         links.captures,
                     )
             if hybrid is HybridMode.UNSAFE:
-                logger.warning("DDTREE HYBRID UNSAFE: tree verify in flat order (%s); outputs may differ", why)
+                logger.warning("DDTREE HYBRID UNSAFE: tree verify in flat order (%s); outputs may differ", hybrid_why)
         self._ddtree_exact_hybrid = hybrid is HybridMode.EXACT
         self._ddtree_warm_planner()
         policy = self._ddtree_glue.policy if self._ddtree_glue.enabled else None
@@ -370,6 +371,8 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
         }
         if dflash_round or why or self._ddtree_fallback:
             self._ddtree_ledger.interrupt()  # not a policy round: the policy's gap skips this forward
+        policy_counts = self._ddtree_glue.enabled and not reads_output(batch)  # PolicyGlue counts its own rounds
+        note_round(dflash_round, why, self._ddtree_fallback, policy_counts)  # ddtree_decode_rounds_total
         if dflash_round:  # prefill, idle: the target's own graphs and backend
             return super().forward_batch_generation(batch, **dflash_args)
         if why or self._ddtree_fallback:
@@ -387,6 +390,7 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc,name-defined]
             logger.info("DDTREE policy %s", note)
         self._ddtree_ledger.open()
         smaller = glue.smaller(shape.shape)
+        accepts: Tensor | None
         if shape.is_chain:
             result, accepts = self._ddtree_chain_round(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         else:
