@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from ddtree.config import HybridMode
 
 if TYPE_CHECKING:
-    from ddtree.verify import HFCompat
+    from ddtree.hf_compat import HFCompat
 
 __all__ = [
     "GDNMethod", "GDNPlan", "GDNStash", "HybridMode", "commit_gdn", "delta_step", "find_gdn_layers",

@@ -12,8 +12,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ((ROOT / "opsctl", ROOT), (ROOT / "runtime" / "ddtree", ROOT / "runtime"))
 # Circles waiting on a change in a file being rewritten elsewhere, each with the move that breaks it.
 KNOWN = {
-    # HFCompat moves to ddtree/hf_compat.py; verify.py then imports it from there, as hybrid.py does.
-    ("ddtree.hybrid", "ddtree.verify"),
     # the Prometheus exporter reads RoundStats for its types while metrics.py feeds the exporter.
     ("ddtree.metrics", "ddtree.prom"),
 }
