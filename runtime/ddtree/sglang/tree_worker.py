@@ -119,7 +119,6 @@ from ddtree.sglang.replay import AcceptanceReplay, PathRecorder, path_ranks, ste
 from ddtree.sglang.request_kinds import (
     baseline_penalty_order,
     dflash_round_reason,
-    needs_node_rules,
     node_choices,
     reads_output,
     rules_of_batch,
@@ -371,17 +370,18 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         }
         if dflash_round or why or self._ddtree_fallback:
             self._ddtree_ledger.interrupt()  # not a policy round: the policy's gap skips this forward
-        policy_counts = self._ddtree_glue.enabled and not reads_output(batch)  # PolicyGlue counts its own rounds
-        note_round(dflash_round, why, self._ddtree_fallback, policy_counts)  # ddtree_decode_rounds_total
+        # the shape policy decides this round, unless the batch's rules read the output (the policy's chain, DFLASH's
+        # round, would relax them); PolicyGlue counts its own rounds
+        glue = self._ddtree_glue
+        policy_round = glue.enabled and not reads_output(batch)
+        note_round(dflash_round, why, self._ddtree_fallback, policy_round)  # ddtree_decode_rounds_total
         if dflash_round:  # prefill, idle: the target's own graphs and backend
             return super().forward_batch_generation(batch, **dflash_args)
         if why or self._ddtree_fallback:
             return self._ddtree_dflash_round(batch, **dflash_args)
-        glue = self._ddtree_glue
-        if not glue.enabled:
-            return self._ddtree_round(batch, on_publish, self._ddtree_config.budget)[0]  # no policy row
-        if reads_output(batch):  # the policy's chain (DFLASH's round) would relax these rules: a tree round
-            self._ddtree_ledger.interrupt()
+        if not policy_round:  # the configured tree, no policy row
+            if glue.enabled:
+                self._ddtree_ledger.interrupt()
             return self._ddtree_round(batch, on_publish, self._ddtree_config.budget)[0]
         bs = len(batch.seq_lens)
         shape = glue.next_shape(bs, self._ddtree_ledger.due())  # the rounds `lag` back: host memory only
@@ -430,9 +430,9 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         """[bs, S] each node's choice under the batch's sampling and logit rules (request_kinds.node_choices);
         None for a plain greedy batch (the caller's argmax)."""
         info = batch.sampling_info
-        if (info is None or info.is_all_greedy) and not needs_node_rules(batch):
+        rules = rules_of_batch(batch, int(logits.shape[-1]), logits.device)  # None: no request has a rule
+        if (info is None or info.is_all_greedy) and rules is None:
             return None
-        rules = rules_of_batch(batch, int(logits.shape[-1]), logits.device)
         sampler = self.target_worker.model_runner.sampler
         order = self._ddtree_penalty_order
         choices, rows = node_choices(batch, logits, tokens, tree_mask, depths, positions, sampler, rules, order)
