@@ -1,13 +1,14 @@
 """What a tree round accepts, for every request kind: the logit rules SGLang's non-speculative decode applies
 (frequency / presence / repetition penalties, min_new_tokens, logit_bias), applied at every tree node as if the
-node's path had been decoded, and the walk that turns one target choice per node into the committed tokens.
+node's path had been decoded; and the walk that turns one target choice per node into the committed tokens,
+batched (`walk_batch`; one tree at a time: `ddtree.tree.walk_visiting`).
 
 Why this is exact. The baseline picks each token from the target's logits at that position, adjusted by rules
 that read the request's output so far. A tree node at depth d stands for the output "committed tokens + the d
 tokens on its path"; its row of the verify logits is the target's row for that context. So node i's adjusted
 row is the baseline's adjusted row at that position when its path is what was decoded: penalties count the
 committed output AND the path's tokens, min_new_tokens counts the committed length plus the depth. One choice
-per node (argmax, or a draw from the adjusted, filtered distribution), then `walk`: from the root, follow the
+per node (argmax, or a draw from the adjusted, filtered distribution), then the walk: from the root, follow the
 child whose token is the choice, and the first choice with no such child is the bonus. Every committed token is
 then the target's own choice given its accepted prefix: greedy rows get the baseline's argmax, sampled rows the
 baseline's law (each visited node is drawn independently), and seeded rows, drawn with the baseline's own
@@ -24,7 +25,7 @@ checks it against a per-node reference and a distribution oracle.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -181,37 +182,6 @@ def chain_layout(width: int, batch: int, device: torch.device) -> tuple[Tensor, 
 
 
 @dataclass(frozen=True)
-class Walk:
-    """One request's walk: the accepted node ids from the root, and the bonus token after the last."""
-
-    accepted: tuple[int, ...]
-    bonus: int
-
-
-def walk(parents: Sequence[int], tokens: Sequence[int], choices: Sequence[int]) -> Walk:
-    """From the root (node 0), follow the child whose token is the current node's choice; the first choice
-    with no such child is the bonus. parents[i] < i (parents[0] = -1); choices[i]: the target's choice after
-    node i (argmax or a draw). Duplicate sibling tokens resolve to the smallest child id."""
-    return walk_visiting(parents, tokens, lambda path: int(choices[path[-1]]))
-
-
-def walk_visiting(parents: Sequence[int], tokens: Sequence[int], choose: Callable[[list[int]], int]) -> Walk:
-    """`walk` that asks for a choice only at the nodes it visits: choose(path) gets the accepted nodes from the
-    root to the current one (so a rule can read the path's tokens) and returns the target's choice there. One
-    call per committed token, in order: a seeded generator draws what a token-by-token decode draws."""
-    children: dict[tuple[int, int], int] = {}
-    for node in range(1, len(parents)):
-        children.setdefault((int(parents[node]), int(tokens[node])), node)
-    accepted = [0]
-    while True:
-        choice = int(choose(list(accepted)))
-        nxt = children.get((accepted[-1], choice))
-        if nxt is None:
-            return Walk(accepted=tuple(accepted), bonus=choice)
-        accepted.append(nxt)
-
-
-@dataclass(frozen=True)
 class SamplerRules:
     """What SGLang's sampler applies after the logit rules: temperature, then top-k, top-p and min-p."""
 
@@ -283,7 +253,7 @@ def choose_token(
 
 @dataclass(frozen=True)
 class BatchWalk:
-    """`walk` for n trees at once, on their device. S slots per tree, slot 0 the root."""
+    """`ddtree.tree.walk_visiting` for n trees at once, on their device. S slots per tree, slot 0 the root."""
 
     path: Tensor  # [n, S] int64: accepted slots in path order from the root, -1 after
     commit_lens: Tensor  # [n] int64: accepted drafts + 1 (the bonus)
@@ -291,7 +261,7 @@ class BatchWalk:
 
 
 def walk_batch(tokens: Tensor, parents: Tensor, real: Tensor, choices: Tensor) -> BatchWalk:
-    """Batched `walk`. tokens, parents, choices: [n, S] (parents[:, 0] = -1; choices[b, i]: the target's choice
+    """The batched walk. tokens, parents, choices: [n, S] (parents[:, 0] = -1; choices[b, i]: the target's choice
     after slot i); real: [n, S] bool, False for padding slots (never accepted). A child is found among real
     slots whose parent is the current slot and whose token is its choice; ties go to the lowest slot."""
     n, slots = tokens.shape

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ddtree import tree as dtree
-from ddtree.acceptance import Decoding, SamplerRules, choose_token, walk_visiting
+from ddtree.acceptance import Decoding, SamplerRules, choose_token
 from ddtree.config import DDTreeConfig, HybridMode, Mode, VerifyMode
 from ddtree.metrics import MetricsLog, RoundStats
 from ddtree.policy import (
@@ -444,8 +444,7 @@ def _walk(
         history = before_root + [tokens[node] for node in path]
         return choose_token(logits[path[-1]], decoding.rules, decoding.sampler, history, gen)
 
-    visited = walk_visiting(tree.parents.tolist(), tokens, choose)
-    return dtree.WalkResult(accepted=visited.accepted, bonus_token=visited.bonus)
+    return dtree.walk_visiting(tree.parents.tolist(), tokens, choose)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -419,10 +419,6 @@ def walk_tree(
     if temperature < 0.0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     parents, tokens = torch.stack([tree.parents, tree.tokens]).tolist()  # one copy
-    children: dict[tuple[int, int], int] = {}
-    for node in range(1, n):
-        children.setdefault((parents[node], tokens[node]), node)
-
     choose: Callable[[int], int]
     if temperature == 0.0 and _batch_greedy(target_logits.device):
         choose = target_logits.argmax(dim=-1).tolist().__getitem__  # [N]: one kernel, one copy
@@ -431,9 +427,21 @@ def walk_tree(
         def choose(node: int) -> int:  # only visited rows: an N x V argmax would dominate on a CPU
             return sample_token(target_logits[node], temperature, generator)
 
+    return walk_visiting(parents, tokens, lambda path: choose(path[-1]))
+
+
+def walk_visiting(parents: Sequence[int], tokens: Sequence[int], choose: Callable[[list[int]], int]) -> WalkResult:
+    """The walk, asking for a choice only at the nodes it visits: from the root (node 0), follow the child whose
+    token is the current node's choice; the first choice with no such child is the bonus. choose(path) gets the
+    accepted nodes from the root to the current one (a rule can read the path's tokens) and returns the target's
+    choice there: one call per committed token, in order, so a seeded generator draws what a token-by-token
+    decode draws. parents[i] < i (parents[0] = -1); duplicate sibling tokens resolve to the smallest child id."""
+    children: dict[tuple[int, int], int] = {}
+    for node in range(1, len(parents)):
+        children.setdefault((int(parents[node]), int(tokens[node])), node)
     accepted = [0]
     while True:
-        choice = choose(accepted[-1])
+        choice = int(choose(list(accepted)))
         nxt = children.get((accepted[-1], choice))
         if nxt is None:
             return WalkResult(accepted=tuple(accepted), bonus_token=choice)

@@ -22,10 +22,10 @@ from ddtree.acceptance import (
     apply_node_rules,
     batch_rules,
     chain_layout,
-    walk,
     walk_batch,
 )
 from ddtree.sglang.batch_round import plan_batch
+from ddtree.tree import walk_visiting
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -163,7 +163,7 @@ def test_the_batched_walk_equals_the_sequential_walk(data: st.DataObject, slots:
     parents, _ = random_tree(data.draw, slots)
     tokens = data.draw(st.lists(st.integers(0, 3), min_size=slots, max_size=slots))
     choices = data.draw(st.lists(st.integers(0, 3), min_size=slots + padding, max_size=slots + padding))
-    want = walk(parents, tokens, choices[:slots])
+    want = walk_visiting(parents, tokens, lambda path: choices[path[-1]])
     # padding slots hang off the root and carry the root's token: never accepted
     padded_parents = parents + [0] * padding
     padded_tokens = tokens + [tokens[0]] * padding
@@ -171,7 +171,7 @@ def test_the_batched_walk_equals_the_sequential_walk(data: st.DataObject, slots:
     got = walk_batch(torch.tensor([padded_tokens]), torch.tensor([padded_parents]), real, torch.tensor([choices]))
     tau = int(got.commit_lens[0])
     assert tuple(got.path[0, :tau].tolist()) == want.accepted
-    committed = [tokens[node] for node in want.accepted[1:]] + [want.bonus]
+    committed = [tokens[node] for node in want.accepted[1:]] + [want.bonus_token]
     assert got.out_tokens[0, :tau].tolist() == committed
 
 
