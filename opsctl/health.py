@@ -1,4 +1,5 @@
-"""HTTP health probes against a service's OpenAI-compatible server, and the pure gate logic around them.
+"""HTTP health probes (and a /metrics scrape) against a service's OpenAI-compatible server, and the pure gate
+logic around them.
 
 The only place opsctl's deploy path speaks HTTP to a service (smoke.py has the request side). httpx errors are
 translated here once into a `HealthProbe` value, never raised to the caller.
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from opsctl import promtext
 from opsctl.inventory.model import Host, Service
 from opsctl.secrets import SecretRef
 
@@ -65,3 +67,21 @@ def _one_line(exc: Exception) -> str:
 
 def health_url(host: Host, service: Service) -> str:
     return base_url(host, service) + "/health"
+
+
+def metrics_url(host: Host, service: Service) -> str:
+    """The service's Prometheus metrics (SGLang's with --enable-metrics, the reference server's): no API key."""
+    return base_url(host, service) + "/metrics"
+
+
+def scrape(client: httpx.Client, url: str, timeout: float = 5.0) -> promtext.Scrape:
+    """GET `url` (a service's /metrics) once; no answer or not 200 is a Scrape with `error` and no samples."""
+    try:
+        response = client.get(url, timeout=timeout)
+    except httpx.TimeoutException:
+        return promtext.Scrape({}, error=f"timed out after {timeout:g}s")
+    except httpx.HTTPError as exc:
+        return promtext.Scrape({}, error=_one_line(exc))
+    if response.status_code != 200:
+        return promtext.Scrape({}, error=f"HTTP {response.status_code}")
+    return promtext.parse(response.text)

@@ -1,4 +1,5 @@
-"""Pure parsers for the runtime's `DDTREE ...` log lines and SGLang's `Decode batch` lines.
+"""Pure parsers for the runtime's `DDTREE ...` log lines and SGLang's `Decode batch` lines, and the same numbers
+from a service's `ddtree_*` Prometheus series (`from_scrape`).
 
 Both engines print these (docs/architecture.md, "The DDTREE log contract"). Lines are parsed field by field: keys may be
 added by newer versions and are kept in `extra`; a line that carries the marker but misses a required key or
@@ -11,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from opsctl.promtext import Scrape
 
 _KV = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\S+)")
 _DECODE = re.compile(r"Decode batch[.,]?\s*(?:\[\d+\],?\s*)?(.*)$")
@@ -60,7 +63,8 @@ class PolicyState:
             else:
                 groups.append(b)
         parts = [f"{g.shape} at batch {_batches(g)}" for g in groups]
-        return f"{self.mode}: " + (", ".join(parts) if parts else self.shape)
+        shapes = ", ".join(parts) if parts else self.shape
+        return f"{self.mode}: {shapes}" if self.mode else shapes  # no mode on /metrics
 
 
 def _batches(b: PolicyBucket) -> str:
@@ -310,3 +314,66 @@ def summarize(records: Iterable[Record]) -> MetricsSummary:
             n_bad += 1
     mean = sum(accepts) / len(accepts) if accepts else None
     return MetricsSummary(init, verify, last, n_metrics, n_decode, last_decode, mean, n_bad, unsafe)
+
+
+_PHASES = ("draft", "build", "verify", "commit")
+
+
+def from_scrape(scrape: Scrape) -> DDTreeMetrics | None:
+    """A service's DDTREE numbers from its `/metrics` (the `ddtree_*` series, ddtree.prom, docs/monitoring.md),
+    as a `DDTreeMetrics`: the counters since the process started, where a metrics line holds one window's means
+    (`rounds` and `tokens` are the same; `tau`, `nodes`, `depth`, `width`, `off_spine`, the `*_ms` and `tok_s`
+    are means over every round since start). `policy` (when the series carry a shape) has the shape per bucket,
+    switches and probes, and neither the mode (`auto` or a pinned shape) nor estimates.
+
+    None when the scrape has no `ddtree_rounds_total` (not a DDTREE service, or one without the series) or no
+    round yet."""
+    rounds = scrape.total("ddtree_rounds_total")
+    if rounds is None or rounds <= 0:
+        return None
+    tokens = scrape.total("ddtree_committed_tokens_total") or 0.0
+
+    def mean(histogram: str) -> float:
+        total, count = scrape.total(f"{histogram}_sum"), scrape.total(f"{histogram}_count")
+        return total / count if total is not None and count else 0.0
+
+    phase_s = {p: scrape.total("ddtree_phase_seconds_total", {"phase": p}) or 0.0 for p in _PHASES}
+    busy_s = sum(phase_s.values())
+    return DDTreeMetrics(
+        rounds=int(rounds),
+        tokens=int(tokens),
+        tau=tokens / rounds,
+        nodes=mean("ddtree_tree_nodes"),
+        depth=mean("ddtree_tree_depth"),
+        off_spine=(scrape.total("ddtree_off_spine_rounds_total") or 0.0) / rounds,
+        draft_ms=phase_s["draft"] * 1000.0 / rounds,
+        build_ms=phase_s["build"] * 1000.0 / rounds,
+        verify_ms=phase_s["verify"] * 1000.0 / rounds,
+        commit_ms=phase_s["commit"] * 1000.0 / rounds,
+        tok_s=tokens / busy_s if busy_s > 0 else 0.0,
+        extra={"width": f"{mean('ddtree_tree_width'):.3f}"},
+        policy=_policy_from_scrape(scrape),
+    )
+
+
+def _policy_from_scrape(scrape: Scrape) -> PolicyState | None:
+    """`ddtree_policy_shape_budget{bucket}` (tree nodes, 0 for the chain) and the switch and probe counters;
+    None when no bucket has a shape (the policy off, or no line written yet)."""
+    buckets: dict[tuple[int, int | None], str] = {}
+    for labels, value in scrape.samples.get("ddtree_policy_shape_budget", ()):
+        m = re.fullmatch(r"([1-9][0-9]*)-([1-9][0-9]*)?", labels.get("bucket", ""))
+        if m is None or value < 0 or value != int(value):
+            continue
+        key = (int(m.group(1)), int(m.group(2)) if m.group(2) else None)
+        buckets[key] = "chain" if value == 0 else f"tree{int(value)}"
+    if not buckets:
+        return None
+    choice = tuple(PolicyBucket(lo, hi, shape) for (lo, hi), shape in sorted(buckets.items(), key=lambda kv: kv[0][0]))
+    return PolicyState(
+        mode="",
+        shape="-",
+        choice=choice,
+        estimates={},
+        switches=int(scrape.total("ddtree_policy_switches_total") or 0),
+        probes=int(scrape.total("ddtree_policy_probes_total") or 0),
+    )

@@ -1,21 +1,40 @@
 """`opsctl status` facts for one service: unit state, current release (mode, time, runtime), health, and the
-last DDTREE metrics. Reads only."""
+DDTREE metrics (from the service's /metrics where it has the `ddtree_*` series, else the journal's last metrics
+line). Reads only."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 
 import httpx
 
-from opsctl import health, metrics, modelcheck, systemd
+from opsctl import health, metrics, modelcheck, promtext, systemd
 from opsctl.deploy import drift, lock, release
 from opsctl.errors import OpsctlError
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec, Service
 from opsctl.ops import model_restore
 from opsctl.remote.base import Connect, Connection
 from opsctl.remote.pool import HostOutcome, run_parallel
+
+
+class MetricsSource(StrEnum):
+    """Where `ServiceStatus.last_metrics` comes from."""
+
+    PROMETHEUS = "/metrics"  # the service's ddtree_* series: means since the process started
+    JOURNAL = "journal"  # the last `DDTREE metrics` line: means over its window
+
+
+def last_metrics(
+    scrape: promtext.Scrape, summary: metrics.MetricsSummary
+) -> tuple[metrics.DDTreeMetrics | None, MetricsSource]:
+    """The service's DDTREE numbers from its /metrics where that carries the `ddtree_*` series (one source of
+    truth: SGLang with --enable-metrics, the reference server), else from the journal's last metrics line."""
+    if scrape.total("ddtree_rounds_total") is None:
+        return summary.last_metrics, MetricsSource.JOURNAL
+    return metrics.from_scrape(scrape), MetricsSource.PROMETHEUS
 
 
 @dataclass(frozen=True)
@@ -34,6 +53,7 @@ class ServiceStatus:
     healthy: bool
     last_metrics: metrics.DDTreeMetrics | None
     init: metrics.DDTreeInit | None
+    metrics_source: MetricsSource = MetricsSource.JOURNAL  # where last_metrics comes from
     missing_models: list[str] = field(default_factory=list)  # model dirs not on the host (reboot: /dev/shm empty)
     models: list[str] = field(default_factory=list)  # one line per model problem, with the command that fixes it
     models_ok: bool = True  # every model whole and the same the running process started with
@@ -63,6 +83,8 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
     probe = health.probe(http, health.health_url(host, service), timeout=5.0)
     journal = conn.run(systemd.ddtree_lines_cmd(paths.unit_name), check=False).stdout
     summary = metrics.summarize(metrics.parse_lines(journal.splitlines()))
+    scrape = health.scrape(http, health.metrics_url(host, service)) if probe.ok else promtext.Scrape({}, error="down")
+    last, source = last_metrics(scrape, summary)
     verdicts = modelcheck.check(conn, service, paths.unit_name, deep=deep, host=host)
     failed = _failed_restores(conn, service, verdicts)
     changed = _drift(conn, paths, facts)
@@ -80,7 +102,8 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
         rollback_to=facts.rollback_target(),
         health=probe.describe(),
         healthy=probe.ok,
-        last_metrics=summary.last_metrics,
+        last_metrics=last,
+        metrics_source=source,
         init=summary.init,
         missing_models=[v.path for v in verdicts if v.problem is modelcheck.Problem.MISSING],
         models=[_model_line(v, host, service, failed) for v in verdicts if v.problem is not None],

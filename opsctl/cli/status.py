@@ -1,5 +1,5 @@
 """`opsctl status`: per service the unit state, NRestarts, current release (mode, time, runtime version),
-health and the last DDTREE metrics."""
+health and the DDTREE metrics (from the service's /metrics where it has the `ddtree_*` series, else the journal)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from opsctl.inventory.model import Inventory, Router
 from opsctl.inventory.select import select, select_routers
 from opsctl.router.remove import collect_orphans
 from opsctl.router.status import RouterStatus, collect_router
-from opsctl.status import ServiceStatus, collect_all
+from opsctl.status import MetricsSource, ServiceStatus, collect_all
 
 
 def register(app: typer.Typer) -> None:
@@ -113,6 +113,8 @@ def _table(rows: list[ServiceStatus]) -> None:
         metrics = f"tau={m.tau:.2f} nodes={m.nodes:.1f} tok/s={m.tok_s:.1f}" if m else "no DDTREE metrics yet"
         if m is not None and m.policy is not None:
             metrics += f" policy {m.policy.describe()}"
+        if m is not None:  # /metrics: means since the process started; the journal: over the last line's window
+            metrics += " (since start, /metrics)" if r.metrics_source is MetricsSource.PROMETHEUS else " (last line)"
         console.print(
             f"[{colour}]{r.host}/{r.service}[/] {unit} restarts={r.unit.n_restarts if r.unit else '?'} "
             f"mode={r.mode or '-'} release={r.current or '(none)'} runtime={r.runtime_version or '-'} "

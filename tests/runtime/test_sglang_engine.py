@@ -211,7 +211,14 @@ def engine_runs(tiny_dense: Path, dense_reference: Reference, sglang_engine: Eng
             {"2": mixed},
         ),
         "wide": ({"speculative_algorithm": "DDTREE", **draft}, [tree], NEW_TOKENS, WIDE_ENV, {}),
-        "policy": ({"speculative_algorithm": "DDTREE", **draft}, [tree[:1]], POLICY_TOKENS, POLICY_ENV, {}),
+        # --enable-metrics on: the ddtree_* series on /metrics, compared with the same run's metrics lines
+        "policy": (
+            {"speculative_algorithm": "DDTREE", **draft, "enable_metrics": True},
+            [tree[:1]],
+            POLICY_TOKENS,
+            POLICY_ENV,
+            {},
+        ),
     }
     return launcher("", engine_kwargs(tiny_dense / "target"), modes, sglang_engine)
 
@@ -651,3 +658,67 @@ def test_tp2_ddtree_shadow_keeps_its_statistics_on(tp2_runs: Launcher, dense_ref
     assert_equals_baseline(batched, dict(zip(batch_prompts(base), output_ids(base), strict=True)))
     assert_shadow_log(log, hybrid="none")
     assert "TP1] DDTREE" not in log
+
+
+def window_sum(lines: list[dict[str, str]], key: str) -> tuple[float, float]:
+    """Σ over the metrics lines of `key`'s window mean times the window's rounds (the line's rounds minus the
+    previous line's), and the error bound of that sum from the lines' 3 decimals."""
+    total, bound, before = 0.0, 0.0, 0
+    for fields in lines:
+        rounds = int(fields["rounds"])
+        total += float(fields[key]) * (rounds - before)
+        bound += 0.0005 * (rounds - before)
+        before = rounds
+    return total, bound + 1e-9
+
+
+@needs_sglang
+def test_ddtree_series_on_metrics_equal_the_metrics_lines_of_the_same_rounds(engine_runs: Launcher) -> None:
+    """--enable-metrics on a tree service (the policy run: tree and chain rounds, the policy's shape and
+    switches): what SGLang's /metrics serves of the `ddtree_*` series after the request equals what the run's
+    `DDTREE metrics` lines say over the same rounds. Parsed by opsctl's Prometheus text parser (opsctl status)."""
+    from opsctl import promtext
+
+    result, log = engine_runs("policy")
+    lines = metrics_lines(log)
+    assert lines, log[-4000:]
+    text = result.get("metrics")
+    assert text, "no ddtree_* series on /metrics"
+    print(text)
+    scrape = promtext.parse(text)
+    assert scrape.skipped == 0
+    (model,) = {labels["model_name"] for labels, _ in scrape.samples["ddtree_rounds_total"]}
+    assert model, "no model_name label"
+    last = lines[-1]
+    rounds, tokens = int(last["rounds"]), int(last["tokens"])
+
+    def total(name: str, **where: str) -> float:
+        value = scrape.total(name, where)
+        assert value is not None, f"{name} {where} is not on /metrics"
+        return value
+
+    assert total("ddtree_rounds_total") == rounds and total("ddtree_committed_tokens_total") == tokens
+    assert total("ddtree_accept_length_count") == rounds and total("ddtree_accept_length_sum") == tokens
+    for series, key in (("nodes", "nodes"), ("depth", "depth"), ("width", "width")):
+        want, bound = window_sum(lines, key)
+        assert total(f"ddtree_tree_{series}_count") == rounds, series
+        assert abs(total(f"ddtree_tree_{series}_sum") - want) <= bound, (series, want)
+    want, bound = window_sum(lines, "off_spine")
+    assert abs(total("ddtree_off_spine_rounds_total") - want) <= bound
+    for phase in ("draft", "build", "verify", "commit"):
+        want, bound = window_sum(lines, f"{phase}_ms")
+        got = scrape.total("ddtree_phase_seconds_total", {"phase": phase}) or 0.0
+        assert abs(got * 1000.0 - want) <= bound + 1e-6 * want, (phase, got, want)
+    # the policy: switches and probes, and each bucket's shape (tree nodes, 0 for the chain) as `choice` says
+    assert total("ddtree_policy_switches_total") == int(last["switches"]) >= 2
+    assert total("ddtree_policy_probes_total") == int(last["probes"])
+    for part in last["choice"].split(","):
+        bucket, _, shape = part.partition(":")
+        budget = 0 if shape == "chain" else int(shape.removeprefix("tree"))
+        assert total("ddtree_policy_shape_budget", bucket=bucket) == budget, part
+    # decode rounds: one request, so one per request-round; the rounds after the last line are counted on
+    # /metrics at once and in a line only when it is written (at most log interval - 1 of them)
+    tree, chain = total("ddtree_decode_rounds_total", kind="tree"), total("ddtree_decode_rounds_total", kind="chain")
+    interval = int(POLICY_ENV["DDTREE_LOG_INTERVAL"])
+    assert tree > 0 and chain > 0 and rounds <= tree + chain <= rounds + interval - 1, (tree, chain, rounds)
+    assert total("ddtree_decode_rounds_total", kind="dflash") == 0 and total("ddtree_selfcheck_failed") == 0

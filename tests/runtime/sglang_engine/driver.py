@@ -8,8 +8,10 @@ JOB: {"engine": {ServerArgs keyword arguments}, "batches": [[input_ids, ...], ..
 "overrides": {"<batch index>": [{sampling params of request i}, ...]}, "top_logprobs": K} ("overrides" optional;
 "top_logprobs", optional: every request returns its output log-probs and its top K, SGLang's return_logprob).
 Each batch is one `Engine.generate` call (several requests in one call run batched in the scheduler), greedy,
-`ignore_eos`, unless overridden per request. RESULT: {"startup_s", "generate_s", "batches": [[{"prompt_ids",
-"output_ids", "meta_info"}, ...], ...]}.
+`ignore_eos`, unless overridden per request. RESULT: {"startup_s", "generate_s", "batch_s": [seconds of each
+generate call], "batches": [[{"prompt_ids", "output_ids", "meta_info"}, ...], ...]}; with `enable_metrics` in
+"engine", also "metrics": the `ddtree_*` part of what SGLang's `/metrics` serves after the last batch (Prometheus
+text, read from the multiprocess directory the way the HTTP server's `/metrics` reads it).
 
 `--serve` is the engine host the tests share (tests/runtime/sglang_host.py): it imports SGLang and the modules its
 scheduler and detokenizer need once, then reads one request per stdin line, {"job", "result", "log", "env"}, and
@@ -47,9 +49,12 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     startup_s = time.monotonic() - started
     params = {"temperature": 0.0, "max_new_tokens": job["max_new_tokens"], "ignore_eos": True}
     batches: list[list[dict[str, Any]]] = []
+    batch_s: list[float] = []
+    metrics: str | None = None
     try:
         started = time.monotonic()
         for index, batch in enumerate(job["batches"]):
+            batch_started = time.monotonic()
             overrides = job.get("overrides", {}).get(str(index))
             sampling: Any = [{**params, **o} for o in overrides] if overrides else params
             logprobs: dict[str, Any] = {}
@@ -62,10 +67,27 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
                     for prompt, out in zip(batch, outs, strict=True)
                 ]
             )
+            batch_s.append(time.monotonic() - batch_started)
         generate_s = time.monotonic() - started
+        if job["engine"].get("enable_metrics"):
+            metrics = ddtree_metrics_text()
     finally:
         engine.shutdown()
-    return {"startup_s": startup_s, "generate_s": generate_s, "batches": batches}
+    result = {"startup_s": startup_s, "generate_s": generate_s, "batch_s": batch_s, "batches": batches}
+    return result if metrics is None else {**result, "metrics": metrics}
+
+
+def ddtree_metrics_text() -> str:
+    """The `ddtree_*` families of what `/metrics` would serve now: SGLang's HTTP server collects the
+    PROMETHEUS_MULTIPROC_DIR that `--enable-metrics` set up (sglang.srt.utils.add_prometheus_middleware), in
+    this process, with prometheus_client's MultiProcessCollector; the same here, without the HTTP server."""
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    text = generate_latest(registry).decode()
+    families = text.split("# HELP ")
+    return "".join("# HELP " + f for f in families[1:] if f.startswith("ddtree_"))
 
 
 def run_to_file(job_path: str, result_path: str) -> None:
