@@ -300,6 +300,11 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     )  # fmt: skip
     if _stage(ctx, settings, staged, wheel, facts, chash, result) and _before_live(ctx, staged.release_id, result):
         _go_live(ctx, settings, staged.release_id, facts.current, result)
+        if changed and result.outcome is Outcome.DEPLOYED:
+            # its files are not what was deployed: no rollback target (status would name it one, and fail)
+            _mark_bad(ctx, str(facts.current), f"drift: files edited on the host; replaced by {staged.release_id}")
+            ctx.say(f"marked {facts.current} BAD: its files were edited on the host ({staged.release_id} replaces it)")
+            result.message += f"; drifted {facts.current} marked bad"
         result.timings["total_s"] = time.monotonic() - start
     return result
 

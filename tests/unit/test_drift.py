@@ -135,9 +135,12 @@ def test_deploy_repairs_drift_without_force_and_rollback_says_a_target_drifted(c
     assert again.outcome is Outcome.DEPLOYED and again.release != first.release, again.message
     assert again.release[-12:] == first.release[-12:]  # the same configuration, written again
     assert any(line.startswith(f"drift: release {first.release}: env changed on the host") for line in said)
-    # rolling back to the edited release: done, and said
+    # the edited release is no rollback target once replaced (status named it one and failed: issue 42, lab)
+    assert f"drifted {first.release} marked bad" in again.message
     box.current = again.release
     box.releases[again.release] = 0
-    back = flow.rollback_service(ctx, replace(SETTINGS, allow_old_secrets=True))
+    assert box.bad == {first.release}
+    # rolling back to it by name: done, and said
+    back = flow.rollback_service(ctx, replace(SETTINGS, allow_old_secrets=True), to=first.release)
     assert back.outcome is Outcome.REVERTED and "its files changed on the host since its deploy" in back.message
     assert any(line.startswith("rollback target drifted: release ") for line in said)
