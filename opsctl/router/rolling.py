@@ -13,7 +13,8 @@ the release, and the runner calls `put_back` when the deploy is over:
    A worker that is not healthy stays out, and the result says so.
 
 A router that does not answer at all (not deployed yet, or down) serves nobody: the deploy goes on without it,
-and says so. Steps 2-3 run under one lock per router, so two workers never pass the last-healthy check at once.
+and says so; the worker is still kept out of it (below): systemd may bring it back mid-deploy. Steps 2-3 run
+under one lock per router, so two workers never pass the last-healthy check at once.
 
 A worker taken out stays out until step 6: that is desired state, recorded here, not only the router's. A router
 that restarts meanwhile (systemd's Restart=, a crash, a kill) comes back with every worker of its
@@ -67,6 +68,7 @@ class Taken:
     router: Router
     url: str
     was_member: bool
+    router_down: bool = False  # the router did not answer at the take-out: no slot held, only kept out
 
 
 class RouterGuard:
@@ -107,8 +109,9 @@ class RouterGuard:
                 item = self._take_out_of(router, host, service, say, cancelled)
                 if item is not None:
                     taken.append(item)
-            if taken:
-                self._drain(host, service, taken, say)
+            held = [t for t in taken if not t.router_down]
+            if held:
+                self._drain(host, service, held, say)
         except BaseException:
             self.put_back(taken, True, say)
             raise
@@ -132,9 +135,13 @@ class RouterGuard:
         try:
             client = self._client(router)
             if not client.health().ok:
-                say(f"router {router.name} does not answer /health: deploying without it (it serves nobody now)")
+                say(
+                    f"router {router.name} does not answer /health: deploying without it (it serves nobody now; "
+                    "kept out of it should it restart meanwhile)"
+                )
                 slot.slots.release()
-                return None
+                self._keep_out(_KeptOut(router, url, f"{host}/{service}", say))
+                return Taken(router, url, False, router_down=True)
             with slot.check:
                 members = client.members()
                 me = next((m for m in members if m.url == url), None)
@@ -186,6 +193,10 @@ class RouterGuard:
         healthy. Returns "" or one line saying which routers it is not back in."""
         problems: list[str] = []
         for item in taken:
+            if item.router_down:
+                problem = self._back_after_down(item, serving, say)
+                problems += [problem] if problem else []
+                continue
             slot = self._slots[item.router.name]
             try:
                 if not serving:  # stays out, and stays watched: a restarted router must not take it back
@@ -199,6 +210,17 @@ class RouterGuard:
             finally:
                 slot.slots.release()
         return "; ".join(problems)
+
+    def _back_after_down(self, item: Taken, serving: bool, say: Callable[[str], None]) -> str:
+        """A worker kept out of a router that did not answer at its take-out: added when the router answers now
+        (it restarted meanwhile), else left to the router's own --worker-urls when it starts."""
+        if not serving:
+            return f"left out of router {item.router.name} (not serving a healthy release)"
+        with self._kept_lock:
+            self._kept_out.pop((item.router.name, item.url), None)
+        if not self._client(item.router).health().ok:
+            return ""
+        return self._add(item, say)
 
     def ensure_in(self, host: str, service: str, say: Callable[[str], None]) -> str:
         """A serving worker that a router does not list (left out earlier) is added back; "" or the problem."""

@@ -227,9 +227,33 @@ def test_a_router_that_does_not_answer_is_skipped_and_frees_its_slot() -> None:
     fake.up = False
     said: list[str] = []
     g = guard(fake, [0], [0.0])
-    assert g.take_out("h1", "ref", said.append) == []
+    taken = g.take_out("h1", "ref", said.append)
+    assert [(t.url, t.router_down) for t in taken] == [(W1, True)]
     assert "does not answer /health: deploying without it" in said[0]
     assert g._slots["front"].slots.acquire(blocking=False)
+    g._slots["front"].slots.release()
+    assert g.put_back(taken, True, said.append) == "" and fake.calls == []  # still down: its --worker-urls add it
+
+
+def test_a_router_down_at_the_take_out_that_restarts_mid_deploy_loses_the_worker_again() -> None:
+    """Down when the worker went out (killed, systemd restarting it): it came back with every worker of its
+    --worker-urls, and the deploy, which had gone on without it, never took the worker out of it."""
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    fake.up = False
+    said: list[str] = []
+    g = guard(fake, [0], [0.0])
+    taken = g.take_out("h1", "ref", said.append)
+    fake.up = True  # restarted, both workers listed
+    assert len(g.reconcile()) == 1 and [m.url for m in fake.members()] == [W2]
+    assert g.put_back(taken, True, said.append) == ""  # gates passed: back in
+    assert said[-1].startswith("back in router front") and {m.url for m in fake.members()} == {W1, W2}
+    assert g.reconcile() == []
+    # down again at the next take-out, and the deploy fails: left out, and still out once the router is back
+    fake.up = False
+    taken = g.take_out("h1", "ref", said.append)
+    assert g.put_back(taken, False, said.append).startswith("left out of router front")
+    fake.up = True
+    assert len(g.reconcile()) == 1 and [m.url for m in fake.members()] == [W2]
 
 
 def test_one_worker_out_at_a_time_per_router() -> None:
