@@ -94,6 +94,37 @@ def test_unchanged_redeploy_waits_for_a_service_still_starting(base_inventory: P
     assert unit_props(base_inventory, "lab1", "opsctl-ref.service")["ActiveState"] == "active"
 
 
+def test_drift_is_reported_by_status_and_repaired_by_deploy(base_inventory: Path) -> None:
+    """Issue 42: a hand-edited unit file and release env file left `status` at exit 0 and `deploy` "unchanged".
+    Now status names each difference in one line and fails; deploy (no --force) writes a new release, says why,
+    and the edited release is no rollback target afterwards."""
+    from opsctl.commands import sh
+    from tests.lab.deploy_support import remote_run
+
+    inv = str(base_inventory)
+    edited = current_release(base_inventory, "lab1", "ref")
+    remote_run(base_inventory, "lab1", sh(
+        "echo OMP_NUM_THREADS=4 >> /opt/opsctl/services/ref/current/env && "
+        "sed -i 's/^RestartSec=.*/RestartSec=30/' /etc/systemd/system/opsctl-ref.service", sudo=True,
+    ))  # fmt: skip
+    status = opsctl("status", "-i", inv, "--host", "lab1", "--service", "ref")
+    assert status.returncode == 1, status.stderr[-3000:]
+    lines = status.stderr.splitlines()
+    env = f"lab1/ref: release {edited}: env changed on the host since the deploy (sha256 "
+    assert sum(line.startswith(env) for line in lines) == 1, status.stderr[-3000:]
+    unit = f"lab1/ref: /etc/systemd/system/opsctl-ref.service differs from release {edited}'s unit (edited on the host)"
+    assert unit in lines, status.stderr[-3000:]
+    result = opsctl("deploy", "-i", inv, "--host", "lab1", "--mode", MODE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"lab1/ref: drift: release {edited}: env changed on the host" in result.stderr, result.stderr[-3000:]
+    assert "deploying a new release to repair it" in result.stderr and "lab1/ref: deployed" in result.stderr
+    assert f"drifted {edited} marked bad" in result.stderr
+    assert current_release(base_inventory, "lab1", "ref") != edited
+    after = opsctl("status", "-i", inv, "--host", "lab1", "--service", "ref", "--json")
+    (row,) = json.loads(after.stdout)["services"]
+    assert after.returncode == 0 and row["drift"] == [] and row["rollback_to"] != edited, after.stdout[-2000:]
+
+
 def test_bad_flag_never_interrupts_the_old_release(base_inventory: Path, tmp_path: Path) -> None:
     bad = variant(base_inventory, tmp_path, lambda d: service(d, "lab1").update(extra_args=["--no-such-flag"]))
     release = current_release(base_inventory, "lab1", "ref")
@@ -172,26 +203,50 @@ def test_second_concurrent_deploy_refuses_then_waits(base_inventory: Path) -> No
     assert not lock_present(base_inventory, "lab1")
 
 
-def test_host_down_mid_deploy(base_inventory: Path, lab_config: LabConfig) -> None:
+def test_host_down_mid_gate_leaves_no_untested_release(base_inventory: Path, lab_config: LabConfig) -> None:
+    """lab2 goes down (a power cut) while its new release is in the health gate: the other host's deploy
+    stands, lab2's is unreachable. Issue 42: the untested release stayed `current` unmarked after the reboot, the
+    same deploy called it "unchanged", status exited 0, rollback skipped the smoke gate. Now status fails and
+    says so, the same deploy (no --force) runs its gates, and a rollback goes to a release that passed them,
+    smoke-tested."""
     from opsctl.lab import start_host, stop_host
 
-    bg = background("deploy", "-i", str(base_inventory), "--mode", MODE, "--force", "--max-fail", "1")
-    bg.wait_for("lab2/ref: switching to", timeout=300)
-    stop_host(lab_config, "lab2", kill=True)
-    try:
-        code = bg.finish(timeout=600)
-        assert code == 1, bg.text
-        assert "lab1/ref: deployed" in bg.text, bg.text
-        assert "lab2/ref: unreachable" in bg.text, bg.text
-    finally:
-        start_host(lab_config, "lab2")
+    inv = str(base_inventory)
+    previous = current_release(base_inventory, "lab2", "ref")
+    # the new server on lab2 stays in its loading phase (a runtime drop-in: gone with the reboot)
+    with loading_held(base_inventory, "lab2", "opsctl-ref.service"):
+        bg = background("deploy", "-i", inv, "--mode", MODE, "--force", "--max-fail", "1")
+        bg.wait_for("lab2/ref: restarted in", timeout=600)
+        stop_host(lab_config, "lab2", kill=True)
+        try:
+            code = bg.finish(timeout=600)
+        finally:
+            start_host(lab_config, "lab2")
+    assert code == 1, bg.text
+    assert "lab1/ref: deployed" in bg.text, bg.text
+    assert "lab2/ref: unreachable" in bg.text, bg.text
+    untested = current_release(base_inventory, "lab2", "ref")
+    assert untested != previous
     # lab2 rebooted: its deploy lock (under /run) is gone; /dev/shm is empty, so the models come back through
-    # provision (until then the unit crash-loops), and a new deploy works there again.
+    # provision (until then the unit crash-loops)
     assert not lock_present(base_inventory, "lab2")
     restored = provision(base_inventory, "--host", "lab2", always=True)
     assert restored.returncode == 0, restored.stderr[-3000:]
-    again = opsctl("deploy", "-i", str(base_inventory), "--host", "lab2", "--mode", MODE, "--force")
+    status = opsctl("status", "-i", inv, "--host", "lab2", "--service", "ref", "--json")
+    (row,) = json.loads(status.stdout)["services"]
+    assert status.returncode == 1 and row["gates_pending"] and row["rollback_to"] == previous, status.stdout
+    human = opsctl("status", "-i", inv, "--host", "lab2", "--service", "ref")
+    assert f"lab2/ref: release {untested} went live but never finished its gates" in human.stderr, human.stderr
+    again = opsctl("deploy", "-i", inv, "--host", "lab2", "--mode", MODE)  # the same configuration
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "unchanged" not in again.stderr and "never finished its gates: running them now" in again.stderr
+    assert "smoke ok" in again.stderr and "gates finished (interrupted before)" in again.stderr, again.stderr
+    assert current_release(base_inventory, "lab2", "ref") == untested
+    assert opsctl("status", "-i", inv, "--host", "lab2", "--service", "ref").returncode == 0
+    back = opsctl("rollback", "-i", inv, "--host", "lab2", "ref")
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert f"rolled back to {previous} (healthy)" in back.stderr and "smoke ok" in back.stderr, back.stderr
+    assert current_release(base_inventory, "lab2", "ref") == previous
 
 
 def test_logs_follow_stops_cleanly_on_ctrl_c(base_inventory: Path) -> None:
