@@ -1,7 +1,7 @@
 """A real Prometheus (Debian's package) scrapes the lab's services through the files `opsctl monitor render`
-writes: the `ddtree_*` series appear after traffic, OpsctlServiceDown fires within its `for:` window plus a
-scrape interval (and the evaluation's) after a service stops, and resolves after `opsctl deploy --force`
-heals it."""
+writes: the `ddtree_*` series appear after traffic (and `opsctl status` shows their numbers), OpsctlServiceDown
+fires within its `for:` window plus a scrape interval (and the evaluation's) after a service stops, and resolves
+after `opsctl deploy --force` heals it."""
 
 from __future__ import annotations
 
@@ -127,6 +127,14 @@ def test_ddtree_series_then_service_down_fires_and_resolves_after_deploy(invento
     assert all(r["metric"]["service"] == "ref" and r["metric"]["model_name"] for r in rounds)
     assert prom.query("ddtree_committed_tokens_total >= ddtree_rounds_total")  # tau >= 1
     assert prom.firing("OpsctlServiceDown") == []
+    # opsctl status reads its DDTREE numbers from the same series (means since start), not from the journal
+    shown = json.loads(opsctl("status", "-i", str(inventory), "--json").stdout)["services"]
+    assert sorted((r["host"], r["metrics_source"]) for r in shown) == [(h, "/metrics") for h in hosts]
+    for row in shown:
+        m = row["last_metrics"]
+        assert m["rounds"] > 0 and m["tau"] == pytest.approx(m["tokens"] / m["rounds"]), m
+        same = f'ddtree_rounds_total{{host="{row["host"]}"}} == {m["rounds"]}'
+        _until(lambda same=same: prom.query(same), f"Prometheus' rounds equal status' on {row['host']}", 10)
 
     host = hosts[0]
     remote_run(inventory, host, Cmd.of("systemctl", "stop", "opsctl-ref.service"))
