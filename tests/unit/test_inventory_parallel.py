@@ -148,7 +148,7 @@ HOSTILE = st.one_of(
 
 
 @settings(
-    max_examples=300, derandomize=True, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100, derandomize=True, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
 @given(
     gpus=st.integers(1, 8),

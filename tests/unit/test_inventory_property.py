@@ -183,7 +183,7 @@ def _check(text: str | bytes, values: list[str]) -> None:
 
 
 @settings(
-    max_examples=600, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+    max_examples=400, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
 )
 @given(shaped(), st.booleans())
 def test_shaped_inventories_load_and_render_or_fail_in_one_line(data: dict[str, Any], as_json: bool) -> None:

@@ -66,7 +66,7 @@ def test_specifiers_other_than_double_percent_are_refused() -> None:
         expand_specifiers("/opt/%n")
 
 
-@settings(max_examples=300, derandomize=True, deadline=None)
+@settings(max_examples=100, derandomize=True, deadline=None)
 @given(st.lists(ARG_TEXT.filter(lambda a: a != ";"), min_size=1, max_size=6))
 def test_quote_exec_round_trips(argv: list[str]) -> None:
     argv = ["/venv/bin/python", *argv]
