@@ -145,8 +145,12 @@ class RouterGuard:
             with slot.check:
                 members = client.members()
                 me = next((m for m in members if m.url == url), None)
-                others = [m for m in members if m.url != url and m.healthy]
-                refused = refuse_take_out(members, url)
+                # a worker opsctl keeps out that a restarted router lists again serves nobody in opsctl's eyes
+                with self._kept_lock:
+                    kept = {u for (name, u) in self._kept_out if name == router.name and u != url}
+                counted = [m for m in members if m.url not in kept]
+                others = [m for m in counted if m.url != url and m.healthy]
+                refused = refuse_take_out(counted, url)
                 if refused is not None:
                     raise DeployError(
                         f"router {router.name}: {host}/{service} is its last healthy worker "

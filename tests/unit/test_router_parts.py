@@ -420,6 +420,18 @@ def test_a_restarted_router_that_takes_a_worker_back_mid_deploy_loses_it_again()
     assert g.reconcile() == [] and {m.url for m in fake.members()} == {W1, W2}
 
 
+def test_a_kept_out_worker_a_restarted_router_lists_is_not_counted_as_serving() -> None:
+    """h1 was left out (its deploy failed); the router restarted and lists it healthy again before the watcher's
+    next look: taking h2 out on the strength of h1 would leave the router only workers opsctl keeps out."""
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    g = guard(fake, [0], [0.0])
+    assert g.put_back(g.take_out("h1", "ref", lambda _: None), False, lambda _: None).startswith("left out")
+    fake.members_now = [Member("a2", W1, True, 0), Member("b2", W2, True, 0)]  # restarted: both listed
+    with pytest.raises(DeployError, match="last healthy worker"):
+        g.take_out("h2", "ref", lambda _: None)
+    assert [c for c in fake.calls if c.startswith("remove")] == [f"remove {W1}"]  # h2 never left
+
+
 def test_a_worker_left_out_stays_out_and_the_watcher_runs_by_itself() -> None:
     fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
     said: list[str] = []
