@@ -167,6 +167,9 @@ class RunSpec:
     batches: list[list[list[int]]]
     batch_names: list[str]
     new_tokens: int
+    # per batch index (as a string), each request's sampling parameters over the driver's greedy defaults
+    overrides: dict[str, list[dict[str, Any]]] | None = None
+    top_logprobs: int | None = None  # every request returns its log-probs and its top K (return_logprob)
 
 
 def hybrid_override(target: Path) -> dict[str, Any]:
@@ -242,7 +245,12 @@ def run_engine(spec: RunSpec, log_dir: Path, timeout_s: int) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     job, result = run_dir / "job.json", run_dir / "result.json"
     result.unlink(missing_ok=True)
-    job.write_text(json.dumps({"engine": spec.engine, "batches": spec.batches, "max_new_tokens": spec.new_tokens}))
+    job_fields: dict[str, Any] = {"engine": spec.engine, "batches": spec.batches, "max_new_tokens": spec.new_tokens}
+    if spec.overrides:
+        job_fields["overrides"] = spec.overrides
+    if spec.top_logprobs is not None:
+        job_fields["top_logprobs"] = spec.top_logprobs
+    job.write_text(json.dumps(job_fields))
     env = {**os.environ, "PYTHONWARNINGS": "ignore", **spec.env}
     started = time.monotonic()
     proc = subprocess.Popen(

@@ -72,6 +72,10 @@ if [ "${1:-}" = interleaved ]; then  # issue 45: the pairs to +-5%, fresh server
     shift
     exec "$PY" dev/sglang_gpu/pairs_interleaved.py "$@"
 fi
+if [ "${1:-}" = kinds ]; then  # issue 41: every request kind, tree vs baseline, CUDA graphs on and off
+    shift
+    exec "$PY" dev/sglang_gpu/kinds_gpu.py --json "$RESULTS/kinds_gpu.json" --log-dir "$RESULTS/kinds_gpu_logs" "$@"
+fi
 if [ "${1:-}" = mixed ]; then  # greedy requests batched with a sampling one on a tree server with graphs
     shift
     exec "$PY" dev/sglang_gpu/mixed_batch.py "$@"

@@ -253,7 +253,9 @@ KIND_NAMES = [
     "seeded, temperature 0.7",
     "seeded, temperature 1.0, top_k 20, top_p 0.9",
     "greedy",
+    "greedy, regex (lower-case letters and spaces only)",
 ]
+GRAMMAR_REGEX = "[a-z ]+"
 MIN_NEW = 8
 
 
@@ -274,7 +276,7 @@ def hybrid_kinds_prompts(prompts: list[list[int]]) -> list[list[int]]:
 def kinds_prompts(prompts: list[list[int]]) -> list[list[int]]:
     """The prompt of each request kind (KIND_NAMES): the tree prompts and one chat prompt."""
     t0, t1, c0 = prompts[TREE[0]], prompts[TREE[1]], prompts[CHAT[0]]
-    return [t0, t1, c0, t1, t0, c0]
+    return [t0, t1, c0, t1, t0, c0, c0]
 
 
 def kinds(models: Path) -> list[dict[str, Any]]:
@@ -291,6 +293,9 @@ def kinds(models: Path) -> list[dict[str, Any]]:
         {"temperature": 0.7, "sampling_seed": 11},
         {"temperature": 1.0, "top_k": 20, "top_p": 0.9, "sampling_seed": 12},
         {},
+        # ignore_eos off: with it on, SGLang's non-speculative decode emits one more token after the grammar
+        # completes (it checks completion before advancing the grammar), every speculative round none
+        {"regex": GRAMMAR_REGEX, "ignore_eos": False},
     ]
 
 
@@ -470,8 +475,9 @@ def test_ddtree_tree_engine_matches_baseline_and_transformers_and_accepts_off_th
 def test_every_request_kind_takes_tree_rounds_and_gets_the_baseline_tokens(
     kinds_runs: Launcher, engine_runs: Launcher, tiny_dense: Path
 ) -> None:
-    """logit_bias, each penalty, min_new_tokens and seeded sampling (with and without top-k / top-p), batched
-    with greedy rows, every request asking for log-probs: tree mode's tokens equal the baseline's token for
+    """logit_bias, each penalty, min_new_tokens, seeded sampling (with and without top-k / top-p) and a regex
+    grammar (one vocabulary mask per tree node), batched with greedy rows, every request asking for log-probs:
+    tree mode's tokens equal the baseline's token for
     token, their log-probs (and top-3) within LOGPROB_TOLERANCE, and the batch takes tree rounds (no DFLASH
     chain round)."""
     base, _ = kinds_runs("baseline")
@@ -486,6 +492,7 @@ def test_every_request_kind_takes_tree_rounds_and_gets_the_baseline_tokens(
     assert eos not in early and eos in late, want[2]["output_ids"]
     greedy = baseline_outputs(engine_runs)[tuple(want[1]["prompt_ids"])]
     assert want[1]["output_ids"] != greedy[:KINDS_TOKENS], "the penalties change nothing on this prompt"
+    assert want[6]["output_ids"] != want[5]["output_ids"], "the grammar changes nothing on this prompt"
     for name, w, g in zip(KIND_NAMES, want, got, strict=True):
         assert g["output_ids"] == w["output_ids"], f"{name}: tree {g['output_ids']} != baseline {w['output_ids']}"
         assert_logprobs_close(name, g["meta_info"], w["meta_info"])

@@ -70,7 +70,8 @@ def batch(reqs: list[SimpleNamespace], **flags: Any) -> SimpleNamespace:
 def test_round_reasons() -> None:
     plain = batch([req([1])])
     assert dflash_round_reason(plain, tp_size=1, overlap=False) == ""
-    assert "grammar" in dflash_round_reason(batch([req([1])], has_grammar=True), 1, False)
+    grammar = batch([req([1])], has_grammar=True)  # one mask per tree node at TP 1; sharded logits at TP > 1
+    assert dflash_round_reason(grammar, 1, False) == "" and "grammar" in dflash_round_reason(grammar, 2, False)
     assert dflash_round_reason(batch([req([1])], return_logprob=True), 1, False) == ""
     assert "TP > 1" in dflash_round_reason(batch([req([1])], return_logprob=True), 2, False)
     sampled = batch([req([1])], sampling_info=info(1, greedy=False))

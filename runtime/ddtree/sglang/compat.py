@@ -66,6 +66,21 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "needs_confidence_relay",
     ),
     "sglang.srt.configs.hybrid_arch:mambaish_config": ("model_config",),
+    # grammar-constrained requests: one vocabulary mask per tree node (the tree worker's `_ddtree_grammar_mask`)
+    "sglang.srt.speculative.spec_utils:GrammarTree.from_device": (
+        "cls",
+        "retrieve_next_token",
+        "retrieve_next_sibling",
+        "draft_token",
+    ),
+    "sglang.srt.speculative.spec_utils:GrammarTree.from_linear_chain": ("cls", "verify_ids_2d"),
+    "sglang.srt.speculative.spec_utils:build_grammar_vocab_mask": (
+        "reqs",
+        "tree",
+        "sampling_info",
+        "device",
+        "barrier",
+    ),
     # the workers: DFLASH's worker, subclassed
     "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2.__init__": (
         "self",

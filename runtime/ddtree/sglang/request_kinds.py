@@ -99,8 +99,8 @@ def dflash_round_reason(batch: Any, tp_size: int, overlap: bool) -> str:
     """Why this decode batch takes DFLASH's chain round instead of a tree round; "" when a tree round serves it.
     Each reason is a request kind the tree round cannot serve exactly."""
     info = batch.sampling_info
-    if batch.has_grammar:
-        return "grammar-constrained requests (one vocabulary mask per tree node is not built)"
+    if batch.has_grammar and tp_size > 1:
+        return "grammar-constrained requests at TP > 1 (the verify logits stay vocabulary-sharded)"
     if batch.return_logprob and tp_size > 1:
         return "log-prob requests at TP > 1 (the verify logits stay vocabulary-sharded)"
     if info is not None and getattr(info, "has_custom_logit_processor", False):

@@ -86,7 +86,7 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_utils import commit_mamba_states_after_verify
+from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask, commit_mamba_states_after_verify
 from torch import Tensor
 
 from ddtree.acceptance import chain_layout
@@ -382,7 +382,7 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         if not policy_round:  # the configured tree, no policy row
             if glue.enabled:
                 self._ddtree_ledger.interrupt()
-            return self._ddtree_round(batch, on_publish, self._ddtree_config.budget)[0]
+            return self._ddtree_round(batch, on_publish, self._ddtree_config.budget, grammar_barrier=grammar_barrier)[0]
         bs = len(batch.seq_lens)
         shape = glue.next_shape(bs, self._ddtree_ledger.due())  # the rounds `lag` back: host memory only
         note = glue.switch_note(bs)
@@ -394,7 +394,7 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         if shape.is_chain:
             result, accepts = self._ddtree_chain_round(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         else:
-            result, accepts = self._ddtree_round(batch, on_publish, shape.budget, smaller)
+            result, accepts = self._ddtree_round(batch, on_publish, shape.budget, smaller, grammar_barrier)
         if accepts is None:
             raise RuntimeError("DDTREE: a policy round without its acceptance row")
         self._ddtree_ledger.close(shape.round_id, bs, accepts, smaller)
@@ -439,6 +439,20 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         if batch.return_logprob and rules is not None:  # the log-probs read the rows the choices came from
             logits.copy_(rows.reshape(logits.shape))
         return choices
+
+    @staticmethod
+    def _ddtree_grammar_mask(batch: Any, tree: Any, logits: Tensor, barrier: Any) -> None:
+        """Mask `logits` [bs * S, V] in place with each grammar-constrained request's vocabulary mask per node
+        (SGLang's own walk, `build_grammar_vocab_mask`: a node whose token its grammar accepts gets the mask of
+        its path, the rows of a rejected node's subtree stay open, since the walk can never reach them). The
+        baseline masks after the penalties and before logit_bias; a mask only sets -inf, which both leave at
+        -inf, so masking first gives the same rows. `barrier` first advances the FSMs over the previous
+        round's tokens (the overlap scheduler's)."""
+        mask = build_grammar_vocab_mask(
+            reqs=batch.reqs, tree=tree, sampling_info=batch.sampling_info, device=logits.device, barrier=barrier
+        )
+        if mask is not None:
+            mask.apply(logits)
 
     def _ddtree_tree_verify(self, verify_input: Any, plan: BatchPlan, batch: Any) -> Any:
         """Prepare and run the verify forward. On an exact hybrid target SGLang's GDN backend reads the tree
@@ -493,6 +507,8 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         with self._ddtree_verify_seq_lens(batch, draft_input, width):
             verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
             out = self._ddtree_target_forward(verify_batch).logits_output
+        if batch.has_grammar:  # the FSMs were advanced before the tree's masks: no barrier here
+            self._ddtree_grammar_mask(batch, GrammarTree.from_linear_chain(tokens), out.next_token_logits, None)
         logits = out.next_token_logits.view(bs, width, -1)
         mask, depths = chain_layout(width, bs, tokens.device)
         flat = out.next_token_logits.view(bs * width, -1)
@@ -582,7 +598,12 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
     # -- one decode round: draft -> plan -> verify -> commit (contracts: the step dataclasses above) --
 
     def _ddtree_round(
-        self, batch: Any, on_publish: Any, budget: int, smaller: Sequence[int] | None = None
+        self,
+        batch: Any,
+        on_publish: Any,
+        budget: int,
+        smaller: Sequence[int] | None = None,
+        grammar_barrier: Any = None,
     ) -> tuple[Any, Tensor | None]:
         """One tree round of `budget` nodes of a greedy decode batch. Device-to-host syncs of the round's own
         code (SGLang's forwards may add theirs), at most 2: in `_ddtree_plan`, the prefix-length sum that sizes
@@ -598,7 +619,8 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         t1 = time.perf_counter()
         planned = self._ddtree_plan(batch, draft_input, draft, budget)
         t2 = time.perf_counter()
-        verified = self._ddtree_verify(batch, draft_input, planned, check=self._ddtree_self_check_due())
+        check = self._ddtree_self_check_due()
+        verified = self._ddtree_verify(batch, draft_input, planned, check, grammar_barrier)
         t3 = time.perf_counter()
         commit, kept, new_seq_lens = self._ddtree_commit(batch, draft_input, draft, planned, verified, on_publish)
         if self._ddtree_paths is not None:  # DDTREE_RECORD_PATHS: a recording run (reads the paths to the host)
@@ -750,10 +772,19 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
             self._ddtree_graphs[budget] = graphs
         return graphs
 
-    def _ddtree_verify(self, batch: Any, draft_input: Any, planned: PlannedRound, check: bool) -> VerifiedRound:
+    def _ddtree_verify(
+        self, batch: Any, draft_input: Any, planned: PlannedRound, check: bool, grammar_barrier: Any = None
+    ) -> VerifiedRound:
         """Step 3. One target forward (TARGET_VERIFY) over every tree, writing the verify window's KV; SGLang's
-        verify_tree_greedy walks the target's argmax over the tree links."""
+        verify_tree_greedy walks the target's choices (argmax, or each request's rules and sampler) over the tree
+        links. A grammar-constrained request's nodes are masked first, each by its grammar after its path."""
         plan = planned.plan
+        # the tree's links and tokens start their copy to the host now, so the masks' host walk overlaps the forward
+        grammar_tree = (
+            GrammarTree.from_device(plan.retrieve_next_token, plan.retrieve_next_sibling, plan.tokens)
+            if batch.has_grammar
+            else None
+        )
         bs, slots = (int(n) for n in plan.tokens.shape)
         # a verify forward slides each request's conv state in place (the commit overwrites it from the
         # accepted step's window); a self-check's chain re-verify must start from the committed one
@@ -775,6 +806,8 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
             logits_output.next_token_logits = None
         else:
             logits = logits_output.next_token_logits
+            if grammar_tree is not None:
+                self._ddtree_grammar_mask(batch, grammar_tree, logits, grammar_barrier)
             choices = self._ddtree_choices(batch, logits, plan.tokens, plan.tree_mask, plan.depths, plan.positions)
             target_predict = torch.argmax(logits, dim=-1) if choices is None else choices
         target_predict = target_predict.view(bs, slots)
