@@ -166,6 +166,13 @@ def _sampling(where: str, i: int, raw: Any) -> tuple[tuple[str, float], ...]:
     values = dict(out)
     if values.get("temperature", 0.0) > 0.0 and "sampling_seed" not in values:
         raise SmokeError(f"{where}: prompts[{i}] samples without a sampling_seed", "add sampling.sampling_seed")
+    if values.get("min_p", 0.0) > 0.0 and "sampling_seed" in values:
+        # SGLang 0.5.23's seeded sampler asserts against min_p, and the assertion ends its scheduler: the smoke
+        # test would take the service down (docs/sglang.md, "Request kinds")
+        raise SmokeError(
+            f"{where}: prompts[{i}] sets min_p beside a sampling_seed, which stops SGLang's scheduler",
+            "drop sampling.min_p from seeded prompts",
+        )
     return tuple(out)
 
 

@@ -101,6 +101,7 @@ def test_default_prompt_set_is_varied():
         ("prompts: [{prompt: x, sampling: [1]}]", "sampling must be a mapping"),
         ("prompts: [{prompt: x, sampling: {top_q: 1}}]", "unknown key 'top_q'"),
         ("prompts: [{prompt: x, sampling: {temperature: 0.7}}]", "without a sampling_seed"),
+        ("prompts: [{prompt: x, sampling: {temperature: 0.7, min_p: 0.1, sampling_seed: 1}}]", "min_p beside a"),
         ("prompts: [{prompt: x, sampling: {temperature: 3, sampling_seed: 1}}]", "temperature must be a number"),
         ("prompts: [{prompt: x, sampling: {top_p: true}}]", "top_p must be a number"),
         ("prompts: [{prompt: x, sampling: {sampling_seed: -1}}]", "sampling_seed must be a number"),
