@@ -15,6 +15,7 @@ from ddtree.sglang.request_kinds import (
     expanded_sampling_info,
     needs_node_rules,
     node_choices,
+    policy_decides,
     reads_output,
     request_rules,
     rules_of_batch,
@@ -126,3 +127,11 @@ def test_node_choices_argmax_for_greedy_and_the_sampler_at_each_nodes_position()
     choices, _ = node_choices(sampled, logits, tokens, mask, depths, positions, sampler, None)
     assert choices.tolist() == [[0, 1, 2], [3, 4, 5]]
     assert seen == {"rows": 6, "pos": positions.tolist(), "temps": [1.0] * 6}
+
+
+def test_the_policy_decides_only_greedy_batches_whose_rules_leave_the_output_alone() -> None:
+    assert policy_decides(batch([req([1]), req([2])]))
+    bias = torch.zeros(1, VOCAB)
+    assert policy_decides(batch([req([1])], sampling_info=info(1, logit_bias=bias)))  # a bias reads no output
+    assert not policy_decides(batch([req([1], frequency_penalty=0.5)]))
+    assert not policy_decides(batch([req([1]), req([2])], sampling_info=info(2, greedy=False)))

@@ -57,7 +57,7 @@ def sglang_sink(environ: Mapping[str, str] | None = None) -> DDTreeProm | None:
 def note_round(dflash_round: bool, why: str, fallback: str, policy: bool) -> None:
     """The tree worker's decode-round hook, called once per `forward_batch_generation` with what it decided:
     `dflash_round` (prefill or idle: not a decode round, not counted), `why` (the batch needs DFLASH's chain
-    verify: sampling, grammar or log-prob requests), `fallback` (a failed self-check's text: DFLASH's rounds
+    verify: `request_kinds.dflash_round_reason`), `fallback` (a failed self-check's text: DFLASH's rounds
     from then on) and whether the shape policy runs (then `PolicyGlue.next_shape` counts tree and chain)."""
     sink = default_sink()
     if sink is None or dflash_round:

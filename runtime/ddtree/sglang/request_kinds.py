@@ -95,6 +95,16 @@ def reads_output(batch: Any) -> bool:
     return any(request_rules(req).reads_output for req in batch.reqs)
 
 
+def policy_decides(batch: Any) -> bool:
+    """Whether the shape policy picks this decode batch's round: greedy batches whose rules do not read the
+    output. A batch whose rules read it always takes the configured tree (the policy's chain, DFLASH's round,
+    would relax them); a batch with a sampled row too, so the policy's acceptance statistics, its chain and
+    smaller-tree counterfactuals included, stay those of greedy rounds (a sampled row accepts by another law)."""
+    info = batch.sampling_info
+    greedy = info is None or bool(info.is_all_greedy)
+    return greedy and not reads_output(batch)
+
+
 def dflash_round_reason(batch: Any, tp_size: int, overlap: bool) -> str:
     """Why this decode batch takes DFLASH's chain round instead of a tree round; "" when a tree round serves it.
     Each reason is a request kind the tree round cannot serve exactly."""

@@ -120,7 +120,7 @@ from ddtree.sglang.request_kinds import (
     baseline_penalty_order,
     dflash_round_reason,
     node_choices,
-    reads_output,
+    policy_decides,
     rules_of_batch,
 )
 from ddtree.sglang.round_graphs import RoundGraphs, clone_result
@@ -370,10 +370,10 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         }
         if dflash_round or why or self._ddtree_fallback:
             self._ddtree_ledger.interrupt()  # not a policy round: the policy's gap skips this forward
-        # the shape policy decides this round, unless the batch's rules read the output (the policy's chain, DFLASH's
-        # round, would relax them); PolicyGlue counts its own rounds
+        # the shape policy decides greedy rounds whose rules do not read the output (request_kinds.policy_decides);
+        # PolicyGlue counts its own rounds
         glue = self._ddtree_glue
-        policy_round = glue.enabled and not reads_output(batch)
+        policy_round = glue.enabled and policy_decides(batch)
         note_round(dflash_round, why, self._ddtree_fallback, policy_round)  # ddtree_decode_rounds_total
         if dflash_round:  # prefill, idle: the target's own graphs and backend
             return super().forward_batch_generation(batch, **dflash_args)
