@@ -95,7 +95,7 @@ def test_unchanged_redeploy_waits_for_a_service_still_starting(base_inventory: P
 
 
 def test_drift_is_reported_by_status_and_repaired_by_deploy(base_inventory: Path) -> None:
-    """Issue 42: a hand-edited unit file and release env file left `status` at exit 0 and `deploy` "unchanged".
+    """Before the fix, a hand-edited unit file and release env file left `status` at exit 0 and `deploy` "unchanged".
     Now status names each difference in one line and fails; deploy (no --force) writes a new release, says why,
     and the edited release is no rollback target afterwards."""
     from opsctl.commands import sh

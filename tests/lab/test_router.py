@@ -165,7 +165,7 @@ def _listed_runs(samples: list[tuple[float, bool, bool]]) -> list[float]:
 
 
 def test_router_restarted_mid_deploy_never_keeps_an_ungated_worker(router_inventory: Path) -> None:
-    """Issue 42: a router killed during a rolling deploy came back (systemd's Restart=) with every worker of its
+    """Before the fix, a router killed during a rolling deploy came back (systemd's Restart=) with every worker of its
     --worker-urls, the one in its gates included (31 failed requests of 250), and neither the deploy nor status
     said so. lab1/ref's new server is held in its loading phase while the router is killed: systemd restarts it
     without lab1/ref; once lab1/ref answers /health the router adds it by itself (its start-up job; the 8 s
@@ -470,7 +470,7 @@ def test_canary_rolls_back_a_much_slower_release(router_inventory: Path, tmp_pat
 def test_canary_rolls_back_a_release_that_refuses_what_the_old_group_serves(
     router_inventory: Path, tmp_path: Path
 ) -> None:
-    """Issue 42: a release with `--context-length 128` (every flag valid, the smoke prompt short) passed the
+    """Before the fix, a release with `--context-length 128` (every flag valid, the smoke prompt short) passed the
     canary: its error rate counted only aborts, its request count left out the 400s (clients lost 98 of 212 long
     requests). The judge reads the router's per-worker answers: the canary's refusals roll it back at once."""
     router = f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}"
