@@ -58,7 +58,7 @@ KINDS: list[tuple[str, dict[str, Any]]] = [
     ),
     ("greedy", {}),
 ]
-# a grammar-constrained request (one vocabulary mask per tree node), decoded last and only by the Engines without
+# grammar-constrained requests (one vocabulary mask per tree node), decoded last and only by the Engines without
 # CUDA graphs: a grammar backend failure then costs no other verdict. ignore_eos off: with it on, SGLang's
 # non-speculative decode emits one token after the grammar completes, every speculative round none.
 PERSON_SCHEMA = {
@@ -66,10 +66,10 @@ PERSON_SCHEMA = {
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
     "required": ["name", "age"],
 }
-GRAMMAR = [
-    {"regex": "[a-z ]+", "ignore_eos": False},
-    {"json_schema": json.dumps(PERSON_SCHEMA), "ignore_eos": False},
-]
+GRAMMARS = {
+    "regex": {"regex": "[a-z ]+", "ignore_eos": False},
+    "json": {"json_schema": json.dumps(PERSON_SCHEMA), "ignore_eos": False},
+}
 ALONE = 3  # KINDS index decoded alone
 MODES = ("baseline", "tree", "baseline-eager", "tree-eager")
 DETERMINISTIC = {"enable_deterministic_inference": True, "sampling_backend": "pytorch"}
@@ -105,10 +105,16 @@ def batches_for(
 
 
 def with_grammar(
-    batches: list[list[list[int]]], names: list[str], overrides: dict[str, list[dict[str, Any]]], ids: list[list[int]]
+    batches: list[list[list[int]]],
+    names: list[str],
+    overrides: dict[str, list[dict[str, Any]]],
+    ids: list[list[int]],
+    grammars: list[dict[str, Any]],
 ) -> tuple[list[list[list[int]]], list[str], dict[str, list[dict[str, Any]]]]:
-    """The batches plus a last one of GRAMMAR's requests (prompts: the first and second)."""
-    return [*batches, ids[: len(GRAMMAR)]], [*names, "grammar"], {**overrides, str(len(batches)): GRAMMAR}
+    """The batches plus a last one of the grammar requests (prompts: the first ones)."""
+    if not grammars:
+        return batches, names, overrides
+    return [*batches, ids[: len(grammars)]], [*names, "grammar"], {**overrides, str(len(batches)): grammars}
 
 
 def specs_for(model: str, pair: Path, args: argparse.Namespace, mi: int) -> list[harness.RunSpec]:
@@ -137,7 +143,8 @@ def specs_for(model: str, pair: Path, args: argparse.Namespace, mi: int) -> list
             env = {**env, "DDTREE_SELFCHECK_EVERY": "3"}
         run_batches, run_names, run_overrides = batches, names, overrides
         if mode.endswith("-eager"):
-            run_batches, run_names, run_overrides = with_grammar(batches, names, overrides, ids)
+            grammars = [GRAMMARS[g] for g in args.grammar.split(",") if g]
+            run_batches, run_names, run_overrides = with_grammar(batches, names, overrides, ids, grammars)
         specs.append(
             harness.RunSpec(
                 model,
@@ -296,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--port-base", type=int, default=33000)
     p.add_argument("--timeout", type=int, default=300, help="seconds per Engine launch")
+    p.add_argument("--grammar", default="regex,json", help=f"grammar requests of the last batch: {', '.join(GRAMMARS)}")
     p.add_argument("--report", type=Path, help="judge the runs stored in this JSON again; launch nothing")
     p.add_argument("--dry-run", action="store_true", help="print the Engines and batches; launch nothing")
     args = p.parse_args(argv)
