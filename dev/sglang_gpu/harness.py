@@ -293,6 +293,20 @@ def run_engine(spec: RunSpec, log_dir: Path, timeout_s: int) -> dict[str, Any]:
     return out
 
 
+def run_engines(
+    specs: list[RunSpec], log_dir: Path, timeout_s: int, parallel: int
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every spec's `run_engine`, `parallel` at a time; results by (model, mode)."""
+    print(f"launching {len(specs)} Engine runs, {parallel} at a time", flush=True)
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = {pool.submit(run_engine, s, log_dir, timeout_s): s for s in specs}
+        for future in concurrent.futures.as_completed(futures):
+            spec = futures[future]
+            results[(spec.model, spec.mode)] = future.result()
+    return results
+
+
 def metrics_lines(log: str) -> list[dict[str, str]]:
     """`DDTREE metrics k=v ...` lines as dicts (values as logged)."""
     return [dict(kv.split("=", 1) for kv in m.group(1).split() if "=" in kv) for m in METRICS.finditer(log)]
@@ -505,12 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         for spec in specs:
             results[(spec.model, spec.mode)] = fake_run(spec, refs_by_model[spec.model])
     else:
-        print(f"launching {len(specs)} Engine runs, {args.parallel} at a time", flush=True)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
-            futures = {pool.submit(run_engine, s, args.log_dir, args.timeout): s for s in specs}
-            for future in concurrent.futures.as_completed(futures):
-                spec = futures[future]
-                results[(spec.model, spec.mode)] = future.result()
+        results = run_engines(specs, args.log_dir, args.timeout, args.parallel)
 
     report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "prompts": texts, "models": {}}
     failures = 0

@@ -24,7 +24,6 @@ Rehearse on a CPU (no SGLang): `--dry-run` prints the Engines' arguments and the
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import sys
 import time
@@ -323,13 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"batches": specs[0].batch_names, "overrides": specs[0].overrides}, indent=1))
         return 0
     started = time.monotonic()
-    print(f"launching {len(specs)} Engine runs, {args.parallel} at a time", flush=True)
-    results: dict[tuple[str, str], dict[str, Any]] = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        futures = {pool.submit(harness.run_engine, s, args.log_dir, args.timeout): s for s in specs}
-        for future in concurrent.futures.as_completed(futures):
-            s = futures[future]
-            results[(s.model, s.mode)] = future.result()
+    results = harness.run_engines(specs, args.log_dir, args.timeout, args.parallel)
 
     report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "kinds": KINDS, "models": {}}
     failures = judge(models, {m: {mode: results[(m, mode)] for mode in MODES} for m in models}, report)
