@@ -310,3 +310,14 @@ def provision(inventory: Path = LAB_INVENTORY, *args: str, always: bool = False)
     if SKIP_PROVISION and not always:
         return subprocess.CompletedProcess(["provision"], 0, "", "")
     return opsctl("provision", "-i", str(inventory), *args, *PROVISION_ARGS, timeout=1800)
+
+
+def provisioned_and_deployed(path: Path, mutate: Callable[[dict[str, Any]], None]) -> Path:
+    """The lab provisioned, the lab inventory with `mutate` applied written to `path`, and that inventory deployed
+    in MODE (each step asserted): a module's starting point."""
+    result = provision()
+    assert result.returncode == 0, result.stderr[-3000:]
+    inv = derived_inventory(path, mutate)
+    deployed = opsctl("deploy", "-i", str(inv), "--mode", MODE)
+    assert deployed.returncode == 0, deployed.stderr[-4000:]
+    return inv

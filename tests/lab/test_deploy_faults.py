@@ -24,6 +24,7 @@ from tests.lab.deploy_support import (
     opsctl,
     polling,
     provision,
+    provisioned_and_deployed,
     service,
     tune,
     unit_props,
@@ -34,12 +35,7 @@ pytestmark = pytest.mark.lab
 
 @pytest.fixture(scope="module")
 def base_inventory(lab_hosts, tmp_path_factory) -> Path:
-    result = provision()
-    assert result.returncode == 0, result.stderr[-3000:]
-    inv = derived_inventory(tmp_path_factory.mktemp("faults") / "lab.yaml", tune)
-    first = opsctl("deploy", "-i", str(inv), "--mode", MODE)
-    assert first.returncode == 0, first.stderr[-4000:]
-    return inv
+    return provisioned_and_deployed(tmp_path_factory.mktemp("faults") / "lab.yaml", tune)
 
 
 def variant(base: Path, tmp_path: Path, mutate) -> Path:

@@ -28,6 +28,7 @@ from tests.lab.deploy_support import (
     is_bad,
     opsctl,
     provision,
+    provisioned_and_deployed,
     remote_run,
     service,
     tune,
@@ -43,12 +44,7 @@ HOST_SRC = "/var/lib/opsctl-lab-src"  # a host-side model source (stands in for 
 
 @pytest.fixture(scope="module")
 def base_inventory(lab_hosts, tmp_path_factory) -> Path:
-    result = provision()
-    assert result.returncode == 0, result.stderr[-3000:]
-    inv = derived_inventory(tmp_path_factory.mktemp("lifecycle") / "lab.yaml", tune)
-    first = opsctl("deploy", "-i", str(inv), "--mode", MODE)
-    assert first.returncode == 0, first.stderr[-4000:]
-    return inv
+    return provisioned_and_deployed(tmp_path_factory.mktemp("lifecycle") / "lab.yaml", tune)
 
 
 def _url(inv: Path, host: str) -> str:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from opsctl.commands import Cmd
-from tests.lab.deploy_support import MODE, derived_inventory, opsctl, provision, remote_run, tune
+from tests.lab.deploy_support import MODE, opsctl, provisioned_and_deployed, remote_run, tune
 
 pytestmark = pytest.mark.lab
 
@@ -76,12 +76,7 @@ def _until(found: Callable[[], Any], what: str, timeout: float) -> tuple[Any, fl
 
 @pytest.fixture(scope="module")
 def inventory(lab_hosts: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    result = provision()
-    assert result.returncode == 0, result.stderr[-3000:]
-    inv = derived_inventory(tmp_path_factory.mktemp("monitoring") / "lab.yaml", _monitored)
-    deployed = opsctl("deploy", "-i", str(inv), "--mode", MODE)
-    assert deployed.returncode == 0, deployed.stderr[-4000:]
-    return inv
+    return provisioned_and_deployed(tmp_path_factory.mktemp("monitoring") / "lab.yaml", _monitored)
 
 
 @pytest.fixture(scope="module")
