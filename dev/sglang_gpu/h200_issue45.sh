@@ -15,7 +15,8 @@
 #   ...                                                                # (pairs hybrid 1, 2; pairs dense 0, 1, 2)
 #   bash dev/sglang_gpu/h200_issue45.sh report <dir>      # here: every table from the calls' files
 #
-# Results under $OUT: record-<pair>/ (rounds-<pair>.json, paths-<pair>.json, the JSON of the run), cost-*.json,
+# Results under $OUT: record-<pair>.tgz (rounds-<pair>.json, paths-<pair>.json, the JSON of the run) and
+# paths-<pair>.json beside it, cost-*.json,
 # pairs-<pair>-<round>.json, each step's log. Paths recording needs the tree worker's DDTREE_RECORD_PATHS hook
 # (ddtree.sglang.replay.PathRecorder) and the shape tables its DDTREE_REPLAY_ACCEPTANCE hook; without them the
 # steps still run (the rounds recording does not need them) and the shape tables show random-weight acceptance.
@@ -46,18 +47,25 @@ record | shape | pairs)
     pair=${2:?pair: dense or hybrid}
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/machine-$1-$pair.txt" 2>&1 || true
     case $1 in
-    record)  # ~8 min: 5 server starts alone (tree15, tree7, tree3, chain pinned; paths), greedy levels 1-32
-        timeout -k 5 585 bash dev/sglang_gpu/run.sh interleaved --pairs "$pair" --record "$OUT/record-$pair" \
-            --budgets 15 --temperatures 0 --prompts 16 --deadline 520 --start-timeout 240 \
-            --json "$OUT/record-$pair/run.json" 2>&1 | tee "$OUT/record-$pair.log"
+    record)  # ~8 min: 5 server starts alone (paths; tree15, tree7, tree3, chain pinned), greedy levels 1-32
+        # recorded under /tmp (a warm machine keeps it; $OUT takes 8 files at most), then one archive into $OUT
+        rec=/tmp/gpu45-rec/$pair && rm -rf "$rec" && mkdir -p "$rec"
+        timeout -k 5 560 bash dev/sglang_gpu/run.sh interleaved --pairs "$pair" --record "$rec" \
+            --budgets 15 --temperatures 0 --prompts 16 --deadline 500 --start-timeout 240 \
+            --json "$rec/run.json" 2>&1 | tee "$OUT/record-$pair.log" || true
+        tar -czf "$OUT/record-$pair.tgz" -C /tmp/gpu45-rec "$pair"
+        cp "$rec/paths-$pair.json" "$OUT/" || true
+        # the next call's shape step on this warm machine reads the paths here, with no carry step
+        mkdir -p /tmp/gpu45-paths && cp "$rec/paths-$pair.json" /tmp/gpu45-paths/ || true
         ;;
-    shape)  # ~8 min a part: Engines at the real shape (random weights), CUDA graphs, batch 1-64, 256 new tokens
+    shape)  # ~7 min a part: Engines at the real shape (random weights), CUDA graphs, batch 1-64, 128 new tokens
         part=${3:?part: a, b or ab}
         case $part in a) modes=baseline,dflash,tree15 ;; b) modes=tree7,tree31 ;; *) modes=baseline,dflash,tree7,tree15,tree31 ;; esac
         paths="$D/paths/paths-$pair.json"
+        [ -f "$paths" ] || paths=/tmp/gpu45-paths/paths-$pair.json  # recorded on this warm machine
         [ -f "$paths" ] || paths=""  # before any recording: random-weight acceptance (a rehearsal of the cost)
         timeout -k 5 585 bash dev/sglang_gpu/run.sh cost --models "$pair" --modes "$modes" --graphs on \
-            --batches 1,2,4,8,16,32,64 --new-tokens 256 --repeats 1 --timeout 200 \
+            --batches 1,2,4,8,16,32,64 --new-tokens 128 --repeats 1 --timeout 200 \
             ${paths:+--replay "$paths"} --json "$OUT/cost-$pair-$part.json" 2>&1 | tee "$OUT/cost-$pair-$part.log"
         ;;
     pairs)  # ~9 min a round: linear, tree7, tree15, policy15 each started alone, t0 and t1 levels 1-32

@@ -80,21 +80,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def record_plan(pair: str, args: argparse.Namespace) -> list[Any]:
-    """The recording services of a pair: the largest `--budgets` tree pinned to each candidate shape in turn
-    (`ddtree.policy: tree15`, `tree7`, `tree3`, `chain`; pinned, every round goes through the policy's
-    bookkeeping), each writing its rounds (`DDTREE_RECORD_ROUNDS`: the configured tree's give every shape's
-    acceptance, each shape's its cost); and the tree with the policy off writing its accepted paths
-    (`DDTREE_RECORD_PATHS`, a sync per round: apart from the timed runs)."""
+    """The recording services of a pair: the tree with the policy off writing its accepted paths
+    (`DDTREE_RECORD_PATHS`, a sync per round: apart from the timed runs); then the largest `--budgets` tree
+    pinned to each candidate shape in turn (`ddtree.policy: tree15`, `tree7`, `tree3`, `chain`; pinned, every
+    round goes through the policy's bookkeeping), each writing its rounds (`DDTREE_RECORD_ROUNDS`: the configured
+    tree's give every shape's acceptance, each shape's its cost)."""
     from ddtree.policy import candidate_shapes
 
     budget = max(args.budgets)
-    specs = []
+    # the paths service first: the shape tables need it, and `--deadline` skips the last starts of a round
+    env = (("DDTREE_RECORD_PATHS", str(args.record / f"paths-{pair}.json")),)
+    specs = [bench.ServiceSpec(f"{pair}-recpaths", pair, "tree", "tree-paths", budget, None, env, (0.0,))]
     for shape in candidate_shapes(budget):
         env = (("DDTREE_RECORD_ROUNDS", str(args.record / f"{pair}-{shape.label}.jsonl")),)
         name = f"{pair}-rec{shape.label}"
         specs.append(bench.ServiceSpec(name, pair, "tree", "tree-record", budget, shape.label, env, (0.0,)))
-    env = (("DDTREE_RECORD_PATHS", str(args.record / f"paths-{pair}.json")),)
-    specs.append(bench.ServiceSpec(f"{pair}-recpaths", pair, "tree", "tree-paths", budget, None, env, (0.0,)))
     return specs
 
 

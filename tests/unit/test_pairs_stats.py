@@ -108,7 +108,7 @@ def test_recording_runs_become_one_level_per_concurrency(tmp_path: Path) -> None
     mod = interleaved()
     args = mod.parse_args(["--pairs", "hybrid", "--record", str(tmp_path), "--concurrency", "1,4"])
     names = [s.name for s in mod.record_plan("hybrid", args)]
-    assert names == ["hybrid-rectree15", "hybrid-rectree7", "hybrid-rectree3", "hybrid-recchain", "hybrid-recpaths"]
+    assert names == ["hybrid-recpaths", "hybrid-rectree15", "hybrid-rectree7", "hybrid-rectree3", "hybrid-recchain"]
 
     def line(rid: int, bs: int, shape: str, tree: int) -> str:
         smaller = {"7": tree - 1, "3": tree - 2} if shape == "tree15" else {}
