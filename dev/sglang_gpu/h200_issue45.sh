@@ -60,12 +60,15 @@ record | shape | pairs)
         ;;
     shape)  # ~7 min a part: Engines at the real shape (random weights), CUDA graphs, batch 1-64, 128 new tokens
         part=${3:?part: a, b or ab}
-        case $part in a) modes=baseline,dflash,tree15 ;; b) modes=tree7,tree31 ;; *) modes=baseline,dflash,tree7,tree15,tree31 ;; esac
+        case $part in a) modes=dflash,tree15,baseline ;; b) modes=tree7,tree31 ;; *) modes=dflash,tree7,tree15,tree31,baseline ;; esac
+        # batch 48 at most on the 27B shape: SGLang keeps a GDN scratch state per draft token of every running
+        # request (16 x ~76 MB each); at 64 it does not fit beside the weights on one H200 (DFLASH and DDTREE alike)
+        batches=1,2,4,8,16,32,64 && [ "$pair" = hybrid ] && batches=1,2,4,8,16,32,48
         paths="$D/paths/paths-$pair.json"
         [ -f "$paths" ] || paths=/tmp/gpu45-paths/paths-$pair.json  # recorded on this warm machine
         [ -f "$paths" ] || paths=""  # before any recording: random-weight acceptance (a rehearsal of the cost)
         timeout -k 5 585 bash dev/sglang_gpu/run.sh cost --models "$pair" --modes "$modes" --graphs on \
-            --batches 1,2,4,8,16,32,64 --new-tokens 128 --repeats 1 --timeout 200 \
+            --batches "$batches" --mem-fraction-hybrid 0.92 --new-tokens 128 --repeats 1 --timeout 200 \
             ${paths:+--replay "$paths"} --json "$OUT/cost-$pair-$part.json" 2>&1 | tee "$OUT/cost-$pair-$part.log"
         ;;
     pairs)  # ~9 min a round: linear, tree7, tree15, policy15 each started alone, t0 and t1 levels 1-32
