@@ -4,6 +4,7 @@ from opsctl.lab.config import LabConfig
 from opsctl.lab.lifecycle import (
     HostStatus,
     LabReport,
+    cut_host,
     down,
     remove_host,
     start_host,
@@ -12,4 +13,15 @@ from opsctl.lab.lifecycle import (
     up,
 )
 
-__all__ = ["HostStatus", "LabConfig", "LabReport", "down", "remove_host", "start_host", "status", "stop_host", "up"]
+__all__ = [
+    "HostStatus",
+    "LabConfig",
+    "LabReport",
+    "cut_host",
+    "down",
+    "remove_host",
+    "start_host",
+    "status",
+    "stop_host",
+    "up",
+]

@@ -118,6 +118,14 @@ def stop_host(cfg: LabConfig, name: str, kill: bool = False) -> None:
         machine.stop(_require_host(_require_state(cfg), name), kill=kill)
 
 
+def cut_host(cfg: LabConfig, name: str, cut: bool = True) -> None:
+    """Cut one running host off the network (cut=False: reconnect it). Its processes and connections stay, and
+    nothing answers: a hung host or a partition, as seen from the control machine."""
+    system.preflight()
+    with state.locked(cfg):
+        net.set_link(_require_host(_require_state(cfg), name).veth, up=not cut)
+
+
 def remove_host(cfg: LabConfig, name: str) -> None:
     """Stop and delete one host (disk included); the rest of the lab stays."""
     system.preflight()

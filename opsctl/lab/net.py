@@ -71,6 +71,11 @@ def create_host_net(cfg: LabConfig, netns: str, veth: str, address: str) -> None
     system.run("ip", "-n", netns, "link", "set", "lo", "up")
 
 
+def set_link(veth: str, up: bool) -> None:
+    """The host's cable: down drops every packet both ways (no RST, no FIN), as a power cut or a partition."""
+    system.run("ip", "link", "set", veth, "up" if up else "down")
+
+
 def remove_host_net(netns: str, veth: str) -> None:
     if netns in list_netns():
         system.run("ip", "netns", "del", netns)  # deletes host0, and with it the veth pair (asynchronously)

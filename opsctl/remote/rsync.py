@@ -50,7 +50,7 @@ def _options(config: SshConfig, known_hosts: Path) -> list[str]:
         "GlobalKnownHostsFile": "/dev/null",
         "ConnectTimeout": str(max(1, int(config.connect_timeout))),
         "ServerAliveInterval": str(config.keepalive),
-        "ServerAliveCountMax": "3",
+        "ServerAliveCountMax": "1",  # gone after 2 intervals unanswered, as opsctl.remote.peerwatch
         "LogLevel": "ERROR",
     }
     argv: list[str] = []

@@ -33,6 +33,7 @@ from opsctl.progress import run_streamed
 from opsctl.remote import base
 from opsctl.remote.base import RunResult
 from opsctl.remote.local import LocalHost
+from opsctl.remote.peerwatch import PeerWatch
 from opsctl.remote.rsync import PROGRESS_FLAGS, parse_progress, rsync_error, ssh_command
 
 log = logging.getLogger("opsctl.remote")
@@ -93,6 +94,7 @@ class SshHost:
         self._client: paramiko.SSHClient | None = None
         self._jump_client: paramiko.SSHClient | None = None
         self._sessions = threading.BoundedSemaphore(MAX_SESSIONS)
+        self._watch: PeerWatch | None = None  # the current connection's dead-peer detection
 
     # -- connection ------------------------------------------------------------------------------------
 
@@ -115,6 +117,7 @@ class SshHost:
             self._client = self._connect_with_retries()
             transport = self._client.get_transport()
             assert transport is not None  # connect() succeeded
+            self._watch = PeerWatch(transport, self.config.keepalive) if self.config.keepalive > 0 else None
             return transport
 
     def _connect_with_retries(self) -> paramiko.SSHClient:
@@ -288,11 +291,15 @@ class SshHost:
         out = bytearray()
         err = bytearray()
         exited_at: float | None = None
+        watch = self._watch
         while True:
+            received = len(out) + len(err)
             while chan.recv_ready():
                 out += chan.recv(65536)
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
+            if watch is not None and (len(out) + len(err) != received or chan.exit_status_ready()):
+                watch.heard()
             if not pgid and b"\n" in out:
                 first, _, rest = bytes(out).partition(b"\n")
                 text = first.decode(errors="replace")
@@ -311,6 +318,15 @@ class SshHost:
                 raise KeyboardInterrupt
             if now > deadline:
                 raise CommandTimeout(self.name, display, 0)
+            silence = watch.silent_for() if watch is not None else None
+            if silence is not None:
+                self.close()  # the next call connects afresh (and fails fast while the host stays away)
+                raise UnreachableError(
+                    self.name,
+                    f"no answer for {silence:.0f} s during `{display}` (SSH keepalive unanswered)",
+                    hint="the host is down or hung, or the network to it is cut; check it, then run the same "
+                    "command again",
+                )
             select.select([chan], [], [], base.POLL_S)
         code = chan.recv_exit_status()
         transport = chan.get_transport()

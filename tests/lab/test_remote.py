@@ -22,7 +22,7 @@ from opsctl.cli.common import to_jsonable
 from opsctl.commands import Cmd, Masked, sh
 from opsctl.errors import CommandTimeout, HostKeyError, RemoteError, UnreachableError
 from opsctl.inventory.model import Host, HostKeyPolicy, Inventory
-from opsctl.lab import LabConfig, start_host, status, stop_host
+from opsctl.lab import LabConfig, cut_host, start_host, status, stop_host
 from opsctl.remote import SecretOnCommandLine, SshHost, connect, run_parallel
 
 pytestmark = pytest.mark.lab
@@ -328,6 +328,29 @@ def test_non_root_user_uses_sudo_for_privileged_work(
             ops.run(Cmd.of("sleep", marker, sudo=True), timeout=1.0)
         assert f"sleep {marker}" not in _ps(remotes["lab1"])
     remotes["lab1"].run(Cmd.of("rm", "-rf", "/etc/opsctl-sudo-test.env", "/opt/opsctl-sudo-test"))
+
+
+def test_silent_host_is_unreachable_within_two_keepalives(lab_inventory: Inventory, lab_config: LabConfig) -> None:
+    """A host that stops answering mid-command without closing the connection (its network cut: no RST, as a
+    hung host or a partition) is reported unreachable two keepalive intervals later, not at the command's
+    timeout; a command that prints nothing for longer on a live host is not."""
+    host = _with_ssh(lab_inventory.host("lab2"), keepalive=2, connect_retries=1, connect_timeout=3.0)
+    with connect(host) as remote:
+        assert remote.run(sh("sleep 7; echo done"), timeout=30).stdout == "done\n"  # silent, alive: probes answered
+        cutter = threading.Timer(1.0, cut_host, args=(lab_config, "lab2"))
+        cutter.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(UnreachableError, match=r"no answer for [0-9]+ s during `sleep 60`") as caught:
+                remote.run(Cmd.of("sleep", "60"), timeout=120)
+            took = time.monotonic() - started
+        finally:
+            cutter.join()
+            cut_host(lab_config, "lab2", cut=False)
+    assert took < 9, f"reported after {took:.1f} s"  # cut at 1 s; probe at ~2 s; gone at ~4 s
+    assert "network to it is cut" in (caught.value.hint or "")
+    with connect(lab_inventory.host("lab2")) as remote:  # the link back: a new connection works
+        assert remote.run(Cmd.of("hostname")).stdout.strip() == "lab2"
 
 
 def test_zz_host_stopped_mid_run_is_unreachable_while_the_other_succeeds(
