@@ -62,8 +62,13 @@ record | shape | pairs)
         part=${3:?part: a, b or ab}
         case $part in a) modes=dflash,tree15,baseline ;; b) modes=tree7,tree31 ;; *) modes=dflash,tree7,tree15,tree31,baseline ;; esac
         # batch 48 at most on the 27B shape: SGLang keeps a GDN scratch state per draft token of every running
-        # request (16 x ~76 MB each); at 64 it does not fit beside the weights on one H200 (DFLASH and DDTREE alike)
-        batches=1,2,4,8,16,32,64 && [ "$pair" = hybrid ] && batches=1,2,4,8,16,32,48
+        # request (16 x ~76 MB each); at 64 it does not fit beside the weights on one H200 (DFLASH and DDTREE
+        # alike), on an H100 (80 GB) above 8
+        batches=1,2,4,8,16,32,64
+        gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+        if [ "$pair" = hybrid ]; then
+            batches=1,2,4,8,16,32,48 && [ "${gpu_mib:-0}" -lt 100000 ] && batches=1,2,4,8
+        fi
         paths="$D/paths/paths-$pair.json"
         [ -f "$paths" ] || paths=/tmp/gpu45-paths/paths-$pair.json  # recorded on this warm machine
         [ -f "$paths" ] || paths=""  # before any recording: random-weight acceptance (a rehearsal of the cost)
