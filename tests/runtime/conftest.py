@@ -14,6 +14,10 @@ its run instead of launching its own subprocess, e.g.
 batch of the job (one `Engine.generate` call each), and is memoised by all its arguments, so tests that need
 the same engine, prompts and settings share one launch: put the prompts a test needs in one batch of an
 existing run where only the tokens matter, rather than starting another Engine.
+
+`reference_servers` (tests/runtime/serve_process.py) is the run's reference servers, one `python -m ddtree.serve`
+per (arch, mode), started on first use: `reference_servers("dense", "baseline")`. They stop (and must exit 0)
+after the last selected test that uses them, so they are not held through the rest of the tier.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from runtime_parts import RuntimePartError, in_part, part
+from serve_process import ServerPool
 from sglang_cpu import sglang_skip_reason
 from sglang_host import EngineHost
 from tiny_cache import ensure_tiny
@@ -58,16 +63,37 @@ def tiny_hybrid() -> Path:
 _ENGINE_HOST = EngineHost()
 
 
+_SERVERS = pytest.StashKey[ServerPool]()  # the session's reference servers, once a test asked for them
+_LAST_SERVER_TEST = pytest.StashKey[pytest.Item]()  # the last selected test that uses them
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the engine host as soon as a selected test uses it: its SGLang import overlaps the tests before."""
+    """Note the last selected test that uses the reference servers; start the engine host as soon as a selected
+    test uses it: its SGLang import overlaps the tests before."""
+    users = [item for item in session.items if "reference_servers" in getattr(item, "fixturenames", ())]
+    if users:
+        session.stash[_LAST_SERVER_TEST] = users[-1]
     if session.config.option.collectonly or sglang_skip_reason() is not None:
         return
     if any("sglang_engine" in getattr(item, "fixturenames", ()) for item in session.items):
         _ENGINE_HOST.start()
 
 
+def _stop_reference_servers(session: pytest.Session) -> None:
+    if _SERVERS in session.stash:
+        codes = session.stash[_SERVERS].stop_all()
+        assert all(code == 0 for code in codes.values()), codes  # every server exits 0 on SIGTERM
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test that uses them, the reference servers stop: ~0.5 GB each, idle for the rest of the run."""
+    if item is item.session.stash.get(_LAST_SERVER_TEST, None):
+        _stop_reference_servers(item.session)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     _ENGINE_HOST.close()
+    _stop_reference_servers(session)  # a run that ended before the last user (-x, Ctrl-C)
 
 
 @pytest.fixture(scope="session")
@@ -75,3 +101,15 @@ def sglang_engine() -> EngineHost:
     """The SGLang engine host of the whole run (runs and logs under its workdir, /tmp/sglang-host-*; closed when
     the session ends)."""
     return _ENGINE_HOST
+
+
+@pytest.fixture(scope="session")
+def reference_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ServerPool:
+    """reference_servers(arch, mode, *also) -> a ready reference server on the tiny dense or hybrid models (the
+    `also` modes start beside it, so their start-ups overlap); stopped after the last test that uses it."""
+
+    def models(arch: str) -> Path:
+        return Path(request.getfixturevalue("tiny_dense" if arch == "dense" else "tiny_hybrid"))
+
+    pool = request.session.stash[_SERVERS] = ServerPool(models, tmp_path_factory.mktemp)
+    return pool

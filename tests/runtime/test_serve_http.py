@@ -1,6 +1,7 @@
 """The real ddtree.serve process on the tiny models, over HTTP: modes agree, queueing, errors, auth, metrics,
-logs. One server per (arch, mode) per module, started the way opsctl starts it: ``--config server.yaml``
-(holding the API key) and the DDTREE_* environment."""
+logs. One server per (arch, mode) for the whole run (`reference_servers`, tests/runtime/serve_process.py; the
+dense baseline is test_serve_openai's too), started the way opsctl starts it: ``--config server.yaml`` (holding
+the API key) and the DDTREE_* environment."""
 
 from __future__ import annotations
 
@@ -8,22 +9,17 @@ import concurrent.futures as cf
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 from ddtree.serve import sse
 from prometheus_client.parser import text_string_to_metric_families
+from serve_process import API_KEY, ServeProcess, ServerPool, free_port
 
 from opsctl.metrics import DDTreeInit, DDTreeMetrics, DDTreeVerify, DecodeBatch, Malformed, parse_lines
 
@@ -31,7 +27,6 @@ pytestmark = pytest.mark.runtime
 
 ARCHES = ("dense", "hybrid")
 MODES = ("baseline", "linear", "shadow", "tree")
-API_KEY = "test-key-4b1d"  # travels in the --config file, as opsctl renders it; never in argv
 
 
 def chat_body(q: str, max_tokens: int, enable_thinking: bool | None = None, ignore_eos: bool = False) -> dict[str, Any]:
@@ -48,157 +43,6 @@ def chat_body(q: str, max_tokens: int, enable_thinking: bool | None = None, igno
     return body
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class ServeProcess:
-    """One `python -m ddtree.serve --config server.yaml` process, stderr captured to a file."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-    models: Path
-    log: Path
-    started: float = field(default_factory=time.monotonic)
-    health_seen: list[int] = field(default_factory=list)
-    signalled: bool = False
-
-    @classmethod
-    def start(cls, models: Path, mode: str, work: Path) -> ServeProcess:
-        port = _free_port()
-        cfg: dict[str, Any] = {
-            "model-path": str(models / "target"),
-            "host": "127.0.0.1",
-            "port": port,
-            "served-model-name": "tiny",
-            "device": "cpu",
-            "dtype": "float32",
-            "api-key": API_KEY,
-            "decode-log-interval": 4,
-            "enable-metrics": True,
-        }
-        if mode != "baseline":
-            cfg["speculative-algorithm"] = "DFLASH" if mode == "linear" else "DDTREE"
-            cfg["speculative-draft-model-path"] = str(models / "draft")
-        if mode in ("shadow", "tree"):  # what opsctl renders for DDTREE; accepted and recorded here
-            cfg.update({"disable-overlap-schedule": True, "page-size": 1, "attention-backend": "triton"})
-        (work / "server.yaml").write_text(yaml.safe_dump(cfg))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_", "SGLANG_API_KEY"))}
-        env.update({"OMP_NUM_THREADS": "1", "DDTREE_LOG_INTERVAL": "2"})
-        if mode in ("shadow", "tree"):
-            env["DDTREE_VERIFY"] = mode
-        log = work / "stderr.log"
-        with log.open("wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "ddtree.serve", "--config", str(work / "server.yaml")],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                env=env,
-            )
-        return cls(proc, f"http://127.0.0.1:{port}", models, log)
-
-    def wait_ready(self, timeout: float = 300.0) -> ServeProcess:
-        """Poll /health until 200; remember every status seen (503 while loading)."""
-        if self.health_seen and self.health_seen[-1] == 200:
-            return self
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.stderr()[-3000:]}")
-            try:
-                code = httpx.get(f"{self.url}/health", timeout=5).status_code
-            except httpx.TransportError:
-                code = 0  # not listening yet
-            if not self.health_seen or self.health_seen[-1] != code:
-                self.health_seen.append(code)
-            if code == 200:
-                return self
-            time.sleep(0.02)
-        raise AssertionError(f"server not healthy after {timeout}s:\n{self.stderr()[-3000:]}")
-
-    def stderr(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {API_KEY}"}
-
-    def get(self, path: str) -> httpx.Response:
-        return httpx.get(f"{self.url}{path}", headers=self.headers, timeout=60)
-
-    def post(self, path: str, body: Any, timeout: float = 120) -> httpx.Response:
-        if isinstance(body, bytes):
-            hdrs = {**self.headers, "Content-Type": "application/json"}
-            return httpx.post(f"{self.url}{path}", content=body, headers=hdrs, timeout=timeout)
-        return httpx.post(f"{self.url}{path}", json=body, headers=self.headers, timeout=timeout)
-
-    @staticmethod
-    def sse(response: httpx.Response) -> list[Any]:
-        assert response.status_code == 200, response.text
-        assert response.headers["content-type"].startswith("text/event-stream")
-        return sse.parse_events(response.text)
-
-    def metric(self, name: str) -> float:
-        for fam in text_string_to_metric_families(self.get("/metrics").text):
-            if fam.name == name:
-                return float(fam.samples[0].value)
-        raise AssertionError(f"{name} not in /metrics")
-
-    @cached_property
-    def tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(self.models / "target"), local_files_only=True)
-
-    def chat_ids(self, q: str, thinking: bool) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True, enable_thinking=thinking
-        )
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def signal_stop(self) -> None:
-        if self.proc.poll() is None and not self.signalled:
-            self.proc.send_signal(signal.SIGTERM)
-            self.signalled = True
-
-    def stop(self, timeout: float = 60) -> int:
-        self.signal_stop()
-        if self.proc.poll() is None:
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return int(self.proc.returncode)
-
-
-@pytest.fixture(scope="module")
-def servers(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[..., ServeProcess]]:
-    """servers(arch, mode, *also) -> a ready server, started on first use (together with the `also` modes, so
-    their start-ups overlap) and stopped at the end of the module."""
-    started: dict[tuple[str, str], ServeProcess] = {}
-
-    def get(arch: str, mode: str, *also: str) -> ServeProcess:
-        models = Path(request.getfixturevalue("tiny_dense" if arch == "dense" else "tiny_hybrid"))
-        for m in (mode, *also):
-            if (arch, m) not in started:
-                started[(arch, m)] = ServeProcess.start(models, m, tmp_path_factory.mktemp(f"serve-{arch}-{m}"))
-        for m in (mode, *also):
-            started[(arch, m)].wait_ready()
-        return started[(arch, mode)]
-
-    yield get
-    for proc in started.values():  # SIGTERM them all first: they drain and exit in parallel
-        proc.signal_stop()
-    codes = {key: proc.stop() for key, proc in started.items()}
-    assert all(code == 0 for code in codes.values()), codes
-
-
 def _generate(s: ServeProcess, ids: list[int], n: int) -> dict[str, Any]:
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0}}
     r = s.post("/generate", body)
@@ -207,13 +51,13 @@ def _generate(s: ServeProcess, ids: list[int], n: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_greedy_identical_across_modes(servers: Callable[..., ServeProcess], arch: str) -> None:
-    ref = servers(arch, "baseline", *MODES[1:])
+def test_greedy_identical_across_modes(reference_servers: ServerPool, arch: str) -> None:
+    ref = reference_servers(arch, "baseline", *MODES[1:])
     prompts = [ref.chat_ids("What is 2+2?", thinking=False), ref.chat_ids("Name a color.", thinking=True)]
     chat = chat_body("What is 2+2?", max_tokens=24, enable_thinking=False)
     results: dict[str, tuple[Any, ...]] = {}
     for mode in MODES:
-        s = servers(arch, mode)
+        s = reference_servers(arch, mode)
         outs = [_generate(s, ids, 24) for ids in prompts]
         r = s.post("/v1/chat/completions", chat)
         assert r.status_code == 200, r.text
@@ -233,8 +77,8 @@ def test_greedy_identical_across_modes(servers: Callable[..., ServeProcess], arc
         assert results[mode] == results["baseline"], f"{arch}: {mode} differs from baseline"
 
 
-def test_sixteen_concurrent_requests(servers: Callable[..., ServeProcess]) -> None:
-    s = servers("dense", "tree")
+def test_sixteen_concurrent_requests(reference_servers: ServerPool) -> None:
+    s = reference_servers("dense", "tree")
     questions = ["What is 2+2?", "Name a color.", "Say hi.", "Count to three."]
     bodies = [chat_body(questions[i % 4], max_tokens=6, enable_thinking=False, ignore_eos=True) for i in range(16)]
     with cf.ThreadPoolExecutor(16) as pool:
@@ -264,15 +108,15 @@ def test_sixteen_concurrent_requests(servers: Callable[..., ServeProcess]) -> No
         ({**chat_body("hi", max_tokens=4), "logprobs": True}, "logprobs is not supported"),
     ],
 )
-def test_bad_requests_get_400(servers: Callable[..., ServeProcess], body: Any, fragment: str) -> None:
-    s = servers("dense", "baseline")
+def test_bad_requests_get_400(reference_servers: ServerPool, body: Any, fragment: str) -> None:
+    s = reference_servers("dense", "baseline")
     r = s.post("/v1/chat/completions", body)
     assert r.status_code == 400, r.text
     assert fragment in r.json()["message"] and r.json()["code"] == 400
 
 
-def test_api_key(servers: Callable[..., ServeProcess]) -> None:
-    s = servers("dense", "baseline")
+def test_api_key(reference_servers: ServerPool) -> None:
+    s = reference_servers("dense", "baseline")
     body = chat_body("hi", max_tokens=2)
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
         r = httpx.post(f"{s.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
@@ -299,10 +143,10 @@ ROUTER_GENERATE = {
 }  # fmt: skip
 
 
-def test_what_the_router_calls(servers: Callable[..., ServeProcess]) -> None:
+def test_what_the_router_calls(reference_servers: ServerPool) -> None:
     """/health, /server_info, /model_info when the router adds a worker; its request bodies; /get_load counts
     a request from arrival to its last byte (opsctl drains on it before a deploy)."""
-    s = servers("dense", "baseline")
+    s = reference_servers("dense", "baseline")
     info = s.get("/model_info").json()
     assert info["model_path"] == s.get("/server_info").json()["model_path"] and info["is_generation"] is True
     r = s.post("/v1/chat/completions", ROUTER_CHAT)
@@ -324,8 +168,8 @@ def test_what_the_router_calls(servers: Callable[..., ServeProcess]) -> None:
     assert s.get("/get_load").json()[0]["num_reqs"] == 0
 
 
-def test_tokenize_matches_the_chat_template(servers: Callable[..., ServeProcess]) -> None:
-    s = servers("dense", "baseline")
+def test_tokenize_matches_the_chat_template(reference_servers: ServerPool) -> None:
+    s = reference_servers("dense", "baseline")
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "What is 2+2?"}],
@@ -338,8 +182,8 @@ def test_tokenize_matches_the_chat_template(servers: Callable[..., ServeProcess]
     assert s.post("/tokenize", {"prompt": "x", "messages": []}).status_code == 400
 
 
-def test_chat_reasoning_stream_stop_and_seed(servers: Callable[..., ServeProcess]) -> None:
-    s = servers("dense", "linear")
+def test_chat_reasoning_stream_stop_and_seed(reference_servers: ServerPool) -> None:
+    s = reference_servers("dense", "linear")
     # thinking on (the default): the reply starts inside <think>, so the text lands in reasoning_content
     full = s.post("/v1/chat/completions", chat_body("What is 2+2?", max_tokens=12)).json()
     msg = full["choices"][0]["message"]
@@ -372,8 +216,8 @@ def test_chat_reasoning_stream_stop_and_seed(servers: Callable[..., ServeProcess
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_metrics_and_log_lines(servers: Callable[..., ServeProcess], arch: str) -> None:
-    s = servers(arch, "tree")
+def test_metrics_and_log_lines(reference_servers: ServerPool, arch: str) -> None:
+    s = reference_servers(arch, "tree")
     before = s.metric("sglang:generation_tokens")
     out = _generate(s, s.chat_ids("Count to three.", thinking=False), 24)
     text = s.get("/metrics").text
@@ -461,7 +305,7 @@ def test_bad_flags_fail_at_start(tiny_dense: Any, tmp_path: Path) -> None:
     ]
     for argv, status, message in cases:
         done = subprocess.run(
-            [sys.executable, "-m", "ddtree.serve", "--device", "cpu", "--port", str(_free_port()), *argv],
+            [sys.executable, "-m", "ddtree.serve", "--device", "cpu", "--port", str(free_port()), *argv],
             capture_output=True,
             text=True,
             timeout=300,

@@ -1,6 +1,7 @@
 """The reference server as the official `openai` client sees it, next to SGLang 0.5.23: any model name, models.retrieve,
 unsupported fields refused by name, numeric overflow and deep nesting as 400s, and x-request-id. Plus raw HTTP
-for the hostile requests a client library would not send. One baseline server on the tiny dense model."""
+for the hostile requests a client library would not send. One baseline server on the tiny dense model, shared
+with test_serve_http (`reference_servers`)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ import socket
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from test_serve_http import API_KEY, ServeProcess
+from serve_process import API_KEY, ServeProcess, ServerPool
 
 pytestmark = pytest.mark.runtime
 
@@ -26,13 +26,10 @@ MESSAGES: Any = [{"role": "user", "content": "What is 2+2?"}]
 SGLANG_ERROR_KEYS = {"object", "message", "type", "param", "code"}
 
 
-@pytest.fixture(scope="module")
-def server(tiny_dense: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    s = ServeProcess.start(Path(tiny_dense), "baseline", tmp_path_factory.mktemp("serve-openai"))
-    try:
-        yield s.wait_ready()
-    finally:
-        assert s.stop() == 0, s.stderr()[-3000:]
+@pytest.fixture
+def server(reference_servers: ServerPool) -> ServeProcess:
+    """test_serve_http's dense baseline server: the same configuration, started once for both modules."""
+    return reference_servers("dense", "baseline")
 
 
 @pytest.fixture
