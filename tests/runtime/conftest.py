@@ -18,6 +18,9 @@ existing run where only the tokens matter, rather than starting another Engine.
 `reference_servers` (tests/runtime/serve_process.py) is the run's reference servers, one `python -m ddtree.serve`
 per (arch, mode), started on first use: `reference_servers("dense", "baseline")`. They stop (and must exit 0)
 after the last selected test that uses them, so they are not held through the rest of the tier.
+
+`sglang_probes` runs the SGLang contract probes of the selected modules (test_sglang_plugin, test_sglang_layout,
+test_sglang_hybrid_graphs: each module's `sglang_probe(tmp) -> Probe`) in one subprocess that imports SGLang once.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 import pytest
 from runtime_parts import RuntimePartError, in_part, part
 from serve_process import ServerPool
-from sglang_cpu import sglang_skip_reason
+from sglang_cpu import ProbeResult, run_probes, sglang_skip_reason
 from sglang_host import EngineHost
 from tiny_cache import ensure_tiny
 
@@ -113,3 +116,15 @@ def reference_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
 
     pool = request.session.stash[_SERVERS] = ServerPool(models, tmp_path_factory.mktemp)
     return pool
+
+
+@pytest.fixture(scope="session")
+def sglang_probes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, ProbeResult]:
+    """Each selected module's probe result, by module name: the modules whose tests use this fixture define
+    `sglang_probe(tmp: Path) -> Probe`; all run in one process after one SGLang import (sglang_cpu.run_probes)."""
+    reason = sglang_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    users = {item.module for item in request.session.items if "sglang_probes" in getattr(item, "fixturenames", ())}
+    probes = {m.__name__: m.sglang_probe(tmp_path_factory.mktemp(m.__name__)) for m in users}
+    return run_probes(dict(sorted(probes.items())), tmp_path_factory.mktemp("sglang_probes"))

@@ -17,7 +17,8 @@ import os
 
 PARTS = ("1", "2")
 # In-process reference-engine runs (lossless, sampling, the tiny models' held-out tau, the batched builders), the
-# plugin's contract probe and the policy's engine runs: ~640 of the tier's ~1350 s in a fresh-machine run.
+# SGLang probes and the policy's engine runs: ~640 of the tier's ~1350 s in a fresh-machine run. The three modules
+# with an SGLang probe are in one part: their probes share one SGLang import (conftest.py, `sglang_probes`).
 SECOND = frozenset(
     {
         "test_lossless.py",
@@ -25,6 +26,8 @@ SECOND = frozenset(
         "test_sampling.py",
         "test_batch_tree.py",
         "test_sglang_plugin.py",
+        "test_sglang_layout.py",
+        "test_sglang_hybrid_graphs.py",
         "test_policy_engine.py",
         "test_drafter.py",
         "test_sglang_policy_glue.py",

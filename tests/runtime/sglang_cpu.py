@@ -1,4 +1,5 @@
-"""Import SGLang 0.5.23 on a CPU-only test host (docs/ci.md, "Importing SGLang without a GPU").
+"""Import SGLang 0.5.23 on a CPU-only test host (docs/ci.md, "Importing SGLang without a GPU"), and run the
+runtime tier's SGLang probes after one import (`run_probes`).
 
 The test environment has torch 2.13 (CPU) and sglang installed with --no-deps plus the few modules its import
 chain needs (.ci/sglang-test-requirements.txt). One module cannot be installed honestly: the only torchvision
@@ -15,9 +16,13 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -106,3 +111,67 @@ def sglang_skip_reason() -> str | None:
     if importlib.util.find_spec("sglang") is None:
         return "sglang is not installed (CI installs .ci/sglang-test-requirements.txt)"
     return None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A script run with SGLang imported, as `python -c PRELUDE + code *args` would run it."""
+
+    code: str
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+# After PRELUDE: each probe runs in a child forked from the process that imported SGLang, one at a time, so every
+# probe starts from SGLang just imported (none sees what another changed: os.environ, SGLang's registries) and the
+# import (~12 CPU-s) is paid once. Each child's stdout and stderr go to files of its own.
+_FORKS = r"""
+import json, os, sys, tempfile, traceback
+probes = json.load(open(sys.argv[1]))
+results = {}
+for name, probe in probes.items():
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
+        status = 0
+        try:
+            sys.argv = ["-c", *probe["args"]]
+            exec(compile(probe["code"], f"<probe {name}>", "exec"), {"__name__": "__main__"})
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except BaseException:
+            traceback.print_exc(); status = 1
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(status)
+    _, wait_status = os.waitpid(pid, 0)
+    out.seek(0); err.seek(0)
+    results[name] = {"returncode": os.waitstatus_to_exitcode(wait_status),
+                     "stdout": out.read().decode(errors="replace"), "stderr": err.read().decode(errors="replace")}
+json.dump(results, open(sys.argv[2], "w"))
+"""
+
+
+def run_probes(probes: Mapping[str, Probe], workdir: Path, timeout: float = 900) -> dict[str, ProbeResult]:
+    """Every probe's result, from one subprocess that imports SGLang once, with TRITON_INTERPRET=1 (SGLang's Triton
+    kernels run by Triton's CPU interpreter: it must be set before triton is imported)."""
+    request, answer = workdir / "probes.json", workdir / "results.json"
+    request.write_text(json.dumps({name: {"code": p.code, "args": list(p.args)} for name, p in probes.items()}))
+    done = subprocess.run(
+        [sys.executable, "-c", PRELUDE + _FORKS, str(request), str(answer)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the SGLang probe process exited with {done.returncode}:\n{done.stderr[-4000:]}")
+    return {name: ProbeResult(**result) for name, result in json.loads(answer.read_text()).items()}

@@ -5,7 +5,6 @@ wrapper that captures the hybrid verify graphs on the tree path and never replay
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.runtime
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from sglang_cpu import PRELUDE, sglang_skip_reason  # noqa: E402
+from sglang_cpu import Probe, ProbeResult  # noqa: E402
 
 sys.path.remove(str(HERE))
 
@@ -144,14 +143,14 @@ print(json.dumps(out))
 CHAIN = ([[1, 2, 3, -1]], [[-1, -1, -1, -1]])
 
 
+def sglang_probe(tmp: Path) -> Probe:
+    """This module's part of the tier's one SGLang probe process (conftest.py, `sglang_probes`)."""
+    return Probe(_PROBE)
+
+
 @pytest.fixture(scope="module")
-def probe() -> dict[str, dict[str, dict[str, object]]]:
-    """One subprocess (SGLang's import is the cost) for both tests."""
-    if sglang_skip_reason() is not None:
-        pytest.skip(sglang_skip_reason() or "")
-    done = subprocess.run(
-        [sys.executable, "-c", PRELUDE + _PROBE], capture_output=True, text=True, timeout=300, check=False
-    )
+def probe(sglang_probes: dict[str, ProbeResult]) -> dict[str, dict[str, dict[str, object]]]:
+    done = sglang_probes[__name__]
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, dict[str, dict[str, object]]] = json.loads(done.stdout.strip().splitlines()[-1])
     return result

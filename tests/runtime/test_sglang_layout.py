@@ -6,8 +6,6 @@ the Gated DeltaNet tree kernels (causal conv + recurrent update) that make tree 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,10 @@ from ddtree.tree import compile_tree, is_off_spine, walk_tree
 pytestmark = pytest.mark.runtime
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from sglang_cpu import Probe, ProbeResult  # noqa: E402
+
+sys.path.remove(str(HERE))
 
 
 CASES = [(seed, budget, topk) for seed in range(6) for budget, topk in ((1, 1), (5, 1), (12, 3), (31, 4), (40, 8))]
@@ -173,30 +175,19 @@ def test_eagle_selection_enumerates_slots_in_order() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Against SGLang's own kernels: `python -m ddtree.sglang.devcheck` under Triton's CPU interpreter, in a
-# subprocess (TRITON_INTERPRET must be set before triton is imported; SGLang is only imported there).
+# Against SGLang's own kernels: `python -m ddtree.sglang.devcheck` under Triton's CPU interpreter, in the tier's one
+# SGLang probe process (conftest.py, `sglang_probes`: TRITON_INTERPRET is set there before triton is imported; SGLang
+# is only imported there).
 # ---------------------------------------------------------------------------------------------------
 
 
+def sglang_probe(tmp: Path) -> Probe:
+    return Probe("from ddtree.sglang.devcheck import main\nraise SystemExit(main(['--device', 'cpu', '--small']))")
+
+
 @pytest.fixture(scope="module")
-def devcheck() -> dict[str, Any]:
-    sys.path.insert(0, str(HERE))
-    try:
-        from sglang_cpu import PRELUDE, sglang_skip_reason
-    finally:
-        sys.path.remove(str(HERE))
-    reason = sglang_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    code = PRELUDE + "from ddtree.sglang.devcheck import main\nraise SystemExit(main(['--device', 'cpu', '--small']))"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        timeout=900,
-        check=False,
-    )
+def devcheck(sglang_probes: dict[str, ProbeResult]) -> dict[str, Any]:
+    done = sglang_probes[__name__]
     assert done.stdout, done.stderr[-3000:]
     report: dict[str, Any] = json.loads(done.stdout)
     report["returncode"] = done.returncode

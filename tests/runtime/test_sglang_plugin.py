@@ -26,7 +26,7 @@ pytestmark = pytest.mark.runtime
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from sglang_cpu import PRELUDE, sglang_skip_reason  # noqa: E402
+from sglang_cpu import Probe, ProbeResult  # noqa: E402
 
 sys.path.remove(str(HERE))
 
@@ -140,7 +140,7 @@ def test_importing_the_plugin_package_never_imports_sglang() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Contract: SGLang 0.5.23's real code, in one probe subprocess
+# Contract: SGLang 0.5.23's real code, in the tier's one SGLang probe process (conftest.py, `sglang_probes`)
 # ---------------------------------------------------------------------------------------------------
 
 # Every SGLang symbol the plugin relies on, with its parameters in order, and the fields it reads by name: the
@@ -371,12 +371,9 @@ GATE_CASES: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    reason = sglang_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    tmp = tmp_path_factory.mktemp("sglang_probe")
+def sglang_probe(tmp: Path) -> Probe:
+    """This module's part of the tier's one SGLang probe process (conftest.py, `sglang_probes`): _PROBE with its
+    request (a draft model config for ServerArgs to read, the arguments, the gate cases) in a file under tmp."""
     draft = tmp / "draft"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps(DRAFT_CONFIG))
@@ -401,13 +398,12 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "argv": argv,
     }
     (tmp / "request.json").write_text(json.dumps(request))
-    done = subprocess.run(
-        [sys.executable, "-c", PRELUDE + _PROBE, str(tmp / "request.json")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return Probe(_PROBE, (str(tmp / "request.json"),))
+
+
+@pytest.fixture(scope="module")
+def probe(sglang_probes: dict[str, ProbeResult]) -> dict[str, Any]:
+    done = sglang_probes[__name__]
     assert done.returncode == 0, done.stderr[-4000:]
     result: dict[str, Any] = json.loads(done.stdout)
     return result
