@@ -82,6 +82,9 @@ def test_the_walk_follows_the_recorded_ranks_on_every_tree() -> None:
         rk[b, : len(ranks)] = torch.tensor(ranks, dtype=torch.int64)
     target = torch.randint(0, VOCAB, (len(batch), slots))
     predict, length = steer_predictions(tok, first, sib, target, rk, VOCAB)
+    # the worker passes each request's ranks as a plain list (no -1 padding): the same steering
+    same, same_length = steer_predictions(tok, first, sib, target, [r for _, _, r in batch], VOCAB)
+    assert torch.equal(same, predict) and torch.equal(same_length, length)
     back = path_ranks(first, sib, torch.full((len(batch), depth + 1), -1, dtype=torch.int64))
     assert (back == -1).all()
     walked = []
@@ -119,8 +122,6 @@ def test_requests_take_recorded_requests_in_turn_and_wrap(tmp_path: Path) -> Non
     replay.finish("a")
     assert replay.ranks(["a"], depth=3) == [[0, 0, 0]]  # a new request under an old id: the next recording
     assert (replay.stats.rounds, replay.stats.recorded) == (6, 13)
-    t = AcceptanceReplay.as_tensor([[1], [0, 0]], 3, torch.device("cpu"))
-    assert t.tolist() == [[1, -1, -1], [0, 0, -1]]
 
 
 @pytest.mark.parametrize(

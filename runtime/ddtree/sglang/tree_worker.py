@@ -816,7 +816,7 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
             ranks = self._ddtree_replay.ranks([req.rid for req in batch.reqs], depth)
             target_predict, _ = steer_predictions(
                 plan.tokens, plan.retrieve_next_token, plan.retrieve_next_sibling, target_predict,
-                AcceptanceReplay.as_tensor(ranks, depth, target_predict.device),
+                ranks,
                 int(self.target_worker.model_runner.model_config.vocab_size),
             )  # fmt: skip
         predicts = torch.full((bs * slots,), -1, dtype=torch.int32, device=self.device)
