@@ -69,7 +69,7 @@ record | shape | pairs)
         if [ "$pair" = hybrid ]; then
             batches=1,2,4,8,16,32,48 && [ "${gpu_mib:-0}" -lt 100000 ] && batches=1,2,4,8
         fi
-        paths="$D/paths/paths-$pair.json"
+        paths="paths/paths-$pair.json"  # this step runs in the staged copy, whose root holds the carried paths
         [ -f "$paths" ] || paths=/tmp/gpu45-paths/paths-$pair.json  # recorded on this warm machine
         [ -f "$paths" ] || paths=""  # before any recording: random-weight acceptance (a rehearsal of the cost)
         timeout -k 5 585 bash dev/sglang_gpu/run.sh cost --models "$pair" --modes "$modes" --graphs on \
