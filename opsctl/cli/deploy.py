@@ -187,6 +187,7 @@ def register(app: typer.Typer) -> None:
         then the routers themselves (`--router NAME` alone: only those routers)."""
         from opsctl.artifact import runtime_wheel as build_wheel
         from opsctl.deploy import runner
+        from opsctl.router.keptout import KeptOutRecorder
         from opsctl.router.rolling import RouterGuard
         from opsctl.router.run import run_routers
 
@@ -213,7 +214,7 @@ def register(app: typer.Typer) -> None:
                 smoke=not no_smoke,
             )  # fmt: skip (health_timeout/readiness_delay reach the services through the inventory overrides)
             options = RolloutOptions(canary=canary, batch=batch, max_fail=max_fail, lock_wait=lock_wait, forks=forks)
-            guard = RouterGuard(inv) if inv.routers else None
+            guard = RouterGuard(inv, kept_out=KeptOutRecorder(inv)) if inv.routers else None
             behind = canary_router(inv, selection) if canary else None
             try:
                 if behind is not None and not plan:
@@ -261,6 +262,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Back to the previous good release (bad ones skipped), health gated. `--router NAME`: that router."""
         from opsctl.deploy import runner
+        from opsctl.router.keptout import KeptOutRecorder
         from opsctl.router.rolling import RouterGuard
         from opsctl.router.run import run_routers
 
@@ -278,7 +280,7 @@ def register(app: typer.Typer) -> None:
         selection = _selection(inv, host, services)
         settings = DeploySettings(plan=plan, allow_old_secrets=allow_old_secrets)
         options = RolloutOptions(lock_wait=lock_wait, forks=forks)
-        guard = RouterGuard(inv) if inv.routers else None
+        guard = RouterGuard(inv, kept_out=KeptOutRecorder(inv)) if inv.routers else None
         try:
             report = runner.rollback(
                 selection, settings, options, say=lambda m: console.print(m, markup=False), to=to, routers=guard

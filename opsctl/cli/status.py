@@ -182,6 +182,11 @@ def _router_table(rows: list[RouterStatus]) -> None:
             console.print(f"    member {m.worker} {m.url} {state} in_flight={m.load}", markup=True)
         for name in r.missing:
             console.print(f"    [bold red]member {name}: not in the router[/]", markup=True)
+        if r.kept_out:  # a deploy's gates are running, or a worker was left out as not serving
+            console.print(
+                f"    kept out by opsctl (a restart of the router starts without them): {', '.join(r.kept_out)}",
+                markup=False,
+            )
         if r.error:
             console.print(f"    [bold red]{r.error}[/]", markup=True)
         if r.canary:

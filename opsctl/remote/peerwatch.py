@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 PROBE_REQUEST = "keepalive@openssh.com"
 
@@ -20,7 +20,7 @@ PROBE_REQUEST = "keepalive@openssh.com"
 class Transport(Protocol):
     """The part of paramiko.Transport used here (a fake in unit tests)."""
 
-    def global_request(self, kind: str, data: object = None, wait: bool = True) -> object: ...
+    def global_request(self, kind: str, data: Iterable[Any] | None = None, wait: bool = True) -> object: ...
 
 
 class PeerWatch:

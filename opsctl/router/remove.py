@@ -22,6 +22,7 @@ from opsctl.errors import DeployError, OpsctlError
 from opsctl.inventory.model import Host, Inventory
 from opsctl.remote.base import Connect, Connection
 from opsctl.remote.pool import run_parallel
+from opsctl.router.keptout import kept_out_file
 from opsctl.router.status import state_file
 
 PREFIX = "router-"  # Router.unit_base: /opt/opsctl/services/router-<name>, opsctl-router-<name>.service
@@ -86,14 +87,15 @@ def collect_orphans(inventory: Inventory, hosts: list[Host], connect: Connect, f
 
 
 def removal_cmds(router: str) -> list[Cmd]:
-    """Stop and disable the unit, remove it, the router's releases and its last canary's state, reload systemd;
-    in this order."""
+    """Stop and disable the unit, remove it, the router's releases, its last canary's state and its kept-out
+    workers, reload systemd; in this order."""
     base = PREFIX + router
     return [
         systemd.disable_now_cmd(layout.unit_name(base)),
         Cmd.of("rm", "-f", "--", layout.unit_path(base), sudo=True),
         Cmd.of("rm", "-rf", "--", layout.service_root(base), sudo=True),
         Cmd.of("rm", "-f", "--", state_file(router), sudo=True),
+        Cmd.of("rm", "-f", "--", kept_out_file(router), sudo=True),
         systemd.daemon_reload_cmd(),
         sh(f"systemctl reset-failed -- {layout.unit_name(base)} 2>/dev/null || true", sudo=True),
     ]

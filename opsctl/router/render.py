@@ -1,12 +1,13 @@
 """Pure rendering of a router release: (inventory, router, release id) -> the files its host needs. No I/O.
 
 Files per release (under /opt/opsctl/services/router-<name>/releases/<id>/):
-- `unit`: opsctl-router-<name>.service, running `<venv>/bin/python <release>/launch.py <release>/router.json`
-  with PYTHONPATH=<release>/site (sglang-router and its dependencies, installed per release);
+- `unit`: opsctl-router-<name>.service, running `<venv>/bin/python <release>/launch.py <release>/router.json
+  <kept-out file>` with PYTHONPATH=<release>/site (sglang-router and its dependencies, installed per release);
 - `router.json` (0600): the router's argv, the only file that holds the API key;
-- `launch.py`: ten lines that read router.json and call sglang_router's own `parse_router_args` and
-  `launch_router` in-process. sglang-router 0.3.2 takes its API key only as `--api-key` on the command line,
-  which every user of the host could read in /proc; so no secret is ever in a process's argv.
+- `launch.py`: a few lines that read router.json, leave out of `--worker-urls` the workers of the kept-out file
+  (opsctl.router.keptout), and call sglang_router's own `parse_router_args` and `launch_router` in-process.
+  sglang-router 0.3.2 takes its API key only as `--api-key` on the command line, which every user of the host
+  could read in /proc; so no secret is ever in a process's argv.
 
 Every file is read back (systemd's rules for the unit, JSON for router.json) before it is returned.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from opsctl import layout
 from opsctl.inventory.model import Host, Inventory, Router
 from opsctl.render import SYSTEM_PATH, Secrets, server_directives
+from opsctl.router.keptout import kept_out_file
 from opsctl.secrets import MASK
 from opsctl.systemd import SystemdSyntaxError, check_env_file, check_unit, escape_specifiers, quote_env
 
@@ -26,7 +28,9 @@ STOP_TIMEOUT_S = 30
 SHUTDOWN_GRACE_S = 10  # the router's own wait for in-flight requests on SIGTERM (its default is 180 s)
 WORKER_STARTUP_TIMEOUT_S = 600  # a worker named at start that is still loading its model
 LAUNCHER = '''\
-"""Written by opsctl: start sglang-router with the argv in router.json (0600), so no secret is in argv."""
+"""Written by opsctl: start sglang-router with the argv in router.json (0600), so no secret is in argv, leaving
+out of --worker-urls the workers listed in the kept-out file (opsctl.router.keptout): workers whose deploy has not
+passed its gates, so a router restarted mid-deploy does not route to them."""
 import json
 import sys
 
@@ -34,6 +38,17 @@ from sglang_router.launch_router import launch_router, parse_router_args
 
 with open(sys.argv[1], encoding="utf-8") as f:
     argv = json.load(f)["argv"]
+try:
+    with open(sys.argv[2], encoding="utf-8") as f:
+        kept_out = set(json.load(f)["kept_out"])
+except (OSError, ValueError, KeyError, TypeError):  # none written (the usual case), or unreadable: keep nobody out
+    kept_out = set()
+if kept_out:
+    start = argv.index("--worker-urls") + 1
+    end = next((i for i in range(start, len(argv)) if argv[i].startswith("--")), len(argv))
+    left = [url for url in argv[start:end] if url in kept_out]
+    argv = argv[:start] + [url for url in argv[start:end] if url not in kept_out] + argv[end:]
+    print(f"opsctl: kept out of this router until their deploy passes its gates: {' '.join(left)}", flush=True)
 launch_router(parse_router_args(argv))
 '''
 
@@ -120,7 +135,10 @@ def render_router(
 ) -> RenderedRouter:
     host = inventory.host(router.host)
     release_dir = layout.release_dir(router.unit_base, release_id)
-    exec_start = (f"{host.venv}/bin/python", f"{release_dir}/launch.py", f"{release_dir}/router.json")
+    exec_start = (
+        f"{host.venv}/bin/python", f"{release_dir}/launch.py", f"{release_dir}/router.json",
+        kept_out_file(router.name),
+    )  # fmt: skip
     directives = unit_directives(router, release_dir, exec_start)
     lines = [f"# Rendered by opsctl for router {router.name}, release {release_id}. Do not edit: redeploy instead."]
     section = ""

@@ -18,8 +18,11 @@ under one lock per router, so two workers never pass the last-healthy check at o
 
 A worker taken out stays out until step 6: that is desired state, recorded here, not only the router's. A router
 that restarts meanwhile (systemd's Restart=, a crash, a kill) comes back with every worker of its
-`--worker-urls`, the one being deployed included, whose gates have not passed. A watcher compares the router's
-members with what opsctl took out every `watch_interval` seconds and takes such a worker out again, saying so.
+`--worker-urls`, the one being deployed included, whose gates have not passed. So opsctl records the workers it
+keeps out on the router's host before each take-out and put-back (opsctl.router.keptout), and the router's
+launcher starts without them. A watcher also compares the router's members with what opsctl took out every
+`watch_interval` seconds and takes such a worker out again, saying so (a router whose host could not be written,
+or one someone adds the worker to).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 
@@ -61,6 +65,14 @@ class _KeptOut:
     say: Callable[[str], None]
 
 
+class KeptOutStore(Protocol):
+    """Where a router's kept-out workers are recorded for its next start (opsctl.router.keptout)."""
+
+    def keep_out(self, router: Router, url: str) -> None: ...
+    def let_in(self, router: Router, url: str) -> None: ...
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Taken:
     """A worker taken out of one router; `put_back` owes the router its slot."""
@@ -82,8 +94,10 @@ class RouterGuard:
         clock: Callable[[], float] = time.monotonic,
         http: httpx.Client | None = None,
         watch_interval: float | None = WATCH_INTERVAL_S,
+        kept_out: KeptOutStore | None = None,
     ) -> None:
         self.inventory = inventory
+        self.kept_out = kept_out  # None: nothing recorded on the router's host (unit tests, --plan)
         self.watch_interval = watch_interval  # None: no watcher (callers reconcile themselves)
         self._kept_out: dict[tuple[str, str], _KeptOut] = {}  # (router, url) -> the worker kept out
         self._kept_lock = threading.Lock()  # held while reconciling, and to stop keeping a worker out
@@ -140,6 +154,7 @@ class RouterGuard:
                     "kept out of it should it restart meanwhile)"
                 )
                 slot.slots.release()
+                self._record(router, url, True, say)
                 self._keep_out(_KeptOut(router, url, f"{host}/{service}", say))
                 return Taken(router, url, False, router_down=True)
             with slot.check:
@@ -157,9 +172,15 @@ class RouterGuard:
                         f"({refused}); taking it out would stop the router serving",
                         "bring another worker of the router back to health first; nothing was switched",
                     )
-                if me is not None:
-                    client.remove(me)
-                    self._wait(lambda: client.member(url) is None, f"router {router.name} to drop {url}")
+                recorded = self._record(router, url, True, say)  # first: a restart from here starts without it
+                try:
+                    if me is not None:
+                        client.remove(me)
+                        self._wait(lambda: client.member(url) is None, f"router {router.name} to drop {url}")
+                except BaseException:
+                    if recorded:
+                        self._record(router, url, False, say)
+                    raise
             say(
                 f"out of router {router.name} ({len(others)} other healthy worker(s) serve)"
                 if me is not None
@@ -255,6 +276,7 @@ class RouterGuard:
         )
 
     def _add(self, item: Taken, say: Callable[[str], None]) -> str:
+        self._record(item.router, item.url, False, say)  # first: a restart from here starts with it
         try:
             client = self._client(item.router)
             t0 = self.clock()
@@ -289,6 +311,21 @@ class RouterGuard:
         return probe(self.http, self._url(host, service) + "/health", timeout=5.0).ok
 
     # ------------------------------------------------------------------ desired membership
+    def _record(self, router: Router, url: str, out: bool, say: Callable[[str], None]) -> bool:
+        """The router's kept-out file on its host, so that a router restarting starts with the members opsctl
+        wants (opsctl.router.keptout); False when it could not be written, said in one line."""
+        if self.kept_out is None:
+            return False
+        try:
+            (self.kept_out.keep_out if out else self.kept_out.let_in)(router, url)
+        except OpsctlError as exc:
+            say(
+                f"router {router.name}: could not record on {router.host} which workers it starts without "
+                f"({exc.one_line()}); should it restart now, it takes {url} back until opsctl takes it out again"
+            )
+            return False
+        return True
+
     def _keep_out(self, item: _KeptOut) -> None:
         with self._kept_lock:
             self._kept_out[(item.router.name, item.url)] = item
@@ -334,3 +371,5 @@ class RouterGuard:
         if self._watcher is not None:
             self._watcher.join(timeout=15.0)
         self.http.close()
+        if self.kept_out is not None:
+            self.kept_out.close()

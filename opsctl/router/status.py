@@ -16,6 +16,7 @@ from opsctl.errors import OpsctlError
 from opsctl.inventory.model import Inventory, Router
 from opsctl.remote.base import Connection
 from opsctl.router.api import Member, RouterClient
+from opsctl.router.keptout import kept_out_file, parse_kept_out
 from opsctl.router.render import router_url, worker_url
 from opsctl.systemd import UnitState, parse_show, show_cmd
 
@@ -63,16 +64,23 @@ class RouterStatus:
     missing: list[str] = field(default_factory=list)  # fronted services the router does not list
     error: str | None = None
     canary: dict[str, Any] | None = None  # the last canary: phase, groups, comparison table, message
+    kept_out: list[str] = field(default_factory=list)  # workers its next start leaves out (opsctl.router.keptout)
+
+
+def worker_names(inventory: Inventory, router: Router) -> dict[str, str]:
+    """URL -> host/service of the router's workers."""
+    names = {}
+    for ref in router.workers:
+        host = inventory.host(ref.host)
+        names[worker_url(host, host.service(ref.service).port)] = str(ref)
+    return names
 
 
 def members_view(
     inventory: Inventory, router: Router, members: tuple[Member, ...]
 ) -> tuple[list[MemberStatus], list[str]]:
     """Router-reported members named by the inventory, and the fronted services it does not list. Pure."""
-    names = {}
-    for ref in router.workers:
-        host = inventory.host(ref.host)
-        names[worker_url(host, host.service(ref.service).port)] = str(ref)
+    names = worker_names(inventory, router)
     listed = [MemberStatus(names.get(m.url, m.url), m.url, m.healthy, m.load) for m in members]
     seen = {m.url for m in members}
     return listed, [name for url, name in names.items() if url not in seen]
@@ -82,6 +90,7 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
     paths = release.ServicePaths(router.unit_base)
     unit = None
     canary = None
+    kept: tuple[str, ...] = ()
     facts = release.ReleaseFacts(None, ())
     error = None
     if conn is not None:
@@ -89,6 +98,7 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
             unit = parse_show(conn.run(show_cmd(paths.unit_name)).stdout)
             facts = release.parse_release_facts(conn.run(release.facts_cmd(paths)).stdout)
             canary = parse_state(conn.run(Cmd.of("cat", "--", state_path(router)), check=False).stdout)
+            kept = parse_kept_out(conn.run(Cmd.of("cat", "--", kept_out_file(router.name)), check=False).stdout)
         except OpsctlError as exc:
             error = exc.one_line()
     client = RouterClient(http, router_url(inventory, router), router.api_key)
@@ -116,4 +126,5 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
         missing=missing,
         error=error,
         canary=canary,
+        kept_out=[worker_names(inventory, router).get(url, url) for url in kept],
     )

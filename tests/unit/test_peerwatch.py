@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
+from typing import Any
 
 from opsctl.remote.peerwatch import PROBE_REQUEST, PeerWatch
 
@@ -27,7 +29,7 @@ class Transport:
         self.requests: list[tuple[str, bool]] = []
         self.returned = threading.Event()
 
-    def global_request(self, kind: str, data: object = None, wait: bool = True) -> object:
+    def global_request(self, kind: str, data: Iterable[Any] | None = None, wait: bool = True) -> object:
         self.requests.append((kind, wait))
         while not self.answer.wait(0.01):
             if not self.active:

@@ -5,17 +5,22 @@ add/remove like the real one (queued, then visible)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from opsctl.errors import DeployError
+from opsctl.errors import DeployError, RemoteError
 from opsctl.inventory.model import Inventory, Router
 from opsctl.render import Secrets
 from opsctl.router.api import Member, RouterClient, RouterError, parse_load, parse_members
+from opsctl.router.keptout import KeptOutRecorder, kept_out_file, kept_out_json, parse_kept_out
 from opsctl.router.render import LAUNCHER, render_router
 from opsctl.router.rolling import RouterGuard
 from opsctl.systemd import exec_argv, parse_unit
@@ -48,7 +53,10 @@ def test_render_exact_argv_and_secret_only_in_router_json(monkeypatch: pytest.Mo
     shown = render_router(inv, router, "20261201T000000Z-0123456789ab")
     real = render_router(inv, router, "20261201T000000Z-0123456789ab", Secrets.REVEAL)
     release = "/opt/opsctl/services/router-front/releases/20261201T000000Z-0123456789ab"
-    assert shown.exec_start == ("/opt/opsctl/venv/bin/python", f"{release}/launch.py", f"{release}/router.json")
+    assert shown.exec_start == (
+        "/opt/opsctl/venv/bin/python", f"{release}/launch.py", f"{release}/router.json",
+        "/var/lib/opsctl/routers/front.kept-out.json",
+    )  # fmt: skip
     exec_start = next(d.value for d in parse_unit(real.unit) if d.key == "ExecStart")
     assert exec_argv(exec_start) == shown.exec_start
     assert shown.argv == (
@@ -468,3 +476,136 @@ def test_status_shows_a_router_restart() -> None:
     with console.capture() as out:
         _router_table([row])
     assert "active/running restarts=1 since Sat 2026-12-05 08:31:02 UTC release=R1" in out.get()
+
+
+FAKE_ROUTER = """
+import json, os
+def parse_router_args(argv):
+    return argv
+def launch_router(argv):
+    with open(os.environ["LAUNCHED"], "w") as f:
+        json.dump(argv, f)
+"""
+
+
+@pytest.mark.parametrize(
+    ("kept_out", "started_with"),
+    [
+        (None, ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]),  # no file: every worker
+        ('{"kept_out": ["http://10.0.0.2:30000"]}', ["http://10.0.0.1:30000"]),
+        ('{"kept_out": ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]}', []),
+        ("not json", ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]),  # unreadable: nobody kept out
+        ('{"kept_out": "http://10.0.0.2:30000"}', ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]),
+    ],
+)
+def test_the_launcher_starts_the_router_without_the_workers_opsctl_keeps_out(
+    tmp_path: Path, kept_out: str | None, started_with: list[str]
+) -> None:
+    """The release's launch.py, run by Python with a stand-in sglang_router: `--worker-urls` loses the workers of
+    the kept-out file and nothing else; the other flags and their order stay."""
+    rendered = render_router(inventory(), inventory().router("front"), "20261201T000000Z-0123456789ab")
+    (tmp_path / "sglang_router").mkdir()
+    (tmp_path / "sglang_router" / "__init__.py").write_text("")
+    (tmp_path / "sglang_router" / "launch_router.py").write_text(FAKE_ROUTER)
+    for name, (text, _mode) in rendered.files.items():
+        (tmp_path / name).write_text(text)
+    kept = tmp_path / "kept-out.json"
+    if kept_out is not None:
+        kept.write_text(kept_out)
+    launched = tmp_path / "argv.json"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "LAUNCHED": str(launched)}
+    subprocess.run(
+        [sys.executable, str(tmp_path / "launch.py"), str(tmp_path / "router.json"), str(kept)], env=env, check=True
+    )
+    argv = json.loads(launched.read_text())
+    start = argv.index("--worker-urls") + 1
+    assert argv[start : start + len(started_with)] == started_with
+    assert argv[start + len(started_with)] == "--health-check-endpoint"
+    assert [a for a in argv if not a.startswith("http")] == [a for a in rendered.argv if not a.startswith("http")]
+
+
+class FakeKeptOut:
+    """The kept-out store, logging into the fake router's call list (the order of the two is the point)."""
+
+    def __init__(self, fake: FakeRouter, fail: bool = False) -> None:
+        self.fake = fake
+        self.fail = fail
+        self.urls: set[str] = set()
+
+    def keep_out(self, router: Any, url: str) -> None:
+        self._change(f"keep {url}", self.urls | {url})
+
+    def let_in(self, router: Any, url: str) -> None:
+        self._change(f"let {url}", self.urls - {url})
+
+    def _change(self, call: str, after: set[str]) -> None:
+        if self.fail:
+            raise RemoteError("h9", "cat", 255, message="h9: unreachable: connection refused")
+        self.fake.calls.append(call)
+        self.urls = after
+
+    def close(self) -> None:
+        pass
+
+
+def test_kept_out_workers_are_recorded_before_the_router_is_changed() -> None:
+    """A router restarting at any moment of a rolling deploy starts with what the file says: the worker is in
+    the file before it leaves the router and out of the file before it comes back."""
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    g = guard(fake, [0], [0.0])
+    g.kept_out = store = FakeKeptOut(fake)
+    taken = g.take_out("h1", "ref", lambda _: None)
+    assert fake.calls == [f"keep {W1}", f"remove {W1}"] and store.urls == {W1}
+    assert g.put_back(taken, True, lambda _: None) == ""
+    assert fake.calls[2:] == [f"let {W1}", f"add {W1}"] and store.urls == set()
+    # a worker that serves nothing healthy stays out of the router, and of its next start
+    taken = g.take_out("h1", "ref", lambda _: None)
+    g.put_back(taken, False, lambda _: None)
+    assert store.urls == {W1}
+    # a router that is down at the take-out (systemd restarting it) is still told
+    fake.up = False
+    g2 = guard(fake, [0], [0.0])
+    g2.kept_out = store2 = FakeKeptOut(fake)
+    g2.take_out("h2", "ref", lambda _: None)
+    assert store2.urls == {W2}
+
+
+def test_a_kept_out_file_that_cannot_be_written_is_said_and_the_deploy_goes_on() -> None:
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    said: list[str] = []
+    g = guard(fake, [0], [0.0])
+    g.kept_out = FakeKeptOut(fake, fail=True)
+    taken = g.take_out("h1", "ref", said.append)
+    assert fake.calls == [f"remove {W1}"]
+    assert said[0].startswith("router front: could not record on h1 which workers it starts without (")
+    assert said[0].endswith(f"should it restart now, it takes {W1} back until opsctl takes it out again")
+    assert g.put_back(taken, True, said.append) == ""
+
+
+def test_the_recorder_changes_one_url_and_writes_only_a_change() -> None:
+    files: dict[str, str] = {}
+    writes: list[str] = []
+
+    class Conn:
+        def run(self, cmd: Any, timeout: float | None = None, check: bool = True) -> Any:
+            argv = list(cmd.argv)
+            out = files.get(argv[-1], "") if argv[0] == "cat" else ""
+            return type("R", (), {"stdout": out})()
+
+        def put_text(self, text: str, path: str, mode: int = 0o644) -> None:
+            files[path] = text
+            writes.append(text)
+
+        def close(self) -> None:
+            pass
+
+    inv = inventory()
+    recorder = KeptOutRecorder(inv, connect=lambda host: Conn())  # type: ignore[arg-type,return-value]
+    router = inv.router("front")
+    recorder.keep_out(router, W1)
+    recorder.keep_out(router, W2)
+    recorder.keep_out(router, W2)  # no change: nothing written
+    recorder.let_in(router, W1)
+    assert writes == [kept_out_json([W1]), kept_out_json([W1, W2]), kept_out_json([W2])]
+    assert parse_kept_out(files[kept_out_file("front")]) == (W2,)
+    assert parse_kept_out("") == () and parse_kept_out('{"kept_out": [1]}') == () and parse_kept_out("[") == ()
