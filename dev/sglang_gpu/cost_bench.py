@@ -28,10 +28,12 @@ round; `--tau` turns it into tok/s for given acceptance lengths (labelled as suc
 DDTREE on a hybrid target replays its verify from the GDN tree path's graphs (ddtree.sglang.hybrid_graphs).
 
 Modes `baseline` (the target alone) and `tree<N>` (a tree of N nodes, e.g. tree7,tree15,tree31 in one run), and
-`--replay PATHS` (issue 45): every tree round commits a real pair's recorded paths (`DDTREE_REPLAY_ACCEPTANCE`,
-ddtree.sglang.replay) while doing all its work, so its step time and tokens per round are the shape's cost at that
-acceptance; `--replay-report cost.json --dflash-tau 2.11` prints tok/s per request and per GPU against DFLASH's
-step at the pair's tau (projected: DFLASH's own rounds are SGLang's and take no replay):
+`--replay PATHS` (issue 45): every tree round builds a real pair's recorded tree shapes and commits its recorded
+paths (`DDTREE_REPLAY_ACCEPTANCE`, ddtree.sglang.replay; a `ddtree-paths/2` file from `DDTREE_RECORD_PATHS`; a
+`ddtree-paths/1` file has paths only, which the random drafter's wide, shallow trees cut short) while doing all
+its work, so its step time and tokens per round are the shape's cost at that acceptance; `--replay-report
+cost.json --dflash-tau 2.11` prints tok/s per request and per GPU against DFLASH's step at the pair's tau
+(projected: DFLASH's own rounds are SGLang's and take no replay):
 
     python dev/sglang_gpu/cost_bench.py --models hybrid --modes baseline,dflash,tree7,tree15,tree31 --graphs on \
         --batches 1,2,4,8,16,32,64 --new-tokens 256 --replay paths-hybrid.json   # then --replay-report

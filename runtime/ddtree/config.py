@@ -83,7 +83,7 @@ class DDTreeConfig:
     round_graphs_max_bs: int = 8  # 0: off
     policy: PolicySetting = field(default_factory=PolicySetting)  # off: always the configured tree
     replay_acceptance: str = ""  # a benchmark's paths file (ddtree.sglang.replay); "" in production
-    record_paths: str = ""  # where a recording run writes its accepted paths (ddtree.sglang.replay); "" in production
+    record_paths: str = ""  # a recording run's paths file: paths, trees' top-k (ddtree.sglang.replay); "" in production
     fused_build: FusedBuild = FusedBuild.AUTO
 
     def __post_init__(self) -> None:

@@ -1,27 +1,41 @@
 """Acceptance replay: a benchmark hook that makes a random-weight model accept what a real run accepted (issue 45).
 
 A round's cost at a real model's shape can be measured with random weights, but random weights accept nothing
-(tau 1). The replay takes, per request and round, the accepted path recorded from a real run (a *paths file*,
-`ddtree-paths/1`, below), and steers the target's argmax so the tree walk follows that path in this round's tree
-and stops where the recorded walk stopped. The round still does all its real work (draft, plan, verify, commit,
-KV and recurrent-state moves); only the target's choices come from the recording. Off in production:
-`DDTREE_REPLAY_ACCEPTANCE=<paths file>` (`DDTreeConfig.replay_acceptance`), which opsctl refuses to render
-(an inventory cannot set it: `ddtree.replay_acceptance` is refused with its reason, every `DDTREE_*` in
-`extra_env` too).
+(tau 1). The replay takes, per request and round, what a real run recorded (a *paths file*, below): the tree's
+shape and the accepted path. Before the plan, the drafter's log-probs are rewritten so each row's top-k values
+are the recorded ones (`impose_topk`): the planner reads only those values, so it builds the recorded tree's
+shape over this round's tokens. After the verify, the target's argmax is steered so the tree walk follows the
+recorded path and stops where the recorded walk stopped (`steer_predictions`). The round still does all its
+real work (draft, plan, verify, commit, KV and recurrent-state moves); only the drafter's top-k values and the
+target's choices come from the recording. Off in production: `DDTREE_REPLAY_ACCEPTANCE=<paths file>`
+(`DDTreeConfig.replay_acceptance`), which opsctl refuses to render (an inventory cannot set it:
+`ddtree.replay_acceptance` is refused with its reason, every `DDTREE_*` in `extra_env` too).
 
 A path is the sibling rank of each accepted node (0: its parent's first child in the tree links'
 `retrieve_next_token` -> `retrieve_next_sibling` order, the order `verify_tree_greedy` tries them). So
 `[0, 0, 1]` commits 4 tokens: the spine twice, then the second child. If this round's tree has fewer children
 there, the last child is taken; if it ends, the walk stops there (`steer_predictions` returns the steered length,
-so the round's statistics show what was committed against `ReplayStats.recorded`: a random drafter's trees are
-shallower than a trained one's).
+so the round's statistics show what was committed against `ReplayStats.recorded`). With the recorded shape the
+tree holds the recorded path (unless this round's budget is smaller than the recording's, or the 4-decimal
+rounding breaks a near-tie of two candidates the other way); without it (a `ddtree-paths/1` file) a random
+drafter's flat distributions give a wide, shallow tree that cuts deep paths short.
 
-The paths file: `{"format": "ddtree-paths/1", "source": "...", "requests": [[[0, 0, 1], [], [0], ...], ...]}`, one
-list of rounds per recorded request. A request the replay has not seen takes the next recorded request
-(round-robin); a request past its recording's last round starts it again.
+The paths file, `ddtree-paths/2` (`PathRecorder` writes it, `DDTREE_RECORD_PATHS`):
 
-`steer_predictions` and `AcceptanceReplay.ranks` are host work on Python lists per round (the tree's links come
-to the host once per round: a sync, which the walk after the verify waits for anyway).
+    {"format": "ddtree-paths/2", "source": "...",
+     "requests": [[{"path": [0, 0, 1], "topk": [[-0.0123, -4.5, ...], ...]}, ...], ...]}
+
+one list of rounds per recorded request; per round the accepted path and the drafter's top-k log-probs, one row
+of k values (descending, <= 0, 4 decimals) per drafted position (B - 1 rows, k = DDTREE_TOPK; every round of a
+file has the same R x k, and the replaying worker checks it against its own at start). `ddtree-paths/1` files
+(`"requests": [[[0, 0, 1], [], ...], ...]`, paths only) are still read: their rounds replay the paths in the
+tree the drafter builds. A request the replay has not seen takes the next recorded request (round-robin); a
+request past its recording's last round starts it again.
+
+Per round the replay costs the host a few list walks (`AcceptanceReplay.next_round`, `steer_predictions`: the
+tree's links come to the host once, a sync the walk after the verify waits for anyway) and the device a handful
+of ops (`impose_topk`: a top-k, a fill, one [bs, R, k] host->device copy and a scatter). At TP > 1 the gathered
+top-k values are replaced directly (`plan_batch_topk` reads them).
 """
 
 from __future__ import annotations
@@ -29,37 +43,86 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-FORMAT = "ddtree-paths/1"
+FORMAT = "ddtree-paths/2"  # what PathRecorder writes
+FORMATS = ("ddtree-paths/1", FORMAT)  # what parse_paths reads
+DECIMALS = 4  # the recorded log-probs' rounding: ~1 KB a round at 15 x 8
 
 
 class ReplayFormatError(ValueError):
     """A paths file that does not follow the format (the message names the place)."""
 
 
-def parse_paths(data: Any) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ReplayFormatError(f"not a {FORMAT} file (its 'format' key)")
+@dataclass(frozen=True, eq=False)
+class RecordedRequest:
+    """One recorded request's rounds."""
+
+    paths: tuple[tuple[int, ...], ...]  # per round the accepted nodes' sibling ranks
+    topk: Tensor | None  # [rounds, R, k] float32: per round the drafter's top-k log-probs; None: ddtree-paths/1
+
+
+def parse_paths(data: Any) -> tuple[RecordedRequest, ...]:
+    """A paths file's JSON, checked: `ddtree-paths/1` (paths only) or `ddtree-paths/2` (paths and top-k)."""
+    kind = data.get("format") if isinstance(data, dict) else None
+    if kind not in FORMATS:
+        raise ReplayFormatError(f"not a {' or '.join(FORMATS)} file (its 'format' key)")
     requests = data.get("requests")
     if not isinstance(requests, list) or not requests:
         raise ReplayFormatError("requests: expected a non-empty list (one list of rounds per request)")
     out = []
+    shape: tuple[int, int] | None = None  # the first round's R x k, which every round must have
     for i, rounds in enumerate(requests):
         if not isinstance(rounds, list) or not rounds:
             raise ReplayFormatError(f"requests[{i}]: expected a non-empty list of rounds")
-        parsed = []
-        for j, path in enumerate(rounds):
-            ok = isinstance(path, list) and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path)
-            if not ok:
-                raise ReplayFormatError(f"requests[{i}][{j}]: expected a list of sibling ranks >= 0, got {path!r}")
-            parsed.append(tuple(path))
-        out.append(tuple(parsed))
+        if kind == FORMATS[0]:
+            out.append(RecordedRequest(tuple(_path(p, f"requests[{i}][{j}]") for j, p in enumerate(rounds)), None))
+            continue
+        paths, tables = [], []
+        for j, one in enumerate(rounds):
+            where = f"requests[{i}][{j}]"
+            if not isinstance(one, dict) or set(one) != {"path", "topk"}:
+                raise ReplayFormatError(f"{where}: expected {{'path': [...], 'topk': [[...], ...]}}, got {one!r:.80}")
+            paths.append(_path(one["path"], f"{where}.path"))
+            table = _topk(one["topk"], f"{where}.topk")
+            if shape is None:
+                shape = (len(table), len(table[0]))
+            elif (len(table), len(table[0])) != shape:
+                raise ReplayFormatError(
+                    f"{where}.topk: {len(table)} x {len(table[0])} values, the file's first round has "
+                    f"{shape[0]} x {shape[1]}"
+                )
+            tables.append(table)
+        out.append(RecordedRequest(tuple(paths), torch.tensor(tables, dtype=torch.float32)))
     return tuple(out)
+
+
+def _path(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(_rank(r) for r in value):
+        raise ReplayFormatError(f"{where}: expected a list of sibling ranks >= 0, got {value!r:.80}")
+    return tuple(value)
+
+
+def _rank(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _topk(value: Any, where: str) -> list[list[float]]:
+    """One round's table: R rows of k log-probs each, descending (NaN fails `<= 0`; -inf passes)."""
+    if not isinstance(value, list) or not value or not all(isinstance(row, list) and row for row in value):
+        raise ReplayFormatError(f"{where}: expected a non-empty list of non-empty rows, got {value!r:.80}")
+    for d, row in enumerate(value):
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) and v <= 0 for v in row)
+        if not numbers or any(a < b for a, b in pairwise(row)):
+            raise ReplayFormatError(f"{where}[{d}]: expected log-probs <= 0 in descending order, got {row!r:.80}")
+        if len(row) != len(value[0]):
+            raise ReplayFormatError(f"{where}[{d}]: {len(row)} values, row 0 has {len(value[0])}")
+    return value
 
 
 @dataclass
@@ -68,11 +131,19 @@ class ReplayStats:
     recorded: int = 0  # drafted tokens the recording accepted over them (after the depth cap)
 
 
+@dataclass(frozen=True, eq=False)
+class ReplayRound:
+    """One batch round of the recording (`AcceptanceReplay.next_round`): the trees' shapes and the paths."""
+
+    ranks: list[list[int]]  # per request its recorded path's sibling ranks, cut at the depth cap
+    topk: Tensor | None  # [bs, R, k] float32 on the host: the recorded top-k log-probs; None: ddtree-paths/1
+
+
 @dataclass
 class AcceptanceReplay:
-    """The recorded paths and, per live request, which recorded request and round comes next."""
+    """The recorded rounds and, per live request, which recorded request and round comes next."""
 
-    requests: tuple[tuple[tuple[int, ...], ...], ...]
+    requests: tuple[RecordedRequest, ...]
     source: str = ""
     stats: ReplayStats = field(default_factory=ReplayStats)
 
@@ -86,27 +157,57 @@ class AcceptanceReplay:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ReplayFormatError(f"DDTREE_REPLAY_ACCEPTANCE={path}: {exc}") from None
-        return cls(parse_paths(data), str(data.get("source", "")))
+        try:
+            return cls(parse_paths(data), str(data.get("source", "")))
+        except ReplayFormatError as exc:
+            raise ReplayFormatError(f"DDTREE_REPLAY_ACCEPTANCE={path}: {exc}") from None
 
-    def ranks(self, request_ids: Sequence[str], depth: int) -> list[list[int]]:
-        """This round's recorded path per request (truncated to `depth`, the tree's depth cap), advancing each
-        request's cursor; a request not seen before takes the next recorded one (`finish` forgets one)."""
-        out = []
+    def check_drafter(self, rows: int, topk: int) -> None:
+        """Refuse (at the worker's start) recorded top-k tables of another shape than this drafter's
+        [rows = B - 1, topk]; a file without tables (ddtree-paths/1) fits any."""
+        table = self.requests[0].topk
+        if table is not None and tuple(table.shape[1:]) != (rows, topk):
+            raise ReplayFormatError(
+                f"DDTREE_REPLAY_ACCEPTANCE: the recorded top-k tables are {table.shape[1]} x {table.shape[2]}, this "
+                f"drafter's are {rows} x {topk} (block size - 1 x DDTREE_TOPK): replay with the recording's settings"
+            )
+
+    def next_round(self, request_ids: Sequence[str], depth: int) -> ReplayRound:
+        """This round's recording per request (paths cut to `depth`, the tree's depth cap), advancing each
+        request's cursor once; a request not seen before takes the next recorded one (`finish` forgets one)."""
+        ranks, tables = [], []
         for rid in request_ids:
             if rid not in self._cursor:
                 self._cursor[rid] = (self._next % len(self.requests), 0)
                 self._next += 1
             which, at = self._cursor[rid]
-            rounds = self.requests[which]
-            path = list(rounds[at % len(rounds)][:depth])
             self._cursor[rid] = (which, at + 1)
+            recorded = self.requests[which]
+            at %= len(recorded.paths)
+            path = list(recorded.paths[at][:depth])
             self.stats.rounds += 1
             self.stats.recorded += len(path)
-            out.append(path)
-        return out
+            ranks.append(path)
+            if recorded.topk is not None:
+                tables.append(recorded.topk[at])
+        return ReplayRound(ranks, torch.stack(tables) if tables else None)
 
     def finish(self, request_id: str) -> None:
         self._cursor.pop(request_id, None)
+
+
+def impose_topk(logprobs: Tensor, topk: Tensor) -> None:
+    """The drafter's log-probs rewritten in place so each row's top-k values are the recorded ones, at this
+    round's top-k tokens (rank for rank); every other token gets -inf, below the recorded k-th value. The
+    planner reads only the top-k values, so it builds the recorded tree's shape.
+
+    logprobs: [bs, R, V] (an inference tensor: call it under inference mode); topk: [bs, R, k] descending, on the
+    host. One host->device copy and three kernels besides (top-k, fill, scatter): a loop over elements would be
+    thousands of launches."""
+    ids = logprobs.topk(int(topk.shape[-1]), dim=-1).indices  # [bs, R, k], this round's ranks 0 .. k - 1
+    values = topk.to(logprobs.device, dtype=logprobs.dtype, non_blocking=True)
+    logprobs.fill_(float("-inf"))
+    logprobs.scatter_(-1, ids, values)
 
 
 def steer_predictions(
@@ -203,19 +304,30 @@ def path_ranks(next_token: Tensor, next_sibling: Tensor, path: Tensor) -> Tensor
 
 
 class PathRecorder:
-    """The recording side, in a real pair's run: each request's accepted path per round (`path_ranks`), written
-    as a paths file every `every` rounds (atomically: a temporary file renamed), requests in order of their first
-    round. `add` reads the ranks to the host (a sync per round: use it in a recording run, not a timed one)."""
+    """The recording side, in a real pair's run: each request's round, its drafter top-k log-probs (the tree's
+    shape, `draft_topk`) and its accepted path (`path_ranks`, `add`), written as a `ddtree-paths/2` file every
+    `every` rounds (atomically: a temporary file renamed), requests in order of their first round. `add` reads
+    both to the host (a sync per round: use it in a recording run, not a timed one)."""
 
     def __init__(self, path: str | Path, source: str = "", every: int = 64) -> None:
         self.path, self.source, self.every = Path(path), source, every
-        self.requests: dict[str, list[list[int]]] = {}
+        self.requests: dict[str, list[dict[str, Any]]] = {}
         self._rounds = 0
+        self._topk: Tensor | None = None
+
+    def draft_topk(self, values: Tensor) -> None:
+        """This round's top-k log-probs [bs, R, k] (descending), the values its trees were planned from; `add`
+        writes them beside the round's paths."""
+        self._topk = values
 
     def add(self, request_ids: Sequence[str], ranks: Tensor) -> None:
-        """ranks: [bs, W] from `path_ranks` (-1 after each path)."""
-        for rid, row in zip(request_ids, ranks.tolist(), strict=True):
-            self.requests.setdefault(rid, []).append([r for r in row if r >= 0])
+        """ranks: [bs, W] from `path_ranks` (-1 after each path), after this round's `draft_topk`."""
+        if self._topk is None:
+            raise RuntimeError("PathRecorder.add before draft_topk: a round's paths without its trees' top-k")
+        tables, self._topk = self._topk.tolist(), None
+        for rid, row, table in zip(request_ids, ranks.tolist(), tables, strict=True):
+            topk = [[round(v, DECIMALS) for v in values] for values in table]
+            self.requests.setdefault(rid, []).append({"path": [r for r in row if r >= 0], "topk": topk})
         self._rounds += 1
         if self._rounds % self.every == 0:
             self.write()

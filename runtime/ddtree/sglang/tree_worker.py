@@ -115,7 +115,14 @@ from ddtree.sglang.graph_masks import (
 from ddtree.sglang.hybrid_graphs import replay_tree_links, tree_links
 from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger, round_accepts
 from ddtree.sglang.prom_glue import note_round
-from ddtree.sglang.replay import AcceptanceReplay, PathRecorder, path_ranks, steer_predictions
+from ddtree.sglang.replay import (
+    AcceptanceReplay,
+    PathRecorder,
+    ReplayRound,
+    impose_topk,
+    path_ranks,
+    steer_predictions,
+)
 from ddtree.sglang.request_kinds import (
     baseline_penalty_order,
     dflash_round_reason,
@@ -180,6 +187,8 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         # benchmark hooks (opsctl refuses them): replay recorded paths / record this run's paths
         replay = config.replay_acceptance
         self._ddtree_replay = AcceptanceReplay.from_file(replay) if replay else None
+        if self._ddtree_replay is not None:
+            self._ddtree_replay.check_drafter(block - 1, config.topk)
         self._ddtree_paths = PathRecorder(config.record_paths) if config.record_paths else None
         head = self._ddtree_head()  # refused here, not in the first decode round
         self._ddtree_rank = head.rank  # rank 0 of a tensor-parallel group writes the DDTREE lines
@@ -614,13 +623,16 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         draft_input = batch.spec_info
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch")
+        replayed = None
+        if self._ddtree_replay is not None:  # DDTREE_REPLAY_ACCEPTANCE: the recorded trees' shapes and paths
+            replayed = self._ddtree_replay.next_round([req.rid for req in batch.reqs], int(self.block_size) - 1)
         t0 = time.perf_counter()
         draft = self._ddtree_draft(batch, draft_input)
         t1 = time.perf_counter()
-        planned = self._ddtree_plan(batch, draft_input, draft, budget)
+        planned = self._ddtree_plan(batch, draft_input, draft, budget, replayed)
         t2 = time.perf_counter()
         check = self._ddtree_self_check_due()
-        verified = self._ddtree_verify(batch, draft_input, planned, check, grammar_barrier)
+        verified = self._ddtree_verify(batch, draft_input, planned, check, grammar_barrier, replayed)
         t3 = time.perf_counter()
         commit, kept, new_seq_lens = self._ddtree_commit(batch, draft_input, draft, planned, verified, on_publish)
         if self._ddtree_paths is not None:  # DDTREE_RECORD_PATHS: a recording run (reads the paths to the host)
@@ -726,10 +738,13 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
             raise RuntimeError("DFLASH draft model returned no hidden states")
         return DraftBlock(prefix_lens=prefix_lens, window=window, hidden=hidden.view(bs, block, -1)[:, 1:, :])
 
-    def _ddtree_plan(self, batch: Any, draft_input: Any, draft: DraftBlock, budget: int) -> PlannedRound:
+    def _ddtree_plan(
+        self, batch: Any, draft_input: Any, draft: DraftBlock, budget: int, replayed: ReplayRound | None = None
+    ) -> PlannedRound:
         """Step 2. The target's LM head on the drafter's hidden states gives log-probs [bs, B - 1, V]; every
         request's tree of `budget` nodes (the configured one, or the policy's smaller one: the same best-first
-        tree cut, padded), in SGLang's layout and S slots, with FULL_MASK and the verify's KV window."""
+        tree cut, padded), in SGLang's layout and S slots, with FULL_MASK and the verify's KV window. `replayed`
+        (a benchmark's acceptance replay) puts its recorded top-k values in place of the drafter's."""
         head, config = self._ddtree_head(), self._ddtree_config
         slots, prefix_lens = verify_slots(budget, int(self.block_size)), draft.prefix_lens
         bs = int(prefix_lens.shape[0])
@@ -739,6 +754,10 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         graphed = False
         if head.tp_size > 1:  # a vocab-parallel head: each rank's top-k, gathered (the same trees everywhere)
             vals, ids = head_topk(draft.hidden, head, config.topk)  # [bs, B - 1, k]
+            if replayed is not None and replayed.topk is not None:  # the recorded shapes, rank for rank
+                vals = replayed.topk.to(vals.device, non_blocking=True)
+            if self._ddtree_paths is not None:  # a recording run: the values the trees are planned from
+                self._ddtree_paths.draft_topk(vals)
             plan = plan_batch_topk(vals, ids, draft_input.bonus_tokens, prefix_lens, slots, budget)
         else:
             with torch.inference_mode():
@@ -748,6 +767,10 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
                 flat = draft.hidden.reshape(-1, draft.hidden.shape[-1]).to(head.weight.dtype)
                 logits = (flat @ head.weight.T).view(bs, draft.hidden.shape[1], -1)  # [bs, B - 1, V]
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
+                if replayed is not None and replayed.topk is not None:  # the recorded shapes (replay.impose_topk)
+                    impose_topk(logprobs, replayed.topk)
+                if self._ddtree_paths is not None:  # a recording run: the values the trees are planned from
+                    self._ddtree_paths.draft_topk(logprobs.topk(config.topk, dim=-1).values)
             graphs = self._ddtree_round_graphs(budget)
             graphed = graphs.applies(bs, logprobs.device)  # small batches: replayed from graphs
             if graphed:
@@ -773,11 +796,18 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
         return graphs
 
     def _ddtree_verify(
-        self, batch: Any, draft_input: Any, planned: PlannedRound, check: bool, grammar_barrier: Any = None
+        self,
+        batch: Any,
+        draft_input: Any,
+        planned: PlannedRound,
+        check: bool,
+        grammar_barrier: Any = None,
+        replayed: ReplayRound | None = None,
     ) -> VerifiedRound:
         """Step 3. One target forward (TARGET_VERIFY) over every tree, writing the verify window's KV; SGLang's
         verify_tree_greedy walks the target's choices (argmax, or each request's rules and sampler) over the tree
-        links. A grammar-constrained request's nodes are masked first, each by its grammar after its path."""
+        links. A grammar-constrained request's nodes are masked first, each by its grammar after its path.
+        `replayed` (a benchmark's acceptance replay) steers the choices along its recorded paths."""
         plan = planned.plan
         # the tree's links and tokens start their copy to the host now, so the masks' host walk overlaps the forward
         grammar_tree = (
@@ -811,12 +841,10 @@ class DDTreeTreeWorker(dw.DFlashWorkerV2):  # type: ignore[misc]
             choices = self._ddtree_choices(batch, logits, plan.tokens, plan.tree_mask, plan.depths, plan.positions)
             target_predict = torch.argmax(logits, dim=-1) if choices is None else choices
         target_predict = target_predict.view(bs, slots)
-        if self._ddtree_replay is not None:  # DDTREE_REPLAY_ACCEPTANCE: the walk commits the recorded paths
-            depth = int(self.block_size) - 1
-            ranks = self._ddtree_replay.ranks([req.rid for req in batch.reqs], depth)
+        if replayed is not None:  # DDTREE_REPLAY_ACCEPTANCE: the walk commits the recorded paths
             target_predict, _ = steer_predictions(
                 plan.tokens, plan.retrieve_next_token, plan.retrieve_next_sibling, target_predict,
-                ranks,
+                replayed.ranks,
                 int(self.target_worker.model_runner.model_config.vocab_size),
             )  # fmt: skip
         predicts = torch.full((bs * slots,), -1, dtype=torch.int32, device=self.device)
