@@ -244,6 +244,7 @@ class RouterGuard:
         with self._kept_lock:
             self._kept_out.pop((item.router.name, item.url), None)
         if not self._client(item.router).health().ok:
+            self._record(item.router, item.url, False, say)  # its next start takes the worker from --worker-urls
             return ""
         return self._add(item, say)
 

@@ -566,8 +566,11 @@ def test_kept_out_workers_are_recorded_before_the_router_is_changed() -> None:
     fake.up = False
     g2 = guard(fake, [0], [0.0])
     g2.kept_out = store2 = FakeKeptOut(fake)
-    g2.take_out("h2", "ref", lambda _: None)
+    taken = g2.take_out("h2", "ref", lambda _: None)
     assert store2.urls == {W2}
+    # still down when the gates passed: the file lets it in for the router's next start (the first deploy of a
+    # fleet deploys its router after the services)
+    assert g2.put_back(taken, True, lambda _: None) == "" and store2.urls == set()
 
 
 def test_a_kept_out_file_that_cannot_be_written_is_said_and_the_deploy_goes_on() -> None:
