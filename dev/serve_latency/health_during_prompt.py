@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import httpx
-from test_serve_http import ServeProcess
+from serve_process import ServeProcess
 
 PROMPTS = (("96 kB prompt", "hello world " * 8_000), ("1 MB prompt", "hello world " * 85_000))
 
