@@ -16,10 +16,10 @@
 #   bash dev/sglang_gpu/h200_issue45.sh report <dir>      # here: every table from the calls' files
 #
 # Results under $OUT: record-<pair>.tgz (rounds-<pair>.json, paths-<pair>.json, the JSON of the run) and
-# paths-<pair>.json beside it, cost-*.json,
-# pairs-<pair>-<round>.json, each step's log. Paths recording needs the tree worker's DDTREE_RECORD_PATHS hook
-# (ddtree.sglang.replay.PathRecorder) and the shape tables its DDTREE_REPLAY_ACCEPTANCE hook; without them the
-# steps still run (the rounds recording does not need them) and the shape tables show random-weight acceptance.
+# paths-<pair>.json beside it, cost-*.json, pairs-<pair>-<round>.json, each step's log. The record step's paths
+# file (DDTREE_RECORD_PATHS, ddtree-paths/2) holds each round's accepted path and the drafter's top-k log-probs;
+# the shape step's replay (DDTREE_REPLAY_ACCEPTANCE) builds every round's tree from those and walks the path in
+# it. A ddtree-paths/1 file (paths only) replays paths in the random drafter's trees: shallower, so record again.
 set -euo pipefail
 D=.cache/gpu-45
 case "${1:-}" in
