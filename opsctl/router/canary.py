@@ -32,6 +32,7 @@ from opsctl.errors import OpsctlError
 from opsctl.health import auth_headers
 from opsctl.inventory.model import CanaryConfig, Host, Inventory, Router, Service, WorkerRef
 from opsctl.remote.base import Connect, Connection
+from opsctl.remote.held import HeldConnections
 from opsctl.router import judge
 from opsctl.router.api import RouterClient
 from opsctl.router.render import router_url, worker_url
@@ -131,20 +132,14 @@ class Canary:
         self.canary, self.old, self.rest = canary, old, rest
         self.report = CanaryReport(router.name, "deploying", [str(w) for w in canary], [str(w) for w in old])
         self.report.started = _now()
-        self._conns: dict[str, Connection] = {}
+        self._conns = HeldConnections(inventory, connect)
 
     # ------------------------------------------------------------------ plumbing
     def _conn(self, host: str) -> Connection:
-        if host not in self._conns:
-            self._conns[host] = self.connect(self.inventory.host(host))
-        return self._conns[host]
+        return self._conns.get(host)
 
     def close(self) -> None:
-        for conn in self._conns.values():
-            try:
-                conn.close()
-            except OpsctlError:
-                pass
+        self._conns.close()
         self.http.close()
 
     def _audit(self, action: str, result: str, detail: str) -> None:

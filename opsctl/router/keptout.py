@@ -19,9 +19,9 @@ import threading
 from collections.abc import Callable, Iterable
 
 from opsctl.commands import Cmd
-from opsctl.errors import OpsctlError
 from opsctl.inventory.model import Host, Inventory, Router
 from opsctl.remote.base import Connection
+from opsctl.remote.held import HeldConnections
 
 KEPT_OUT_DIR = "/var/lib/opsctl/routers"
 
@@ -56,9 +56,7 @@ class KeptOutRecorder:
             from opsctl.remote import connect as ssh_connect
 
             connect = ssh_connect
-        self.inventory = inventory
-        self._connect = connect
-        self._conns: dict[str, Connection] = {}
+        self._conns = HeldConnections(inventory, connect)
         self._lock = threading.Lock()
 
     def keep_out(self, router: Router, url: str) -> None:
@@ -70,7 +68,7 @@ class KeptOutRecorder:
 
     def _change(self, router: Router, change: Callable[[set[str]], set[str]]) -> None:
         with self._lock:
-            conn = self._conn(router)
+            conn = self._conns.get(router.host)
             path = kept_out_file(router.name)
             before = set(parse_kept_out(conn.run(Cmd.of("cat", "--", path), check=False, timeout=30).stdout))
             after = change(before)
@@ -79,16 +77,5 @@ class KeptOutRecorder:
             conn.run(Cmd.of("mkdir", "-p", "--", KEPT_OUT_DIR, sudo=True), timeout=30)
             conn.put_text(kept_out_json(after), path, 0o644)
 
-    def _conn(self, router: Router) -> Connection:
-        conn = self._conns.get(router.host)
-        if conn is None:
-            conn = self._conns[router.host] = self._connect(self.inventory.host(router.host))
-        return conn
-
     def close(self) -> None:
-        for conn in self._conns.values():
-            try:
-                conn.close()
-            except OpsctlError:
-                pass
-        self._conns.clear()
+        self._conns.close()
