@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from opsctl import pip_index, wheelhouse
+from opsctl import pip_index, progress, wheelhouse
 from opsctl.ops.locks import Lock, Profile
 from opsctl.pip_index import Choice, PipIndexes
 from tests.conftest import REPO
@@ -98,6 +98,7 @@ def test_a_slow_download_shows_progress_per_file(tmp_path: Path, monkeypatch: py
 
 
 def test_a_quick_download_says_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress, "EVERY_S", 3600.0)  # quick whatever the load: no ticker lines (tested apart)
     fake_pip(monkeypatch, tmp_path, [UVICORN])
     lines: list[str] = []
     ensure(LOCK, tmp_path / "wh", lines)
@@ -121,6 +122,7 @@ def test_observe_pip_output() -> None:
 
 
 def test_unreachable_indexes_are_skipped_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress, "EVERY_S", 3600.0)  # no "waiting (2s)" lines from a loaded machine's slow fake pip
     log = fake_pip(monkeypatch, tmp_path, [UVICORN])
     lock = Lock(Profile.REFERENCE, "reference-cpu.txt", "--extra-index-url http://10.9.9.9/cpu\nuvicorn\n")
     config = PipIndexes(index_url="http://mirror.lab/simple")
