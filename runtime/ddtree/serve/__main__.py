@@ -19,7 +19,6 @@ import uvicorn
 from fastapi import FastAPI
 
 from ddtree.config import Mode
-from ddtree.serve.app import create_app
 from ddtree.serve.args import ServerArgs, parse_args, resolve_device, resolve_dtype, resolve_mode
 from ddtree.serve.loader import read_model_info
 from ddtree.serve.logs import setup_logging
@@ -105,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def fatal() -> None:  # load failed: stop serving; main() then exits 1
         if server is not None:
             server.should_exit = True
+
+    from ddtree.serve.app import create_app  # torch (~4 s): only once the flags are known good, so refusals are quick
 
     state = AppState(args, mode, ddtree, info, device, dtype, on_fatal=fatal)
     app = create_app(state)
