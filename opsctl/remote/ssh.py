@@ -46,6 +46,7 @@ PGID_MARK = "__OPSCTL_PGID__="
 EOF_GRACE_S = 2.0  # after the exit status, how long to wait for the output streams to close
 BACKOFF_S = 0.5  # first retry delay; doubles per attempt
 BACKOFF_MAX_S = 8.0
+SESSION_REFUSED_WAIT_S = 30.0  # how long a session sshd refuses (MaxSessions reached) is retried
 MAX_SESSIONS = 8  # concurrent commands per connection; sshd's default MaxSessions is 10 (one spare for kills)
 _KNOWN_HOSTS_LOCK = threading.Lock()  # one writer of known_hosts files per process
 
@@ -258,7 +259,9 @@ class SshHost:
             self._sessions.release()
 
     def _open_channel(self, display: str) -> paramiko.Channel:
-        refused_until = time.monotonic() + self.config.connect_timeout
+        # a refused session is sshd freeing slots (the connection is alive): on a loaded host that can outlast
+        # connect_timeout (5 s in the lab, seen on a saturated 2-core CI machine), so it gets a longer bound
+        refused_until = time.monotonic() + max(self.config.connect_timeout, SESSION_REFUSED_WAIT_S)
         delay = 0.05
         reconnected = False
         while True:
