@@ -146,24 +146,42 @@ SAMPLING_KEYS: dict[str, tuple[float, float]] = {
     "min_new_tokens": (0, 4096),
     "sampling_seed": (0, 2**63 - 1),
 }
+# SGLang 0.5.23's SamplingParams refuses a float where these are counts or a seed (`sampling_seed: 1.5` is a 400
+# there, so the prompt would fail on the service and pass on the reference engine).
+INTEGER_SAMPLING_KEYS = frozenset({"top_k", "min_new_tokens", "sampling_seed"})
 
 
-def _sampling(where: str, i: int, raw: Any) -> tuple[tuple[str, float], ...]:
+def _sampling_value(where: str, i: int, key: str, value: Any) -> float:
+    """One `sampling:` value, checked against SGLang's rule for its key."""
+    lo, hi = SAMPLING_KEYS[key]
+    if key in INTEGER_SAMPLING_KEYS:
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise SmokeError(f"{where}: prompts[{i}].sampling.{key} must be an integer in [{lo}, {hi}]", "fix the file")
+    elif isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise SmokeError(f"{where}: prompts[{i}].sampling.{key} must be a number in [{lo}, {hi}]", "fix the file")
+    if key == "top_k" and value == 0:
+        # SGLang: "top_k must be -1 (disable), or at least 1"
+        raise SmokeError(f"{where}: prompts[{i}].sampling.top_k is 0", "use -1 (no top-k) or at least 1")
+    return float(value) if key not in INTEGER_SAMPLING_KEYS else int(value)
+
+
+def _sampling(where: str, i: int, raw: Any, max_tokens: int) -> tuple[tuple[str, float], ...]:
     """A prompt's `sampling:` mapping, validated key by key; a sampled one must carry its seed."""
-    if raw is None:
-        return ()
     if not isinstance(raw, dict):
-        raise SmokeError(f"{where}: prompts[{i}].sampling must be a mapping", "fix the file")
+        raise SmokeError(f"{where}: prompts[{i}].sampling must be a mapping", "fix the file, or drop `sampling:`")
     out: list[tuple[str, float]] = []
     for key, value in raw.items():
         if key not in SAMPLING_KEYS:
             allowed = ", ".join(SAMPLING_KEYS)
             raise SmokeError(f"{where}: prompts[{i}].sampling: unknown key {str(key)[:30]!r}", f"use {allowed}")
-        lo, hi = SAMPLING_KEYS[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-            raise SmokeError(f"{where}: prompts[{i}].sampling.{key} must be a number in [{lo}, {hi}]", "fix the file")
-        out.append((key, value))
+        out.append((key, _sampling_value(where, i, key, value)))
     values = dict(out)
+    if values.get("min_new_tokens", 0) > max_tokens:
+        # SGLang: "min_new_tokens must be in [0, max_new_tokens]"
+        raise SmokeError(
+            f"{where}: prompts[{i}].sampling.min_new_tokens {values['min_new_tokens']} > max_tokens {max_tokens}",
+            "lower min_new_tokens or raise max_tokens",
+        )
     if values.get("temperature", 0.0) > 0.0 and "sampling_seed" not in values:
         raise SmokeError(f"{where}: prompts[{i}] samples without a sampling_seed", "add sampling.sampling_seed")
     if values.get("min_p", 0.0) > 0.0 and "sampling_seed" in values:
@@ -191,7 +209,8 @@ def load_prompts(path: Path | None = None) -> list[Prompt]:
         max_tokens = item.get("max_tokens", 64)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 4096:
             raise SmokeError(f"{where}: prompts[{i}].max_tokens must be an integer 1..4096", "fix the file")
-        prompts.append(Prompt(pid, item["prompt"], max_tokens, _sampling(where, i, item.get("sampling"))))
+        sampling = _sampling(where, i, item["sampling"], max_tokens) if "sampling" in item else ()
+        prompts.append(Prompt(pid, item["prompt"], max_tokens, sampling))
     return prompts
 
 

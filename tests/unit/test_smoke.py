@@ -1,7 +1,11 @@
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from opsctl import smoke
 from opsctl.errors import SmokeError
@@ -104,7 +108,12 @@ def test_default_prompt_set_is_varied():
         ("prompts: [{prompt: x, sampling: {temperature: 0.7, min_p: 0.1, sampling_seed: 1}}]", "min_p beside a"),
         ("prompts: [{prompt: x, sampling: {temperature: 3, sampling_seed: 1}}]", "temperature must be a number"),
         ("prompts: [{prompt: x, sampling: {top_p: true}}]", "top_p must be a number"),
-        ("prompts: [{prompt: x, sampling: {sampling_seed: -1}}]", "sampling_seed must be a number"),
+        ("prompts: [{prompt: x, sampling: {sampling_seed: -1}}]", "sampling_seed must be an integer"),
+        ("prompts: [{prompt: x, sampling: {sampling_seed: 1.5}}]", r"sampling_seed must be an integer in \[0, "),
+        ("prompts: [{prompt: x, sampling: {top_k: 0}}]", "top_k is 0"),
+        ("prompts: [{prompt: x, sampling: {top_k: 2.0}}]", "top_k must be an integer"),
+        ("prompts: [{prompt: x, max_tokens: 8, sampling: {min_new_tokens: 9}}]", "min_new_tokens 9 > max_tokens 8"),
+        ("prompts: [{prompt: x, sampling: null}]", "sampling must be a mapping"),
     ],
 )
 def test_bad_prompt_files(tmp_path: Path, text, msg):
@@ -112,6 +121,45 @@ def test_bad_prompt_files(tmp_path: Path, text, msg):
     path.write_text(text)
     with pytest.raises(SmokeError, match=msg):
         smoke.load_prompts(path)
+
+
+def _sglang_accepts(max_tokens: int, sampling: dict[str, Any]) -> bool:
+    """SGLang 0.5.23's SamplingParams rules for the keys a prompt may set, written out independently of the loader
+    (plus the loader's own two: a sampled prompt carries its seed; no min_p beside a seed)."""
+    ints = {"top_k", "min_new_tokens", "sampling_seed"}
+    for key, value in sampling.items():
+        lo, hi = smoke.SAMPLING_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+            return False
+        if key in ints and not isinstance(value, int):
+            return False
+    if sampling.get("top_k") == 0 or sampling.get("min_new_tokens", 0) > max_tokens:
+        return False
+    if sampling.get("temperature", 0) > 0 and "sampling_seed" not in sampling:
+        return False
+    return not (sampling.get("min_p", 0) > 0 and "sampling_seed" in sampling)
+
+
+_values = st.one_of(
+    st.integers(-3, 5000), st.floats(-3, 5000, allow_nan=False), st.booleans(), st.none(), st.text(max_size=3)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    max_tokens=st.integers(1, 4096),
+    sampling=st.dictionaries(st.sampled_from(sorted(smoke.SAMPLING_KEYS)), _values, max_size=4),
+)
+def test_prompt_loader_accepts_exactly_what_sglang_accepts(tmp_path_factory, max_tokens, sampling):
+    path = tmp_path_factory.mktemp("p") / "p.yaml"
+    path.write_text(yaml.safe_dump({"prompts": [{"prompt": "x", "max_tokens": max_tokens, "sampling": sampling}]}))
+    if _sglang_accepts(max_tokens, sampling):
+        (prompt,) = smoke.load_prompts(path)
+        assert dict(prompt.sampling) == sampling
+    else:
+        with pytest.raises(SmokeError) as err:
+            smoke.load_prompts(path)
+        assert "\n" not in err.value.message and "prompts[0]" in err.value.message
 
 
 def test_missing_prompt_file(tmp_path: Path):
