@@ -41,19 +41,47 @@ def _is_current(model_dir: Path, version: int) -> bool:
         return False
 
 
+class TinySeedError(ValueError):
+    pass
+
+
+def build_seed() -> int:
+    """DDTREE_TINY_SEED: the seed the tiny models are built from (0 unless set)."""
+    raw = os.environ.get("DDTREE_TINY_SEED", "0")
+    if not raw.isascii() or not raw.isdecimal() or len(raw) > 6:
+        raise TinySeedError(f"DDTREE_TINY_SEED must be a small non-negative integer, got {raw[:20]!r}")
+    return int(raw)
+
+
+def model_dir_of(arch: str, root: Path, seed: int) -> Path:
+    return root / arch if seed == 0 else root / f"seed-{seed}" / arch
+
+
 def ensure_tiny(arch: str, root: Path | None = None) -> Path:
     """Return the cached tiny model directory for `arch`, building it (once, under a lock) if missing."""
     from ddtree.tiny_version import BUILD_VERSION  # no torch: the build itself runs in a subprocess
 
     root = cache_root() if root is None else root
-    model_dir = root / arch
+    seed = build_seed()
+    model_dir = model_dir_of(arch, root, seed)
     if _is_current(model_dir, BUILD_VERSION):
         return model_dir
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / f".{arch}.lock").open("w") as lock:
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    with (model_dir.parent / f".{arch}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not _is_current(model_dir, BUILD_VERSION):
-            cmd = [sys.executable, "-m", "ddtree.tiny", "--arch", arch, "--out", str(model_dir), "--force"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "ddtree.tiny",
+                "--arch",
+                arch,
+                "--out",
+                str(model_dir),
+                "--seed",
+                str(seed),
+                "--force",
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -64,7 +92,7 @@ def main(archs: list[str]) -> int:
     for arch in archs:
         try:
             print(f"tiny_cache: {arch}: {ensure_tiny(arch)}", file=sys.stderr)
-        except RuntimeError as exc:
+        except (RuntimeError, TinySeedError) as exc:
             print(f"tiny_cache: {arch}: {exc}", file=sys.stderr)
             return 1
     return 0

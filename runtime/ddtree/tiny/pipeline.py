@@ -48,6 +48,16 @@ def chat_prompt_ids(tok: PreTrainedTokenizerBase, user: str, thinking: bool) -> 
     return list(tok.encode(text))
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def build(arch: Arch, out: Path, seed: int = 0, settings: BuildSettings | None = None) -> dict[str, object]:
     """Build DIR/target and DIR/draft under `out`; returns the build report (also written to build.json)."""
     settings = settings or BuildSettings()
@@ -111,6 +121,8 @@ def build(arch: Arch, out: Path, seed: int = 0, settings: BuildSettings | None =
         "arch": str(arch),
         "seed": seed,
         "threads": torch.get_num_threads(),
+        # the weights depend on the kernels that trained them: another CPU family (or ISA level) builds other models
+        "cpu": {"model": _cpu_model(), "torch_capability": torch.backends.cpu.get_cpu_capability()},
         "settings": asdict(settings),
         "target_loss_first_last": [target_losses[0], target_losses[-1]],
         "drafter_loss_first_last": [drafter_losses[0], drafter_losses[-1]],
