@@ -1,4 +1,5 @@
-"""`opsctl provision`: run playbooks/provision.yaml's steps on every selected host, hosts in parallel.
+"""`opsctl provision`: run the provision playbook's steps (playbooks/provision.yaml, found by `opsctl.bundle`) on
+every selected host, hosts in parallel.
 
 Per host the steps run in order; the first failing step stops that host (later steps are reported skipped),
 never the others. A step that needs a reboot stops the host too (exit 3) unless --reboot was given.
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from opsctl import artifact, wheelhouse
+from opsctl import artifact, bundle, wheelhouse
 from opsctl.errors import ExitCode, OpsctlError
 from opsctl.inventory.model import Host, ModelSourceKind, Router
 from opsctl.ops.base import Artifacts, Context, Operation, Options, Plan
@@ -33,7 +34,7 @@ from opsctl.ops.runtime_wheel import PushRuntimeWheel
 from opsctl.progress import Ticker, stderr_line
 from opsctl.remote.base import Connect, Connection
 
-PLAYBOOK = Path(__file__).resolve().parents[1] / "playbooks" / "provision.yaml"
+PLAYBOOK = bundle.playbooks_dir() / "provision.yaml"
 MANIFEST_CACHE = Path("/var/cache/opsctl/manifests")
 
 OPERATIONS: dict[str, Callable[[], Operation]] = {

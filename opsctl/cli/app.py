@@ -6,7 +6,7 @@ import importlib
 
 import typer
 
-from opsctl import __version__
+from opsctl import __version__, bundle
 
 # Every command group, in help order. Each module defines `register(app: typer.Typer) -> None`.
 COMMAND_GROUPS = ("provision", "deploy", "smoke", "logs", "status", "bench", "lab", "render", "router", "monitor")
@@ -23,7 +23,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"opsctl {__version__}")
+        typer.echo(f"opsctl {__version__}\n{bundle.runtime_line()}")
         raise typer.Exit()
 
 

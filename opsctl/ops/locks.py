@@ -1,6 +1,7 @@
 """Requirement locks: which packages (and which torch build) a host's venv gets.
 
-A lock is a pip requirements file under locks/ at the repository root (OPSCTL_LOCKS_DIR overrides):
+A lock is a pip requirements file under locks/ at the repository root, or the copy an installed opsctl carries
+(`opsctl.bundle`; OPSCTL_LOCKS_DIR overrides):
 `reference-cpu.txt` for hosts that run only the reference engine, `sglang-<version>.txt` for SGLang hosts.
 """
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from opsctl import bundle
 from opsctl.inventory.model import Engine, Host
 from opsctl.ops.errors import ProvisionError
 
@@ -40,7 +42,7 @@ class Lock:
 
 def locks_dir() -> Path:
     env = os.environ.get("OPSCTL_LOCKS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "locks"
+    return Path(env) if env else bundle.locks_dir()
 
 
 def profile_for(host: Host) -> Profile:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import artifact
+from opsctl import artifact, runtime_build
 
 PYPROJECT = """[build-system]
 requires = ["setuptools>=68", "wheel"]
@@ -44,11 +44,11 @@ def test_parallel_builds_of_one_tree_all_succeed_and_leave_it_clean(source: Path
 
 
 def test_the_source_hash_sees_files_whose_names_hold_build_or_dist(source: Path) -> None:
-    before = artifact._source_hash(source)
+    before = runtime_build.source_hash(source)
     (source / "build").mkdir()
     (source / "build" / "junk.py").write_text("x = 1\n")
     (source / "ddtree_runtime.egg-info").mkdir()
     (source / "ddtree_runtime.egg-info" / "PKG-INFO").write_text("junk\n")
-    assert artifact._source_hash(source) == before  # build outputs do not count
+    assert runtime_build.source_hash(source) == before  # build outputs do not count
     (source / "ddtree" / "tiny" / "distill.py").write_text("STEPS = 2\n")
-    assert artifact._source_hash(source) != before  # distill.py is a source (it holds "dist")
+    assert runtime_build.source_hash(source) != before  # distill.py is a source (it holds "dist")
