@@ -133,6 +133,22 @@ class Prompt:
         """A sampled prompt (temperature > 0): comparable only where both servers draw with seeds."""
         return dict(self.sampling).get("temperature", 0.0) > 0.0
 
+    @property
+    def plain(self) -> bool:
+        """Greedy with no rule that changes the greedy choice (penalties, min_new_tokens at their "off" values);
+        top_k, top_p, min_p and the seed change nothing when greedy."""
+        values = dict(self.sampling)
+        return not self.seeded and all(values.get(k, off) == off for k, off in RULES_OFF.items())
+
+
+# The request rules that change a greedy choice, at their "off" values: a prompt that sets one is not plain.
+RULES_OFF: dict[str, float] = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+}
+
 
 # The sampling params an equivalence prompt may set, with their ranges (SGLang's own checks).
 SAMPLING_KEYS: dict[str, tuple[float, float]] = {
@@ -257,6 +273,7 @@ class EquivalenceReport:
     token_agreement: float = 0.0  # fraction of positions equal up to each pair's shorter length
     passed: bool = False
     error: str | None = None  # the service (or the baseline) failed to answer; the others still ran
+    left_out: tuple[LeftOut, ...] = ()  # prompts this service's mode does not promise to match (`comparable`)
 
 
 def summarize_equivalence(
@@ -344,6 +361,48 @@ def generate(
     out_ids = tuple(ids) if isinstance(ids, list) and all(isinstance(t, int) for t in ids) else None
     via = "generate+chat-template" if input_ids is not None else "generate+chatml"
     return Generation(out_ids, str(data.get("text", "")), via)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    ids: tuple[str, ...]  # the prompts left out
+    why: str
+
+
+@dataclass(frozen=True)
+class Comparable:
+    """What one service's equivalence run compares, and what it leaves out and why (`comparable`)."""
+
+    prompts: tuple[Prompt, ...]
+    left_out: tuple[LeftOut, ...]
+
+
+UNSEEDED_WHY = (
+    "seeded sampled prompts: SGLang draws seeded samples only with --enable-deterministic-inference on both "
+    "services (docs/sglang.md, 'Request kinds')"
+)
+DFLASH_WHY = (
+    "sampled, penalized and min_new_tokens prompts: SGLang's DFLASH ({mode}) promises the baseline's greedy "
+    "tokens only; it does not reproduce seeded draws, relaxes penalties and can end before min_new_tokens "
+    "(docs/sglang.md, 'Request kinds')"
+)
+
+
+def comparable(prompts: Sequence[Prompt], engine: str, mode: str, seeded: bool) -> Comparable:
+    """The prompts a service of this engine and mode promises to answer as the baseline does. SGLang's `linear` and
+    `shadow` are DFLASH, which keeps greedy plain outputs only; SGLang's `tree` and every reference engine mode keep
+    every kind. Seeded sampled prompts need both servers to draw by seed (`seeded`, `seeded_sampling`)."""
+    dflash = engine == "sglang" and mode in ("linear", "shadow")
+    kept: list[Prompt] = []
+    dropped: dict[str, list[str]] = {}
+    for p in prompts:
+        if dflash and not p.plain:
+            dropped.setdefault(DFLASH_WHY.format(mode=mode), []).append(p.id)
+        elif p.seeded and not seeded:
+            dropped.setdefault(UNSEEDED_WHY, []).append(p.id)
+        else:
+            kept.append(p)
+    return Comparable(tuple(kept), tuple(LeftOut(tuple(ids), why) for why, ids in dropped.items()))
 
 
 def run_equivalence(

@@ -3,6 +3,7 @@ seeded sampled ones where both servers draw with seeds) against a baseline-mode 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -31,6 +32,7 @@ from opsctl.smoke import (
     EquivalenceReport,
     Generation,
     PromptAgreement,
+    comparable,
     load_prompts,
     run_equivalence,
     seeded_sampling,
@@ -152,42 +154,49 @@ def _equivalence(
             continue
         name = f"{h.name}/{s.name}"
         seeded = b_seeded and seeded_sampling(s.engine.value, s.extra_args)
-        sampled = sum(p.seeded for p in prompts)
-        kinds = "greedy and seeded sampled" if seeded and sampled else "greedy"
-        console.print(f"{name} vs {b_name}: {len(prompts) - (0 if seeded else sampled)} prompts, {kinds}", markup=False)
-        if sampled and not seeded:
-            console.print(
-                f"    {sampled} seeded sampled prompts left out: SGLang draws seeded samples only with "
-                "--enable-deterministic-inference on both services (docs/sglang.md, 'Request kinds')",
-                markup=False,
-            )
+        plan = comparable(prompts, s.engine.value, s.mode.value, seeded)
+        kinds = sorted(
+            {"greedy" if p.plain else "seeded sampled" if p.seeded else "greedy with rules" for p in plan.prompts}
+        )
+        shown = f"{len(plan.prompts)} prompts" + (f", {' and '.join(kinds)}" if kinds else "")
+        console.print(f"{name} vs {b_name} ({s.engine.value} {s.mode.value}): {shown}", markup=False)
+        for gone in plan.left_out:
+            console.print(f"    {len(gone.ids)} left out ({', '.join(gone.ids)}): {gone.why}", markup=False)
+        if not plan.prompts:
+            why = f"no prompt of the file is one that {s.engine.value} {s.mode.value} promises to match"
+            reports.append(EquivalenceReport(name, b_name, threshold, error=why, left_out=plan.left_out))
+            console.print(f"[bold red]{name}: ERROR[/] {why}: add greedy prompts without penalties", markup=True)
+            continue
 
         try:
             with Ticker(f"    {name} vs {b_name}", out=lambda line: console.print(line, markup=False)) as ticker:
                 done: list[str] = []
-                ticker.update(f"generating, {len(prompts)} prompts to go")
+                ticker.update(f"generating, {len(plan.prompts)} prompts to go")
 
-                def show(a: PromptAgreement, done: list[str] = done, ticker: Ticker = ticker) -> None:
+                def show(
+                    a: PromptAgreement, done: list[str] = done, ticker: Ticker = ticker, total: int = len(plan.prompts)
+                ) -> None:
                     where = "identical" if a.equal else f"DIVERGES at {a.unit[:-1]} {a.first_divergence}"
                     line = f"    {a.id:<14} {where} ({a.length_service} vs {a.length_baseline} {a.unit})"
                     console.print(line, markup=False)
                     done.append(a.id)
-                    ticker.update(f"generating, {len(prompts) - len(done)} prompts to go")
+                    ticker.update(f"generating, {total - len(done)} prompts to go")
 
                 report = run_equivalence(
                     client,
                     (name, base_url(h, s), auth_headers(s.api_key)),
                     (b_name, base_url(b_host, b_svc), auth_headers(b_svc.api_key)),
-                    prompts,
+                    plan.prompts,
                     threshold,
                     cache,
                     progress=show,
                     seeded=seeded,
                 )
         except OpsctlError as exc:  # one service down must not hide the others' results
-            reports.append(EquivalenceReport(name, b_name, threshold, error=exc.one_line()))
+            reports.append(EquivalenceReport(name, b_name, threshold, error=exc.one_line(), left_out=plan.left_out))
             console.print(f"[bold red]{name}: ERROR[/] {exc.one_line()}", markup=True)
             continue
+        report = replace(report, left_out=plan.left_out)
         reports.append(report)
         verdict = "[green]PASS[/]" if report.passed else "[bold red]FAIL[/]"
         console.print(

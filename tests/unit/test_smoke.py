@@ -244,3 +244,39 @@ def test_seeded_prompts_run_only_where_both_servers_draw_with_seeds():
     assert smoke.seeded_sampling("reference", ())
     assert not smoke.seeded_sampling("sglang", ("--sampling-backend", "pytorch"))
     assert smoke.seeded_sampling("sglang", ("--enable-deterministic-inference",))
+
+
+def _kinds() -> list[smoke.Prompt]:
+    return [
+        smoke.Prompt("plain", "hi", 8),
+        smoke.Prompt("plain_topk", "hi", 8, (("top_k", 5), ("temperature", 0.0))),
+        smoke.Prompt("freq", "hi", 8, (("frequency_penalty", 1.2),)),
+        smoke.Prompt("rep", "hi", 8, (("repetition_penalty", 1.1),)),
+        smoke.Prompt("min_new", "hi", 16, (("min_new_tokens", 12),)),
+        smoke.Prompt("seeded", "hi", 8, (("temperature", 0.7), ("sampling_seed", 3))),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["linear", "shadow"])
+def test_sglang_dflash_modes_compare_only_greedy_plain_prompts_and_say_why(mode: str) -> None:
+    for seeded in (False, True):  # deterministic inference on both sides changes nothing for DFLASH
+        plan = smoke.comparable(_kinds(), "sglang", mode, seeded)
+        assert [p.id for p in plan.prompts] == ["plain", "plain_topk"]
+        (gone,) = plan.left_out
+        assert gone.ids == ("freq", "rep", "min_new", "seeded")
+        assert f"DFLASH ({mode})" in gone.why and "penalties" in gone.why and "min_new_tokens" in gone.why
+
+
+@pytest.mark.parametrize(("engine", "mode"), [("sglang", "tree"), ("reference", "linear"), ("reference", "shadow")])
+def test_tree_and_the_reference_engine_compare_every_kind(engine: str, mode: str) -> None:
+    every = [p.id for p in _kinds()]
+    assert [p.id for p in smoke.comparable(_kinds(), engine, mode, True).prompts] == every
+    plan = smoke.comparable(_kinds(), engine, mode, False)  # seeds not drawn alike: only the seeded prompt goes
+    assert [p.id for p in plan.prompts] == [i for i in every if i != "seeded"]
+    assert [(g.ids, g.why) for g in plan.left_out] == [(("seeded",), smoke.UNSEEDED_WHY)]
+
+
+def test_the_shipped_prompts_have_greedy_plain_ones_for_dflash_services() -> None:
+    plan = smoke.comparable(smoke.load_prompts(), "sglang", "linear", True)
+    assert plan.prompts and all(p.plain for p in plan.prompts)
+    assert sum(len(g.ids) for g in plan.left_out) == sum(not p.plain for p in smoke.load_prompts())
