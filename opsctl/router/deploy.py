@@ -173,6 +173,25 @@ class RouterDeploy:
         except OpsctlError:
             return ""
 
+    def _running(self) -> bool:
+        return self.unit_state().active_state in ("active", "activating", "reloading")
+
+    def _start_again(self, current: str) -> tuple[bool, str]:
+        """An unchanged router whose unit is stopped: its current release goes live again (reset-failed, the same
+        go-live steps as a restore) and is gated. (healthy, a note for the message)."""
+        self.say(
+            f"unchanged config; {self.paths.unit_name} is {self.unit_state().describe()}: starting release {current}"
+        )
+        try:
+            ok, reason, seconds = self._gate(self.restart(current, restoring=True), restoring=True)
+        except OpsctlError as exc:
+            ok, reason, seconds = False, exc.one_line(), 0.0
+        self.audit("deploy", current, "started-again" if ok else "failed", "" if ok else reason)
+        return (
+            ok,
+            f"; it was stopped: started again, healthy after {seconds:.1f}s" if ok else f"; started again: {reason}",
+        )
+
     # ------------------------------------------------------------------ deploy
     def deploy(self, force: bool = False, plan: bool = False, keep: int = release.DEFAULT_KEEP) -> RouterResult:
         start = time.monotonic()
@@ -186,13 +205,20 @@ class RouterDeploy:
             health = probe(self.http, router_url(self.inventory, self.router) + "/health", timeout=5.0)
             result.message = f"release {facts.current}: same config, nothing restarted"
             came_up, note = (False, "") if health.ok or plan else corridor.came_up(self)
+            if not (health.ok or plan or came_up) and not self._running():
+                # stopped (`systemctl stop`, out of restarts): the release it served is started again, gated
+                came_up, note = self._start_again(facts.current)
+                if came_up:
+                    result.message = f"release {facts.current}: same config"
             if health.ok or plan or came_up:
                 result.message += note
             else:
                 result.outcome = Outcome.FAILED
+                name = self.router.name
                 result.message = (
-                    f"unchanged config (release {facts.current}) but /health: {health.describe()}; "
-                    "`opsctl deploy --force` restarts it, `opsctl logs --router` shows why"
+                    f"unchanged config (release {facts.current}) but /health: {health.describe()}{note}; "
+                    f"`opsctl logs -i INVENTORY --router {name}` shows why; `opsctl deploy -i INVENTORY --router "
+                    f"{name} --force` deploys it as a new release"
                 )
             return result
         if plan:

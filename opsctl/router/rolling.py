@@ -3,9 +3,11 @@
 For a service that a router fronts, the deploy (opsctl.deploy.flow) calls `take_out` right before it switches
 the release, and the runner calls `put_back` when the deploy is over:
 
-1. wait for a free slot of the router (`max_unavailable`, default 1: one worker out per router at a time);
-2. refuse when no other worker of the router is healthy (never take the last healthy worker out);
-3. `DELETE /workers/<id>`, wait until the router no longer lists it;
+1. wait for a free slot of the router (`max_unavailable`, default 1: one worker out per router at a time), in this
+   process and across every opsctl that deploys behind the router (below);
+2. refuse when no other worker of the router is healthy (never take the last healthy worker out), or wait while
+   the others are out for another deploy;
+3. record the take-out on the router's host, then `DELETE /workers/<id>`, wait until the router no longer lists it;
 4. drain: poll the worker's `/get_load` until nothing is in flight (bounded by `drain_timeout`, wait shown);
 5. (the deploy: switch, restart, health gate, smoke gate; on failure the previous release is restored)
 6. put back when the worker serves a release that passed its gates (the new one, or the old one restored):
@@ -13,8 +15,14 @@ the release, and the runner calls `put_back` when the deploy is over:
    A worker that is not healthy stays out, and the result says so.
 
 A router that does not answer at all (not deployed yet, or down) serves nobody: the deploy goes on without it,
-and says so; the worker is still kept out of it (below): systemd may bring it back mid-deploy. Steps 2-3 run
-under one lock per router, so two workers never pass the last-healthy check at once.
+and says so; the worker is still kept out of it (below): systemd may bring it back mid-deploy.
+
+Steps 1-3 and 6 are serialized per router across processes and machines by the router's membership file on its
+host (opsctl.router.keptout): the take-out is a compare-and-swap that records the deploy's lease (who, since when)
+and the decision made on what was read; the lease goes only once the worker is back and healthy (or left out). Two
+operators deploying different workers behind one router: the second waits (`waiting for router R: ...`, at most
+`ROUTER_WAIT_S`) instead of being refused or emptying the router. A router host that cannot be read refuses the
+take-out (nothing switched): without the file no deploy can tell whether another holds a worker out.
 
 A worker taken out stays out until step 6: that is desired state, recorded here, not only the router's. A router
 that restarts meanwhile (systemd's Restart=, a crash, a kill) comes back with every worker of its
@@ -30,29 +38,35 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 import httpx
 
+from opsctl.deploy.lock import new_lock_info
 from opsctl.errors import DeployError, OpsctlError
 from opsctl.health import auth_headers, probe
 from opsctl.inventory.model import Inventory, Router
-from opsctl.router.api import RouterClient, worker_load
-from opsctl.router.judge import refuse_take_out
+from opsctl.router import keptout
+from opsctl.router.api import Member, RouterClient, worker_load
+from opsctl.router.keptout import Membership, MembershipStore, Verdict
 from opsctl.router.render import router_url, worker_url
+from opsctl.router.status import worker_names
 
 MEMBERSHIP_TIMEOUT_S = 60.0  # the router applies add/remove in the background; this is how long we wait
 WATCH_INTERVAL_S = 1.0  # how often the members of a router with a worker out are compared with what opsctl wants
 DRAIN_POLL_S = 0.25
 NO_LOAD_GRACE_S = 3.0  # a worker without /get_load: wait this long for its in-flight requests instead
+# How long a take-out waits for another opsctl's deploy behind the same router: longer than one worker's deploy
+# from its take-out to its put-back (drain, restart, a 27B model's load within health_timeout, smoke gate).
+ROUTER_WAIT_S = 1800.0
+ROUTER_POLL_S = 2.0  # how often a waiting take-out reads the membership file and /workers again
+WAIT_SAY_S = 30.0  # a waiting take-out says so again this often
 
 
 @dataclass
 class _RouterSlot:
     router: Router
     slots: threading.BoundedSemaphore
-    check: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass(frozen=True)
@@ -65,22 +79,15 @@ class _KeptOut:
     say: Callable[[str], None]
 
 
-class KeptOutStore(Protocol):
-    """Where a router's kept-out workers are recorded for its next start (opsctl.router.keptout)."""
-
-    def keep_out(self, router: Router, url: str) -> None: ...
-    def let_in(self, router: Router, url: str) -> None: ...
-    def close(self) -> None: ...
-
-
 @dataclass(frozen=True)
 class Taken:
-    """A worker taken out of one router; `put_back` owes the router its slot."""
+    """A worker taken out of one router; `put_back` owes the router its slot and the lease it recorded."""
 
     router: Router
     url: str
     was_member: bool
     router_down: bool = False  # the router did not answer at the take-out: no slot held, only kept out
+    token: str = ""  # the lease recorded in the router's membership file ("": none)
 
 
 class RouterGuard:
@@ -94,10 +101,13 @@ class RouterGuard:
         clock: Callable[[], float] = time.monotonic,
         http: httpx.Client | None = None,
         watch_interval: float | None = WATCH_INTERVAL_S,
-        kept_out: KeptOutStore | None = None,
+        kept_out: MembershipStore | None = None,
+        wait_s: float = ROUTER_WAIT_S,
     ) -> None:
         self.inventory = inventory
-        self.kept_out = kept_out  # None: nothing recorded on the router's host (unit tests, --plan)
+        # where each router's membership is recorded: its host (the CLI), or this process alone (unit tests)
+        self.kept_out: MembershipStore = kept_out or keptout.MemoryMembership()
+        self.wait_s = wait_s
         self.watch_interval = watch_interval  # None: no watcher (callers reconcile themselves)
         self._kept_out: dict[tuple[str, str], _KeptOut] = {}  # (router, url) -> the worker kept out
         self._kept_lock = threading.Lock()  # held while reconciling, and to stop keeping a worker out
@@ -157,40 +167,79 @@ class RouterGuard:
                 self._record(router, url, True, say)
                 self._keep_out(_KeptOut(router, url, f"{host}/{service}", say))
                 return Taken(router, url, False, router_down=True)
-            with slot.check:
-                members = client.members()
-                me = next((m for m in members if m.url == url), None)
-                # a worker opsctl keeps out that a restarted router lists again serves nobody in opsctl's eyes
-                with self._kept_lock:
-                    kept = {u for (name, u) in self._kept_out if name == router.name and u != url}
-                counted = [m for m in members if m.url not in kept]
-                others = [m for m in counted if m.url != url and m.healthy]
-                refused = refuse_take_out(counted, url)
-                if refused is not None:
-                    raise DeployError(
-                        f"router {router.name}: {host}/{service} is its last healthy worker "
-                        f"({refused}); taking it out would stop the router serving",
-                        "bring another worker of the router back to health first; nothing was switched",
-                    )
-                recorded = self._record(router, url, True, say)  # first: a restart from here starts without it
-                try:
-                    if me is not None:
-                        client.remove(me)
-                        self._wait(lambda: client.member(url) is None, f"router {router.name} to drop {url}")
-                except BaseException:
-                    if recorded:
-                        self._record(router, url, False, say)
-                    raise
+            name = f"{host}/{service}"
+            me, token, serving = self._claim(router, client, url, name, say, cancelled)
+            try:
+                if me is not None:
+                    client.remove(me)
+                    self._wait(lambda: client.member(url) is None, f"router {router.name} to drop {url}")
+            except BaseException:
+                self._release(router, url, token, False, say)  # nothing switched: neither kept out nor leased
+                raise
             say(
-                f"out of router {router.name} ({len(others)} other healthy worker(s) serve)"
+                f"out of router {router.name} ({serving} other healthy worker(s) serve)"
                 if me is not None
                 else f"not a member of router {router.name}: it is added after the deploy"
             )
-            self._keep_out(_KeptOut(router, url, f"{host}/{service}", say))
-            return Taken(router, url, me is not None)
+            self._keep_out(_KeptOut(router, url, name, say))
+            return Taken(router, url, me is not None, token=token)
         except BaseException:
             slot.slots.release()
             raise
+
+    def _claim(
+        self,
+        router: Router,
+        client: RouterClient,
+        url: str,
+        name: str,
+        say: Callable[[str], None],
+        cancelled: Callable[[], bool],
+    ) -> tuple[Member | None, str, int]:
+        """Record on the router's host that this deploy takes `url` out (its lease, and the URL kept out of the
+        router's next start), once the router's other workers can serve without it: waits while another deploy
+        holds workers out, refuses when `url` is the last healthy worker. (its member entry or None, the lease's
+        token, how many other healthy workers serve). The membership file is read before /workers, and written
+        only if unchanged since (keptout)."""
+        lease = new_lock_info(f"deploy {name}")
+        names = worker_names(self.inventory, router)
+        t0 = self.clock()
+        said_at: float | None = None
+        while True:
+            version, state = self._read(router)
+            members = client.members()
+            with self._kept_lock:  # a worker this process keeps out that a restarted router lists again
+                kept = {u for (r, u) in self._kept_out if r == router.name and u != url}
+            decision = keptout.decide_take_out(state, members, url, lease, router.max_unavailable, kept, names)
+            if decision.verdict is Verdict.TAKE and decision.after is not None:
+                if not self._swap(router, version, decision.after):
+                    continue  # another opsctl changed it since it was read: decide again on what is there now
+                if said_at is not None:
+                    say(f"router {router.name}: free after {self.clock() - t0:.1f}s")
+                out = decision.after.kept_out | {u for u, _ in decision.after.deploys} | kept
+                serving = [m for m in members if m.url != url and m.healthy and m.url not in out]
+                return next((m for m in members if m.url == url), None), lease.token, len(serving)
+            if decision.verdict is Verdict.REFUSE:
+                raise DeployError(
+                    f"router {router.name}: {name} is its last healthy worker ({decision.reason}); taking it out would "
+                    "stop the router serving",
+                    "bring another worker of the router back to health first; nothing was switched",
+                )
+            waited = self.clock() - t0
+            if cancelled():
+                raise DeployError(f"interrupted while waiting for router {router.name}", "nothing was switched")
+            if waited >= self.wait_s:
+                raise DeployError(
+                    f"router {router.name}: waited {waited:.0f}s to take {name} out: {decision.reason}",
+                    "nothing was switched; deploy again once that deploy ended (if its opsctl was killed, deploying "
+                    "that worker again, `opsctl deploy -i INVENTORY --host H --service S`, frees its place)",
+                )
+            if said_at is None or self.clock() - said_at >= WAIT_SAY_S:
+                say(
+                    f"waiting for router {router.name} ({waited:.0f}s of at most {self.wait_s:.0f}s): {decision.reason}"
+                )
+                said_at = self.clock()
+            self.sleep(ROUTER_POLL_S)
 
     def _drain(self, host: str, service: str, taken: list[Taken], say: Callable[[str], None]) -> None:
         svc = self.inventory.host(host).service(service)
@@ -233,6 +282,8 @@ class RouterGuard:
                 if problem:
                     problems.append(problem)
             finally:
+                # the lease goes last: until the worker is healthy in the router, other deploys wait for it
+                self._release(item.router, item.url, item.token, not serving, say)
                 slot.slots.release()
         return "; ".join(problems)
 
@@ -249,15 +300,33 @@ class RouterGuard:
         return self._add(item, say)
 
     def ensure_in(self, host: str, service: str, say: Callable[[str], None]) -> str:
-        """A serving worker that a router does not list (left out earlier) is added back; "" or the problem."""
+        """A serving worker that a router does not list (left out earlier) is added back; "" or the problem. A lease
+        on it that an earlier deploy left (its opsctl was killed) goes: the caller holds the host's deploy lock, so no
+        other deploy of this worker runs, and other deploys behind the router wait for that lease."""
+        url = self._url(host, service)
+        kept: dict[str, bool] = {}  # router -> whether its file keeps this worker out
+        for router in self.inventory.routers_of(host, service):
+            try:
+                now = self.kept_out.read(router)[1]
+                kept[router.name] = url in now.kept_out
+                if now.lease(url) is None:
+                    continue
+                keptout.change(self.kept_out, router, lambda m: m.leasing(url, None))
+            except OpsctlError as exc:
+                say(f"router {router.name}: an earlier deploy's lease on this worker stays: {exc.one_line()}")
+                continue
+            say(f"router {router.name}: freed the place an earlier deploy of this worker held (it did not end)")
         if not self.serving(host, service):
             return ""
-        url = self._url(host, service)
         problems = []
         for router in self.inventory.routers_of(host, service):
             try:
                 client = self._client(router)
-                if not client.health().ok or client.member(url) is not None:
+                if not client.health().ok:
+                    continue
+                if client.member(url) is not None:
+                    if kept.get(router.name):  # serving and listed: its next start must not leave it out
+                        self._record(router, url, False, say)
                     continue
             except OpsctlError as exc:  # a RouterError: reported, never fatal for an unchanged service
                 problems.append(f"router {router.name}: {exc.message}")
@@ -315,10 +384,8 @@ class RouterGuard:
     def _record(self, router: Router, url: str, out: bool, say: Callable[[str], None]) -> bool:
         """The router's kept-out file on its host, so that a router restarting starts with the members opsctl
         wants (opsctl.router.keptout); False when it could not be written, said in one line."""
-        if self.kept_out is None:
-            return False
         try:
-            (self.kept_out.keep_out if out else self.kept_out.let_in)(router, url)
+            keptout.change(self.kept_out, router, lambda m: m.keeping(url, out))
         except OpsctlError as exc:
             say(
                 f"router {router.name}: could not record on {router.host} which workers it starts without "
@@ -326,6 +393,34 @@ class RouterGuard:
             )
             return False
         return True
+
+    def _release(self, router: Router, url: str, token: str, out: bool, say: Callable[[str], None]) -> None:
+        """The deploy's lease on `url` goes (only its own: `token`); `out`: whether the router's next start keeps
+        it out. Said in one line when the host cannot be written (other deploys behind the router then wait)."""
+
+        def edit(m: Membership) -> Membership:
+            lease = m.lease(url)
+            return m.keeping(url, out).leasing(url, None if lease is None or lease.token == token else lease)
+
+        try:
+            keptout.change(self.kept_out, router, edit)
+        except OpsctlError as exc:
+            say(
+                f"router {router.name}: could not record on {router.host} that this deploy is over "
+                f"({exc.one_line()}); other deploys behind it wait until a deploy of this worker frees its place"
+            )
+
+    def _read(self, router: Router) -> tuple[str, Membership]:
+        try:
+            return self.kept_out.read(router)
+        except OpsctlError as exc:
+            raise _unrecorded(router, exc) from None
+
+    def _swap(self, router: Router, version: str, after: Membership) -> bool:
+        try:
+            return self.kept_out.swap(router, version, after)
+        except OpsctlError as exc:
+            raise _unrecorded(router, exc) from None
 
     def _keep_out(self, item: _KeptOut) -> None:
         with self._kept_lock:
@@ -372,5 +467,13 @@ class RouterGuard:
         if self._watcher is not None:
             self._watcher.join(timeout=15.0)
         self.http.close()
-        if self.kept_out is not None:
-            self.kept_out.close()
+        self.kept_out.close()
+
+
+def _unrecorded(router: Router, exc: OpsctlError) -> DeployError:
+    return DeployError(
+        f"router {router.name}: cannot read or write its membership on {router.host} ({exc.one_line()}), so whether "
+        "another deploy holds a worker out is unknown",
+        f"nothing was switched; check that {router.host} answers (`opsctl status -i INVENTORY --router "
+        f"{router.name}`), then deploy again",
+    )

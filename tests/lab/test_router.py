@@ -284,6 +284,136 @@ def test_last_healthy_worker_is_never_taken_out(router_inventory: Path) -> None:
         remote_run(router_inventory, "lab2", Cmd.of("systemctl", "start", "opsctl-ref.service"))
 
 
+@contextmanager
+def slowed_ssh(host: str, rate: str) -> Iterator[None]:
+    """`host`'s SSH answers (its egress from port 22) limited to `rate` by htb in its network namespace; its other
+    traffic (the router's and the worker's HTTP) untouched. Removed when the block ends."""
+    from tests.lab import lab_parts
+
+    netns = lab_parts.lab_config().netns(host)
+    script = (
+        "tc qdisc replace dev host0 root handle 1: htb default 10 && "
+        "tc class add dev host0 parent 1: classid 1:10 htb rate 1gbit && "
+        f"tc class add dev host0 parent 1: classid 1:20 htb rate {rate} ceil {rate} && "
+        "tc filter add dev host0 protocol ip parent 1: prio 1 u32 match ip sport 22 0xffff flowid 1:20"
+    )
+    subprocess.run(["ip", "netns", "exec", netns, "sh", "-c", script], check=True, capture_output=True, timeout=30)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "netns", "exec", netns, "tc", "qdisc", "del", "dev", "host0", "root"], timeout=30)
+
+
+@contextmanager
+def healthy_members_sampled(inv: Path) -> Iterator[list[int]]:
+    """The router's healthy members counted every 0.2 s while the block runs (-1: the router did not answer)."""
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            try:
+                samples.append(sum(_members(inv).values()))
+            except httpx.HTTPError:
+                samples.append(-1)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def test_two_operators_deploying_behind_one_router_take_turns_and_never_empty_it(router_inventory: Path) -> None:
+    """Before, the last-healthy check and the router's slot were locks of one opsctl process: a second operator's
+    deploy of lab2/ref, while lab1/ref was out for its own deploy, was refused ("last healthy worker") and its good
+    release marked BAD, or (a slow router host) both took their worker out and /workers was empty for 9-10 s.
+    Now the router's membership file on lab1 serializes them: lab1's SSH answers limited to 64 kbit/s and lab1/ref's
+    new server held loading, the second deploy says it waits, goes once lab1/ref is back, and both succeed; the
+    router never has no healthy worker and no client request fails. `status` during the deploy says a deploy is in
+    progress and exits 0 (before: "interrupted", exit 1)."""
+    from tests.lab.deploy_support import background, is_bad, loading_held
+
+    inv = str(router_inventory)
+    router = f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}"
+    assert set(_members(router_inventory).values()) == {True} and len(_members(router_inventory)) == 2
+    before = {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")}
+    with (
+        loading_held(router_inventory, "lab1", "opsctl-ref.service") as release,
+        slowed_ssh("lab1", "64kbit"),
+        healthy_members_sampled(router_inventory) as samples,
+        steady(router, rate=3, max_s=900) as client,
+    ):
+        first = background("deploy", "-i", inv, "--host", "lab1", "--service", "ref", "--force")
+        second: Any = None
+        try:
+            first.wait_for("lab1/ref: restarted in", timeout=900)
+            status = opsctl("status", "-i", inv, "--host", "lab1", "--service", "ref")
+            second = background("deploy", "-i", inv, "--host", "lab2", "--service", "ref", "--force")
+            second.wait_for("lab2/ref: waiting for router front", timeout=600)
+        finally:
+            release()
+            codes = [first.finish(timeout=900), second.finish(timeout=900) if second is not None else None]
+    RESULTS["two_operators"] = {"samples": len(samples), "min_healthy": min(samples), "sent": client.report.sent,
+                                "failed": client.report.failed}  # fmt: skip
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps(RESULTS, indent=1) + "\n")
+    assert codes == [0, 0], first.text[-3000:] + "\n----\n" + second.text[-3000:]
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert "lab1/ref: a deploy is in progress" in status.stderr and "interrupted" not in status.stderr, status.stderr
+    assert "last healthy worker" not in second.text and "router front: free after" in second.text, second.text[-3000:]
+    assert samples and min(samples) >= 1, samples  # never empty, never down
+    assert client.report.failed == 0, client.report.summary()
+    for h in ("lab1", "lab2"):
+        now = current_release(router_inventory, h, "ref")
+        assert now != before[h] and not is_bad(router_inventory, h, "ref", now)
+    members = _members(router_inventory)
+    assert len(members) == 2 and all(members.values()), members
+
+
+def test_two_deploys_started_together_over_a_slow_router_link_never_empty_it(router_inventory: Path) -> None:
+    """Both started in the same second, lab1's SSH answers at 16 kbit/s (the router's membership file is read and
+    swapped over it): one takes its worker out, the other waits; both exit 0; the router always has a healthy
+    worker and the file lists nobody at the end."""
+    from opsctl.commands import Cmd
+    from tests.lab.deploy_support import background, remote_run
+
+    inv = str(router_inventory)
+    with slowed_ssh("lab1", "16kbit"), healthy_members_sampled(router_inventory) as samples:
+        runs = [background("deploy", "-i", inv, "--host", h, "--service", "ref", "--force") for h in ("lab1", "lab2")]
+        codes = [run.finish(timeout=1500) for run in runs]
+    assert codes == [0, 0], "\n----\n".join(run.text[-3000:] for run in runs)
+    assert samples and min(samples) >= 1, samples
+    assert sum("waiting for router front" in run.text for run in runs) >= 1, [run.text[-2000:] for run in runs]
+    kept = remote_run(router_inventory, "lab1", Cmd.of("cat", "/var/lib/opsctl/routers/front.kept-out.json"))
+    assert json.loads(kept) == {"kept_out": [], "deploys": {}}, kept
+
+
+def test_a_stopped_router_is_started_again_by_its_deploy(router_inventory: Path) -> None:
+    """Before, after `systemctl stop` of the router, `opsctl deploy --router front` (the runbook's fix) exited 1
+    with "unchanged config ... connection refused", and its hint (`opsctl deploy --force`) restarted every
+    service and left the router down. Now the unchanged release is started again and gated."""
+    from opsctl.commands import Cmd
+    from tests.lab.deploy_support import remote_run
+
+    inv = str(router_inventory)
+    release = current_release(router_inventory, "lab1", "router-front")
+    remote_run(router_inventory, "lab1", Cmd.of("systemctl", "stop", "opsctl-router-front.service"))
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}/health", timeout=10)
+    down = opsctl("status", "-i", inv, "--router", "front")
+    assert down.returncode == 1 and "opsctl deploy -i INVENTORY --router front" in down.stderr, down.stderr[-2000:]
+    result = opsctl("deploy", "-i", inv, "--router", "front")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "is inactive/dead (" in result.stderr and ": starting release" in result.stderr, result.stderr[-3000:]
+    assert "lab1/router front: unchanged" in result.stderr and "started again" in result.stderr, result.stderr[-3000:]
+    assert current_release(router_inventory, "lab1", "router-front") == release
+    members = _members(router_inventory)
+    assert len(members) == 2 and all(members.values()), members
+
+
 def test_a_router_left_out_of_the_inventory_is_shown_and_removed(router_inventory: Path, tmp_path: Path) -> None:
     """Issue 30: a router deleted from `routers:` kept running and vanished from `status`. Now status names it
     (exit 1) with the command, `router remove` refuses while the inventory still has it, and removes it. It

@@ -207,6 +207,59 @@ def test_unchanged_router_still_starting_gets_the_gates_time(monkeypatch: pytest
     assert said[0].endswith("but /health does not answer yet: waiting")
 
 
+class Stopped(Host):
+    """A router unit stopped with `systemctl stop` until something restarts it."""
+
+    def __init__(self, current: str | None = None) -> None:
+        super().__init__(current)
+        self.active = False
+
+    def answer(self, cmd: Cmd) -> Any:
+        shown = cmd.display()
+        if shown.startswith("systemctl restart"):
+            self.active = True
+        if shown.startswith("systemctl show") and not self.active:
+            return (0, "ActiveState=inactive\nSubState=dead\nResult=success\nNRestarts=0\n", "")
+        return super().answer(cmd)
+
+
+def test_a_stopped_unchanged_router_is_started_again_and_gated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`systemctl stop` of the router, then `opsctl deploy --router front` (the runbook's fix): before, "unchanged
+    config ... connection refused" and a hint (`opsctl deploy --force`) that left the router down. Now its current
+    release goes live again through the restore steps and is gated; when that fails, the hints name the router."""
+    inv = inventory()
+    rid = RouterDeploy(inv, inv.router("front"), Host(), http(True)).deploy().release  # type: ignore[arg-type]
+    gates: list[GateConfig] = []
+
+    def gate(*a: Any, config: GateConfig, **k: Any) -> GateResult:
+        gates.append(config)
+        return GateResult(True, "healthy", 1.5, None, None)
+
+    monkeypatch.setattr(router_deploy, "health_gate", gate)
+    stopped, said = Stopped(current=rid), []
+    result = RouterDeploy(inv, inv.router("front"), stopped, http(False), said.append).deploy()  # type: ignore[arg-type]
+    assert result.outcome is Outcome.UNCHANGED and result.release == rid, result.message
+    assert result.message == f"release {rid}: same config; it was stopped: started again, healthy after 1.5s"
+    assert said == [
+        f"unchanged config; opsctl-router-front.service is inactive/dead (result success, NRestarts 0): starting "
+        f"release {rid}"
+    ]
+    ran = [line for line in stopped.ran if line.startswith("systemctl") and "show" not in line]
+    assert ran[0].startswith("systemctl reset-failed") and ran[-1].startswith("systemctl restart"), ran
+    assert len(gates) == 1
+    # the gate fails: exit 1, and every hint is a command that does what it says, for this router
+    monkeypatch.setattr(
+        router_deploy, "health_gate", lambda *a, **k: GateResult(False, "unit failed", None, None, None)
+    )
+    failed = RouterDeploy(inv, inv.router("front"), Stopped(current=rid), http(False)).deploy()  # type: ignore[arg-type]
+    assert failed.outcome is Outcome.FAILED
+    assert failed.message == (
+        f"unchanged config (release {rid}) but /health: connection refused; started again: unit "
+        "failed; `opsctl logs -i INVENTORY --router front` shows why; `opsctl deploy -i INVENTORY --router front "
+        "--force` deploys it as a new release"
+    )
+
+
 class DiskFull(Host):
     def answer(self, cmd: Cmd) -> Any:
         if "pip install" in cmd.display():

@@ -16,11 +16,22 @@ from typing import Any
 import httpx
 import pytest
 
+from opsctl.deploy.lock import LockInfo
 from opsctl.errors import DeployError, RemoteError
 from opsctl.inventory.model import Inventory, Router
 from opsctl.render import Secrets
 from opsctl.router.api import Member, RouterClient, RouterError, parse_load, parse_members
-from opsctl.router.keptout import KeptOutRecorder, kept_out_file, kept_out_json, parse_kept_out
+from opsctl.router.keptout import (
+    KeptOutRecorder,
+    Membership,
+    MemoryMembership,
+    Verdict,
+    change,
+    decide_take_out,
+    kept_out_file,
+    parse_kept_out,
+    parse_membership,
+)
 from opsctl.router.render import LAUNCHER, render_router
 from opsctl.router.rolling import RouterGuard
 from opsctl.systemd import exec_argv, parse_unit
@@ -524,28 +535,31 @@ def test_the_launcher_starts_the_router_without_the_workers_opsctl_keeps_out(
     assert [a for a in argv if not a.startswith("http")] == [a for a in rendered.argv if not a.startswith("http")]
 
 
-class FakeKeptOut:
-    """The kept-out store, logging into the fake router's call list (the order of the two is the point)."""
+class FakeKeptOut(MemoryMembership):
+    """The membership store, logging each change of the kept-out set into the fake router's call list (the order
+    of the two is the point)."""
 
     def __init__(self, fake: FakeRouter, fail: bool = False) -> None:
+        super().__init__()
         self.fake = fake
         self.fail = fail
-        self.urls: set[str] = set()
 
-    def keep_out(self, router: Any, url: str) -> None:
-        self._change(f"keep {url}", self.urls | {url})
+    @property
+    def urls(self) -> set[str]:
+        return set(parse_kept_out(self.files.get("front", "")))
 
-    def let_in(self, router: Any, url: str) -> None:
-        self._change(f"let {url}", self.urls - {url})
-
-    def _change(self, call: str, after: set[str]) -> None:
+    def read(self, router: Any) -> tuple[str, Membership]:
         if self.fail:
             raise RemoteError("h9", "cat", 255, message="h9: unreachable: connection refused")
-        self.fake.calls.append(call)
-        self.urls = after
+        return super().read(router)
 
-    def close(self) -> None:
-        pass
+    def swap(self, router: Any, version: str, after: Membership) -> bool:
+        before = self.urls
+        done = super().swap(router, version, after)
+        if done:
+            self.fake.calls += [f"keep {u}" for u in sorted(after.kept_out - before)]
+            self.fake.calls += [f"let {u}" for u in sorted(before - after.kept_out)]
+        return done
 
 
 def test_kept_out_workers_are_recorded_before_the_router_is_changed() -> None:
@@ -556,12 +570,14 @@ def test_kept_out_workers_are_recorded_before_the_router_is_changed() -> None:
     g.kept_out = store = FakeKeptOut(fake)
     taken = g.take_out("h1", "ref", lambda _: None)
     assert fake.calls == [f"keep {W1}", f"remove {W1}"] and store.urls == {W1}
+    assert state(store).lease(W1) is not None  # this deploy holds W1 out
     assert g.put_back(taken, True, lambda _: None) == ""
     assert fake.calls[2:] == [f"let {W1}", f"add {W1}"] and store.urls == set()
+    assert state(store).deploys == ()  # the lease went once W1 was healthy in the router
     # a worker that serves nothing healthy stays out of the router, and of its next start
     taken = g.take_out("h1", "ref", lambda _: None)
     g.put_back(taken, False, lambda _: None)
-    assert store.urls == {W1}
+    assert store.urls == {W1} and state(store).deploys == ()
     # a router that is down at the take-out (systemd restarting it) is still told
     fake.up = False
     g2 = guard(fake, [0], [0.0])
@@ -573,42 +589,174 @@ def test_kept_out_workers_are_recorded_before_the_router_is_changed() -> None:
     assert g2.put_back(taken, True, lambda _: None) == "" and store2.urls == set()
 
 
-def test_a_kept_out_file_that_cannot_be_written_is_said_and_the_deploy_goes_on() -> None:
+def test_a_membership_file_that_cannot_be_read_refuses_the_take_out() -> None:
+    """Without the router's membership file no deploy can tell whether another operator holds a worker out:
+    refused before anything changes, in one line."""
     fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
-    said: list[str] = []
     g = guard(fake, [0], [0.0])
     g.kept_out = FakeKeptOut(fake, fail=True)
-    taken = g.take_out("h1", "ref", said.append)
-    assert fake.calls == [f"remove {W1}"]
-    assert said[0].startswith("router front: could not record on h1 which workers it starts without (")
-    assert said[0].endswith(f"should it restart now, it takes {W1} back until opsctl takes it out again")
-    assert g.put_back(taken, True, said.append) == ""
+    with pytest.raises(DeployError) as info:
+        g.take_out("h1", "ref", lambda _: None)
+    assert info.value.message == (
+        "router front: cannot read or write its membership on h1 (h9: unreachable: connection refused), so whether "
+        "another deploy holds a worker out is unknown"
+    )
+    assert info.value.hint is not None and info.value.hint.startswith("nothing was switched")
+    assert fake.calls == [] and g._slots["front"].slots.acquire(blocking=False)
 
 
-def test_the_recorder_changes_one_url_and_writes_only_a_change() -> None:
-    files: dict[str, str] = {}
-    writes: list[str] = []
+def state(store: MemoryMembership) -> Membership:
+    return parse_membership(store.files.get("front", ""))
 
-    class Conn:
-        def run(self, cmd: Any, timeout: float | None = None, check: bool = True) -> Any:
-            argv = list(cmd.argv)
-            out = files.get(argv[-1], "") if argv[0] == "cat" else ""
-            return type("R", (), {"stdout": out})()
 
-        def put_text(self, text: str, path: str, mode: int = 0o644) -> None:
-            files[path] = text
-            writes.append(text)
+def _two_processes(fake: FakeRouter, store: MemoryMembership, clock: list[float]) -> tuple[RouterGuard, RouterGuard]:
+    """Two RouterGuards (two opsctl processes) sharing one router and one membership file, as two operators on
+    two machines do."""
+    first, second = guard(fake, [0], clock), guard(fake, [0], clock)
+    first.kept_out = second.kept_out = store
+    return first, second
 
-        def close(self) -> None:
-            pass
+
+def test_a_second_operator_waits_for_the_first_and_never_empties_the_router() -> None:
+    """Before, each process had its own slot and last-healthy lock: both took their worker out and /workers was
+    empty. Now the second reads the first's lease, says it waits, and goes once the first worker is back."""
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    clock = [0.0]
+    store = MemoryMembership()
+    first, second = _two_processes(fake, store, clock)
+    taken = first.take_out("h1", "ref", lambda _: None)
+    said: list[str] = []
+    polls = [0]
+
+    def sleep(s: float) -> None:  # the first deploy ends while the second waits
+        clock[0] += s
+        polls[0] += 1
+        assert [m.url for m in fake.members()] == [W2]  # never empty meanwhile
+        if polls[0] == 20:
+            assert first.put_back(taken, True, lambda _: None) == ""
+
+    second.sleep = sleep
+    taken2 = second.take_out("h2", "ref", said.append)
+    assert said[0].startswith("waiting for router front (0s of at most 1800s): 1 worker(s) out already")
+    assert "h1/ref out for a deploy by " in said[0]
+    assert said[1] == "waiting for router front (30s of at most 1800s): " + said[0].split("): ", 1)[1]
+    assert any(line == "router front: free after 40.0s" for line in said), said
+    assert [m.url for m in fake.members()] == [W1]
+    assert [u for u, _ in state(store).deploys] == [W2]  # type: ignore[arg-type]
+    assert second.put_back(taken2, True, lambda _: None) == ""
+    assert {m.url for m in fake.members()} == {W1, W2} and state(store) == Membership()  # type: ignore[arg-type]
+
+
+def test_with_two_slots_the_loser_waits_instead_of_hearing_last_healthy_worker() -> None:
+    """max_unavailable 2 lets both in by count, but the second worker is the last that serves: before, it was
+    refused ("last healthy worker") and its good release marked BAD; now it waits for the first to come back."""
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    clock = [0.0]
+    store = MemoryMembership()
+    first, second = _two_processes(fake, store, clock)
+    first.inventory = second.inventory = inventory(drain_timeout=5, max_unavailable=2)
+    taken = first.take_out("h1", "ref", lambda _: None)
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+        first.put_back(taken, True, lambda _: None)
+
+    second.sleep = sleep
+    said: list[str] = []
+    second.take_out("h2", "ref", said.append)
+    assert said[0].startswith("waiting for router front (0s of at most 1800s): no other worker serves until it is")
+    assert [m.url for m in fake.members()] == [W1]
+
+
+def test_a_wait_is_bounded_and_says_who_holds_the_router_in_one_line() -> None:
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    clock = [0.0]
+    first, second = _two_processes(fake, MemoryMembership(), clock)
+    first.take_out("h1", "ref", lambda _: None)
+    second.wait_s = 60
+    with pytest.raises(DeployError) as info:
+        second.take_out("h2", "ref", lambda _: None)
+    assert info.value.message.startswith("router front: waited 60s to take h2/ref out: 1 worker(s) out already")
+    assert (
+        "\n" not in info.value.one_line() and "opsctl deploy -i INVENTORY --host H --service S" in info.value.one_line()
+    )
+    assert fake.calls == [f"remove {W1}"] and second._slots["front"].slots.acquire(blocking=False)
+
+
+def test_a_lease_left_by_a_killed_deploy_is_freed_by_deploying_that_worker_again() -> None:
+    """A deploy whose opsctl was killed after its take-out leaves its lease: the next deploy of that worker (it
+    holds the host's deploy lock) frees it, unchanged or not, and the other worker's deploy proceeds."""
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    store = MemoryMembership()
+    killed = guard(fake, [0], [0.0])
+    killed.kept_out = store
+    killed.take_out("h1", "ref", lambda _: None)  # never put back
+    fake.members_now.append(Member("a2", W1, True, 0))  # serving again (systemd, or by hand)
+    again = guard(fake, [0], [0.0])
+    again.kept_out = store
+    again.serving = lambda host, service: True  # type: ignore[method-assign]
+    said: list[str] = []
+    assert again.ensure_in("h1", "ref", said.append) == ""
+    assert said == ["router front: freed the place an earlier deploy of this worker held (it did not end)"]
+    assert state(store).deploys == ()  # type: ignore[arg-type]
+    again.take_out("h2", "ref", lambda _: None)  # not refused, no wait
+
+
+def test_decide_take_out_rules() -> None:
+    lease = LockInfo("t1", "op@m1", 0, "2026-12-05T10:00:00Z", "deploy h1/ref")
+    other = LockInfo("t2", "op@elsewhere", 0, "2026-12-05T10:00:00Z", "deploy h2/ref")
+    both = [Member("a", W1, True, 0), Member("b", W2, True, 0)]
+    take = decide_take_out(Membership(), both, W1, lease, 1)
+    assert take.verdict is Verdict.TAKE and take.after == Membership(frozenset({W1}), ((W1, lease),))
+    # h2 out for another deploy: wait (one slot), and with two slots wait too (h1 would be the last serving)
+    held = Membership(frozenset({W2}), ((W2, other),))
+    assert decide_take_out(held, [both[0]], W1, lease, 1).verdict is Verdict.WAIT
+    assert decide_take_out(held, [both[0]], W1, lease, 2).verdict is Verdict.WAIT
+    # a third worker that serves: with two slots, h1 may go
+    w3 = "http://10.0.0.3:30000"
+    three = [both[0], Member("c", w3, True, 0)]
+    assert decide_take_out(held, three, W1, lease, 2).verdict is Verdict.TAKE
+    # h2 left out (not serving) with no deploy running: h1 is the last healthy worker, refused
+    left = Membership(frozenset({W2}))
+    refused = decide_take_out(left, both, W1, lease, 1)
+    assert refused.verdict is Verdict.REFUSE and refused.reason == f"{W1} healthy"
+    # a lease on h1 itself is stale (its deploy holds h1's deploy lock): taken over
+    mine = Membership(frozenset({W1}), ((W1, other),))
+    assert decide_take_out(mine, both, W1, lease, 1).after == Membership(frozenset({W1}), ((W1, lease),))
+    # a lease of this machine whose process is gone holds nobody out: dropped (what it kept out stays out)
+    import socket
+
+    gone = LockInfo("t3", f"op@{socket.gethostname()}", 2**22 + 12345, "2026-12-05T10:00:00Z", "deploy h2/ref")
+    after = decide_take_out(Membership(frozenset({W2}), ((W2, gone),)), three, W1, lease, 1).after
+    assert after == Membership(frozenset({W1, W2}), ((W1, lease),))
+
+
+def test_the_recorder_swaps_only_what_it_read_on_the_host(tmp_path: Path) -> None:
+    """The SSH store's commands run for real (a local connection: cat, flock, sha256sum, mv): a swap against a
+    version that another writer changed meanwhile writes nothing and says so."""
+    from opsctl.remote.local import LocalHost
 
     inv = inventory()
-    recorder = KeptOutRecorder(inv, connect=lambda host: Conn())  # type: ignore[arg-type,return-value]
     router = inv.router("front")
-    recorder.keep_out(router, W1)
-    recorder.keep_out(router, W2)
-    recorder.keep_out(router, W2)  # no change: nothing written
-    recorder.let_in(router, W1)
-    assert writes == [kept_out_json([W1]), kept_out_json([W1, W2]), kept_out_json([W2])]
-    assert parse_kept_out(files[kept_out_file("front")]) == (W2,)
+    recorder = KeptOutRecorder(inv, connect=lambda host: LocalHost(), directory=str(tmp_path / "routers"))
+    version, empty = recorder.read(router)
+    assert empty == Membership()
+    lease = LockInfo("tok", "op@m", 7, "2026-12-05T10:00:00Z", "deploy h1/ref")
+    assert recorder.swap(router, version, empty.keeping(W1, True).leasing(W1, lease))
+    assert not recorder.swap(router, version, empty.keeping(W2, True))  # stale version: refused, unchanged
+    path = Path(kept_out_file("front", str(tmp_path / "routers")))
+    assert parse_membership(path.read_text()) == Membership(frozenset({W1}), ((W1, lease),))
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    # concurrent changes through `change` lose nothing (the old read-modify-write lost entries)
+    urls = [f"http://10.0.1.{i}:30000" for i in range(8)]
+    threads = [
+        threading.Thread(target=change, args=(recorder, router, lambda m, u=u: m.keeping(u, True))) for u in urls
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert parse_membership(path.read_text()).kept_out == frozenset({W1, *urls})
+    recorder.close()
     assert parse_kept_out("") == () and parse_kept_out('{"kept_out": [1]}') == () and parse_kept_out("[") == ()
+    assert parse_membership('{"kept_out": [], "deploys": {"u": {"pid": 1}}}') == Membership()
