@@ -69,8 +69,26 @@ class RemoteError(OpsctlError):
 
 
 def host_line(host: str, line: str) -> str:
-    """`line` about `host`, prefixed with `host: ` unless it already says so (`lab2: lab2: unreachable`)."""
-    return line if line.startswith(f"{host}: ") or line.startswith(f"{host}/") else f"{host}: {line}"
+    """`line` about `host` (a host, or `host/service`), prefixed with it once: never `lab2: lab2: unreachable`,
+    nor `lab2/ref: lab2: unreachable` (the service's label replaces the host's own prefix)."""
+    if line.startswith(f"{host}: ") or line.startswith(f"{host}/"):
+        return line
+    bare = host.split("/", 1)[0]
+    if bare != host and line.startswith(f"{bare}: "):
+        line = line[len(bare) + 2 :]
+    return f"{host}: {line}"
+
+
+def without_prefixes(line: str, *words: str) -> str:
+    """`line` without the leading `word: ` of each of `words` that it starts with, in any order: what the caller
+    prints just before it already says (`lab2/ref: unreachable` + `lab2: unreachable: timed out`)."""
+    stripped = True
+    while stripped:
+        stripped = False
+        for word in words:
+            if word and line.startswith(f"{word}: "):
+                line, stripped = line[len(word) + 2 :], True
+    return line
 
 
 class UnreachableError(OpsctlError):

@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+from opsctl.errors import OpsctlError
 from opsctl.inventory.model import Host, Service
 from opsctl.remote.base import Connect, Connection
 from opsctl.remote.pool import HostOutcome, run_parallel
-from opsctl.systemd import JournalQuery, journal_cmd, parse_journal
+from opsctl.systemd import JournalPage, JournalQuery, journal_cmd, parse_journal, parse_journal_page
 
 METRICS_PATTERN = "DDTREE |Decode batch"
 
@@ -84,18 +85,31 @@ def _connections(pairs: Sequence[Pair], connect: Connect, stack: ExitStack) -> d
 
 def read_logs(
     pairs: Sequence[Pair], query: JournalQuery, connect: Connect, forks: int = 16
-) -> list[HostOutcome[list[str]]]:
-    """Each (host, service)'s journal lines (`query` with its unit set per service), hosts in parallel; one
-    outcome per pair, labelled host/service."""
+) -> list[HostOutcome[JournalPage]]:
+    """Each (host, service)'s journal lines (`query` with its unit set per service) and how many older lines of
+    the --since window the line limit left out, hosts in parallel; one outcome per pair, labelled host/service."""
     with ExitStack() as stack:
         conns = _connections(pairs, connect, stack)
 
-        def one(pair: Pair) -> list[str]:
+        def one(pair: Pair) -> JournalPage:
             h, s = pair
             q = JournalQuery(s.unit_name, query.since, query.lines, query.grep)
-            return parse_journal(conns[h.name].run(journal_cmd(q), timeout=120).stdout)[0]
+            result = conns[h.name].run(journal_cmd(q), timeout=120, check=False)
+            if result.exit_code != 0:
+                raise journal_failed(result.exit_code, result.stderr, query.since)
+            return parse_journal_page(result.stdout)
 
         return run_parallel(pairs, key=lambda p: f"{p[0].name}/{p[1].name}", fn=one, forks=forks)
+
+
+def journal_failed(exit_code: int, stderr: str, since: str | None) -> OpsctlError:
+    """journalctl's own complaint as one line (not the pipeline that ran it)."""
+    said = stderr.strip().splitlines()
+    last = said[-1][:200] if said else "no output"
+    if since is not None and "timestamp" in last.lower():
+        hint = "--since takes journalctl's time syntax: '15 min ago', 'today', '2026-12-05 20:00'"
+        return OpsctlError(f"journalctl cannot read --since {since!r}: {last}", hint)
+    return OpsctlError(f"journalctl exited {exit_code}: {last}", "run `journalctl -u UNIT` on the host")
 
 
 def follow_logs(

@@ -521,6 +521,8 @@ def verify_cmd(unit_file: str) -> Cmd:
 # --- journalctl ----------------------------------------------------------------------------------------------
 
 CURSOR_PREFIX = "-- cursor: "
+# The line a windowed query ends with when it cut: how many older lines of the window it left out.
+LEFT_OUT_PREFIX = "-- opsctl left out: "
 JOURNAL_TAIL_LINES = 30
 
 
@@ -528,39 +530,76 @@ JOURNAL_TAIL_LINES = 30
 class JournalQuery:
     unit: str
     since: str | None = None  # journalctl --since syntax ("10 min ago", "2026-11-29 22:00")
-    lines: int | None = 200  # -n; None = all
+    lines: int | None = 200  # the latest N (matching) lines; None = all
     grep: str | None = None  # extended regex, applied on the host (grep -E)
     cursor: str | None = None  # continue after this cursor (follow)
+
+
+@dataclass(frozen=True)
+class JournalPage:
+    lines: list[str]
+    cursor: str | None
+    left_out: int = 0  # older lines of the window (matching --grep, if any) that the line limit cut
+
+
+# Keeps the window's last n lines in a ring and, when it cut, says how many it dropped; the cursor line (always
+# journalctl's last) stays last. journalctl's own `-n` cannot do this beside `--since`: systemd seeks to the
+# --since time and prints the first n entries after it (docs/deploy.md, "Logs and metrics").
+_TAIL_AWK = (
+    "index($0, c) == 1 {cur = $0; next} /^-- .* --$/ {next} {k++; ring[k % n] = $0} "
+    "END {if (k > n) print p (k - n); for (i = (k > n ? k - n + 1 : 1); i <= k; i++) print ring[i % n]; "
+    'if (cur != "") print cur}'
+)
 
 
 def journal_cmd(q: JournalQuery) -> Cmd:
     argv = ["journalctl", "-u", q.unit, "--no-pager", "-o", "short-iso", "--show-cursor"]
     if q.cursor:
         argv += ["--after-cursor", q.cursor]
-    else:
-        if q.since:
-            argv += ["--since", q.since]
-        if q.lines is not None:
-            argv += ["-n", str(q.lines)]
-    if not q.grep:
+    elif q.since:
+        argv += ["--since", q.since]
+    elif q.lines is not None:
+        argv += ["-n", str(q.lines)]  # the unit's latest lines: journalctl seeks from the tail, reads only these
+    windowed = q.since is not None and not q.cursor and q.lines is not None
+    if not q.grep and not windowed:
         return Cmd.of(*argv, sudo=True)
-    # Filter on the host (less to transfer) but keep the cursor line; grep exits 1 on no match: not an error.
-    pattern = shlex.quote(f"({q.grep})|^{CURSOR_PREFIX}")
-    return sh(f"{shlex.join(argv)} | grep -E -- {pattern} || true", sudo=True)
+    script = shlex.join(argv)
+    if q.grep:
+        # Filter on the host (less to transfer) but keep the cursor line; grep exits 1 on no match: not an error.
+        pattern = shlex.quote(f"({q.grep})|^{CURSOR_PREFIX}")
+        script += f" | {{ grep -E -- {pattern} || true; }}"
+    if windowed:
+        # The window's latest (matching) lines, and how many older ones were cut
+        awk = ["awk", "-v", f"n={q.lines}", "-v", f"c={CURSOR_PREFIX}", "-v", f"p={LEFT_OUT_PREFIX}", _TAIL_AWK]
+        script += f" | {shlex.join(awk)}"
+        # pipefail: a --since journalctl cannot parse is its error, not an empty window (dash has no pipefail)
+        return Cmd.of("bash", "-o", "pipefail", "-c", script, sudo=True)
+    return sh(script, sudo=True)
 
 
-def parse_journal(stdout: str) -> tuple[list[str], str | None]:
-    """Lines (without journalctl's '-- No entries --' notices) and the trailing cursor."""
+def parse_journal_page(stdout: str) -> JournalPage:
+    """Lines (without journalctl's '-- No entries --' notices), the trailing cursor and how many lines the
+    window's line limit left out."""
     lines: list[str] = []
     cursor: str | None = None
+    left_out = 0
     for line in stdout.splitlines():
         if line.startswith(CURSOR_PREFIX):
             cursor = line[len(CURSOR_PREFIX) :].strip()
+        elif line.startswith(LEFT_OUT_PREFIX):  # ours (a journal line starts with its time)
+            count = line[len(LEFT_OUT_PREFIX) :].strip()
+            left_out = int(count) if count.isdigit() else 0
         elif line.startswith("-- ") and line.endswith(" --"):
             continue  # "-- No entries --", "-- Boot ... --"
         elif line:
             lines.append(line)
-    return lines, cursor
+    return JournalPage(lines, cursor, left_out)
+
+
+def parse_journal(stdout: str) -> tuple[list[str], str | None]:
+    """Lines (without journalctl's '-- No entries --' notices) and the trailing cursor."""
+    page = parse_journal_page(stdout)
+    return page.lines, page.cursor
 
 
 def journal_tail_cmd(unit: str, lines: int = JOURNAL_TAIL_LINES) -> Cmd:

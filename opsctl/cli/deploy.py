@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from opsctl import layout
 from opsctl.cli.common import (
@@ -27,7 +28,7 @@ from opsctl.deploy.flow import DeploySettings, ServiceResult
 from opsctl.deploy.release import DEFAULT_KEEP
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.runner import RolloutOptions, RunReport
-from opsctl.errors import DeployError, ExitCode
+from opsctl.errors import DeployError, ExitCode, without_prefixes
 from opsctl.inventory.load import Override
 from opsctl.inventory.model import Host, Inventory, Mode, Service
 from opsctl.inventory.select import select, select_routers
@@ -125,11 +126,17 @@ def _exit(report: RunReport, routers: Sequence[RouterResult], plan: bool) -> int
     return code
 
 
+def _message(r: ServiceResult | RouterResult, name: str) -> str:
+    """The result's message without what its printed prefix already says (`lab2/ref: unreachable` before
+    `lab2: unreachable: ...`, `interrupted` before `interrupted: ...`)."""
+    return without_prefixes(r.message, r.host, f"{r.host}/{name}", r.outcome.value)
+
+
 def _print_result(r: ServiceResult | RouterResult, plan: bool) -> None:
     style = _STYLE.get(r.outcome, "bold red")
     name = r.service if isinstance(r, ServiceResult) else f"router {r.router}"
     unit = layout.unit_name(r.service if isinstance(r, ServiceResult) else f"router-{r.router}")
-    console.print(f"[{style}]{r.host}/{name}: {r.outcome.value}[/] {r.message}", markup=True)
+    console.print(f"[{style}]{r.host}/{name}: {r.outcome.value}[/] {escape(_message(r, name))}", markup=True)
     for line in r.plan:
         console.print(f"    {line}", markup=False)
     if r.journal_tail:

@@ -9,6 +9,7 @@ import time
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from opsctl import metrics
 from opsctl.cli.common import (
@@ -82,10 +83,15 @@ def register(app: typer.Typer) -> None:
         collected: dict[str, list[str]] = {}
         for outcome in outcomes:
             if outcome.error is not None:
-                console.print(f"[bold red]{host_line(outcome.host, outcome.error.one_line())}[/]", markup=True)
+                console.print(f"[bold red]{escape(host_line(outcome.host, outcome.error.one_line()))}[/]", markup=True)
                 failed = True
                 continue
-            collected[outcome.host] = [_ANSI.sub("", line) for line in outcome.value or []]
+            page = outcome.value
+            if page is None:
+                continue
+            collected[outcome.host] = [_ANSI.sub("", line) for line in page.lines]
+            if page.left_out:
+                console.print(_left_out_line(outcome.host, page.left_out, len(page.lines), since), markup=False)
         if show_metrics:
             _metrics(collected, as_json)
         elif as_json:
@@ -96,6 +102,15 @@ def register(app: typer.Typer) -> None:
                     typer.echo(f"{label} | {line}")
         if failed:
             raise typer.Exit(int(ExitCode.ERROR))
+
+
+def _left_out_line(label: str, left_out: int, shown: int, since: str | None) -> str:
+    """What a --since window cut: the output is its latest lines, and says so."""
+    what = "lines" if shown != 1 else "line"
+    return (
+        f"{label}: showing the latest {shown} {what} since {since!r}; {left_out} older left out"
+        " (raise -n or narrow --since to see them)"
+    )
 
 
 # sglang-router colours its log lines (tracing's ANSI codes, whatever NO_COLOR says): shown plain.

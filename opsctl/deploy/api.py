@@ -10,7 +10,7 @@ from opsctl.artifact import runtime_wheel
 from opsctl.deploy import release, runner
 from opsctl.deploy.flow import DeploySettings
 from opsctl.deploy.rollout import Outcome
-from opsctl.errors import DeployError
+from opsctl.errors import DeployError, without_prefixes
 from opsctl.inventory.model import Host, Service
 from opsctl.remote.base import Connect
 
@@ -32,7 +32,8 @@ def deploy_variant(
     report = runner.deploy([(host, [service])], wheel, DeploySettings(), runner.RolloutOptions(), say, connect)
     (result,) = report.results
     if result.outcome not in (Outcome.DEPLOYED, Outcome.UNCHANGED):
-        raise DeployError(f"{host.name}/{service.name}: {result.outcome.value}: {result.message}")
+        said = without_prefixes(result.message, host.name, f"{host.name}/{service.name}", result.outcome.value)
+        raise DeployError(f"{host.name}/{service.name}: {result.outcome.value}: {said}")
 
 
 def restore_release(

@@ -20,7 +20,7 @@ from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.staged import StagedRelease
-from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError
+from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError, without_prefixes
 from opsctl.inventory.model import Engine
 from opsctl.progress import Ticker
 from opsctl.render import SERVER_MODULE
@@ -495,7 +495,8 @@ def _go_live(
     try:
         reason = _switch_and_gate(ctx, settings, new_id, result)
     except (UnreachableError, CommandTimeout) as exc:
-        result.outcome, result.message = Outcome.UNREACHABLE, f"host became unreachable mid-deploy: {exc.one_line()}"
+        said = without_prefixes(exc.one_line(), ctx.host.name, "unreachable")
+        result.outcome, result.message = Outcome.UNREACHABLE, f"host became unreachable mid-deploy: {said}"
         ctx.audit_local("deploy", new_id, "unreachable", exc.one_line())
         return
     if reason == NOT_SWITCHED:

@@ -26,7 +26,7 @@ def test_read_logs_runs_journalctl_through_the_given_connection() -> None:
 
     outcomes = read_logs(pairs, JournalQuery("", lines=5), connect)
     assert [o.host for o in outcomes] == [f"{h.name}/{s.name}" for h, s in pairs]
-    assert all(o.value == [JOURNAL.splitlines()[0]] for o in outcomes)
+    assert all(o.value is not None and o.value.lines == [JOURNAL.splitlines()[0]] for o in outcomes)
     assert set(fakes) == {h.name for h, _ in pairs} and all(f.closed for f in fakes.values())
     ran = [c for f in fakes.values() for c in f.ran]
     assert all(c.startswith("journalctl -u opsctl-") and " -n 5" in c for c in ran)

@@ -62,6 +62,7 @@ def test_unreachable_host_is_one_line_for_every_command(tmp_path: Path, not_sshd
         said = [line for line in err.splitlines() if "unreachable" in line]
         assert len(said) == 1 and "Error reading SSH protocol banner" in said[0], (cmd, err)
         assert "ghost: ghost:" not in err, (cmd, err)  # issue 42: the host named once
+        assert "ghost/ref: ghost:" not in err, (cmd, err)  # nor after a service's label
 
 
 class Silent:
