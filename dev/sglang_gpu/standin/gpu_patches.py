@@ -17,9 +17,13 @@ pieces; none changes what a correct kernel computes.
 - G4 `sglang/kernels/ops/speculative/tree.py` (JIT `build_tree_kernel_efficient`, `verify_tree_greedy`, used by
   `spec_tree.py:31-34,491-505`): routed to the Triton versions in `spec_tree.py` (`:318`, `:447`).
 - G5 `sglang/kernels/ops/sampling/renorm.py:9-13` (flashinfer lazy imports): routed to `renorm_triton.py`.
-- G6 `sglang/srt/speculative/dflash_utils.py:46`: `_DFLASH_SAMPLING_VERIFY_AVAILABLE = False` (its JIT sampling
-  verify and DFLASH's start-up prewarm, `dflash_worker_v2.py:802`, would pull flashinfer). Greedy decoding,
-  which the harness runs, never uses it.
+- G6 `sglang/srt/speculative/dflash_utils.py:13-14,46`: DFLASH's sampling verify, SGLang's JIT CUDA kernel
+  `tree_speculative_sampling_target_only` (`kernels/ops/speculative/sampling.py`), becomes the torch version in
+  `spec_sampling.py` (`chain_speculative_sampling_target_only`: DFLASH passes chains only,
+  `_get_or_create_chain_verify_buffers`), so `linear` at temperature > 0 really samples; its start-up prewarm
+  (`dflash_worker_v2.py:802`) runs it with G5's Triton renormalisation. `DDTREE_DEV_GREEDY_DFLASH_VERIFY=1` turns
+  the path off instead (`_DFLASH_SAMPLING_VERIFY_AVAILABLE = False`: DFLASH verifies sampled batches greedily, as
+  every GPU run before this patch did).
 - P4 (engine_patches.py) `sglang/srt/model_executor/model_runner.py:1772`: the drafter's input_embeds in the
   runner's dtype, not always bfloat16 (float32 models).
 
@@ -159,10 +163,17 @@ def _patch_renorm(module: ModuleType) -> None:
 
 
 def _patch_dflash_utils(module: ModuleType) -> None:
-    """G6: `sglang/srt/speculative/dflash_utils.py:46`: DFLASH's sampling verify is JIT
-    (`kernels/ops/speculative/sampling.py`) and its start-up prewarm (`dflash_worker_v2.py:802`) pulls flashinfer;
-    report it unavailable (read through `is_dflash_sampling_verify_available()` and the module global)."""
-    module._DFLASH_SAMPLING_VERIFY_AVAILABLE = False
+    """G6: `sglang/srt/speculative/dflash_utils.py:13-14,46`: DFLASH's sampling verify (a JIT CUDA kernel, bound
+    into this module at import) becomes the torch chain version of `spec_sampling.py`; with
+    `DDTREE_DEV_GREEDY_DFLASH_VERIFY=1` it is reported unavailable instead (read through
+    `is_dflash_sampling_verify_available()` and the module global)."""
+    if os.environ.get("DDTREE_DEV_GREEDY_DFLASH_VERIFY") == "1":
+        module._DFLASH_SAMPLING_VERIFY_AVAILABLE = False
+    else:
+        import spec_sampling
+
+        module.tree_speculative_sampling_target_only = spec_sampling.chain_speculative_sampling_target_only
+        module._DFLASH_SAMPLING_VERIFY_AVAILABLE = True
     APPLIED.append("G6")
 
 
