@@ -65,9 +65,23 @@ class ServiceStatus:
     error: str | None = None
 
     @property
+    def deploying(self) -> bool:
+        """A deploy holds the host's lock now (its process alive, or not known to be gone): a restart and a release
+        whose gates have not finished are what it is doing, not an outage or an interrupted deploy."""
+        return self.lock is not None and not self.lock_stale
+
+    @property
     def failing(self) -> bool:
-        """Whether this row makes `status` exit non-zero: not serving, a model problem, or a stale lock."""
-        return not self.healthy or not self.models_ok or self.lock_stale or bool(self.drift) or self.gates_pending
+        """Whether this row makes `status` exit non-zero: not serving, a model problem, a stale lock, drift, or a
+        release whose gates never finished (the last two only while no deploy runs on the host)."""
+        busy = self.deploying
+        return (
+            (not self.healthy and not busy)
+            or not self.models_ok
+            or self.lock_stale
+            or bool(self.drift)
+            or (self.gates_pending and not busy)
+        )
 
 
 def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, deep: bool = False) -> ServiceStatus:

@@ -124,7 +124,14 @@ def _table(rows: list[ServiceStatus]) -> None:
         )
         for line in r.models:
             console.print(f"[bold red]{r.host}/{r.service}: {line}[/]", markup=True)
-        if r.gates_pending:
+        if r.deploying and (r.gates_pending or not r.healthy):
+            doing = f"release {r.current} is going through its gates" if r.gates_pending else "it restarts the service"
+            console.print(
+                f"[yellow]{r.host}/{r.service}: a deploy is in progress ({doing}; deploy lock held by {r.lock}); "
+                "not counted as a failure until it ends[/]",
+                markup=True,
+            )
+        elif r.gates_pending:
             console.print(
                 f"[bold red]{r.host}/{r.service}: release {r.current} went live but never finished its gates "
                 f"(interrupted): `opsctl deploy -i INVENTORY --host {r.host} --service {r.service}` runs them, "
@@ -134,11 +141,15 @@ def _table(rows: list[ServiceStatus]) -> None:
         for line in r.drift:
             console.print(f"[bold red]{r.host}/{r.service}: {line}[/]", markup=True)
         if r.drift:
-            console.print(
-                f"[bold red]{r.host}/{r.service}: `opsctl deploy -i INVENTORY --host {r.host} --service {r.service}` "
-                "writes the current release's files again[/]",
-                markup=True,
+            deploy = f"`opsctl deploy -i INVENTORY --host {r.host} --service {r.service}`"
+            current = any(not line.startswith("rollback target ") for line in r.drift)
+            target = any(line.startswith("rollback target ") for line in r.drift)
+            does = (["writes the current release's files again"] if current else []) + (
+                [f"marks the drifted rollback target {r.rollback_to} BAD (rollback then goes to the release before it)"]
+                if target
+                else []
             )
+            console.print(f"[bold red]{r.host}/{r.service}: {deploy} {' and '.join(does)}[/]", markup=True)
         if r.incomplete_releases:
             console.print(
                 f"[yellow]{r.host}/{r.service}: incomplete release {', '.join(r.incomplete_releases)} "
@@ -187,8 +198,16 @@ def _router_table(rows: list[RouterStatus]) -> None:
                 f"    kept out by opsctl (a restart of the router starts without them): {', '.join(r.kept_out)}",
                 markup=False,
             )
+        for line in r.deploys:
+            console.print(f"    out for a deploy: {line}", markup=False)
         if r.error:
             console.print(f"    [bold red]{r.error}[/]", markup=True)
+        if r.unit is not None and r.unit.active_state not in ("active", "activating", "reloading"):
+            console.print(
+                f"    [bold red]`opsctl deploy -i INVENTORY --router {r.router}` starts its current release again "
+                f"(health gated); `opsctl logs -i INVENTORY --router {r.router}` shows why it stopped[/]",
+                markup=True,
+            )
         if r.canary:
             c = r.canary
             console.print(

@@ -274,8 +274,11 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
     same = same_config and not rotated and not stale
     drifted = drift.release_drift(ctx.conn, ctx.paths, [str(facts.current)], facts.current) if same else {}
     changed = drifted.get(str(facts.current), [])
+    retired = _retire_drifted_targets(ctx, facts) if same and not settings.plan else []
     if same and not changed:
-        return _unchanged(ctx, settings, facts, result)
+        done = _unchanged(ctx, settings, facts, result)
+        done.message += "".join(f"; drifted rollback target {r} marked bad" for r in retired)
+        return done
     missing = release.missing_models(ctx.conn, ctx.service)
     why = "; API key changed" if rotated else ""
     why += f"; model changed under the running service ({stale[0].detail})" if stale else ""
@@ -307,6 +310,27 @@ def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySet
             result.message += f"; drifted {facts.current} marked bad"
         result.timings["total_s"] = time.monotonic() - start
     return result
+
+
+def _retire_drifted_targets(ctx: ServiceContext, facts: ReleaseFacts) -> list[str]:
+    """A rollback target whose files changed on the host since its deploy is no target: `rollback` would restore
+    files nobody deployed, and `status` fails on it. Each is marked BAD (the release before it becomes the target,
+    and is checked the same way, at most 5 in a row); their files cannot be written again (they were rendered from
+    the inventory of their day). Returns the ids marked."""
+    retired: list[str] = []
+    for _ in range(5):
+        target = facts.rollback_target()
+        if target is None or target == facts.current:
+            break
+        lines = drift.release_drift(ctx.conn, ctx.paths, [target], facts.current).get(target, [])
+        if not lines:
+            break
+        _mark_bad(ctx, target, f"drift: {lines[0]}")
+        ctx.say(f"rollback target {target} drifted ({lines[0]}): marked BAD, so it is no rollback target")
+        retired.append(target)
+        marked = tuple(replace(r, bad=True) if r.release_id == target else r for r in facts.releases)
+        facts = replace(facts, releases=marked)
+    return retired
 
 
 def _before_live(ctx: ServiceContext, new_id: str, result: ServiceResult) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -16,7 +17,7 @@ from opsctl.errors import OpsctlError
 from opsctl.inventory.model import Inventory, Router
 from opsctl.remote.base import Connection
 from opsctl.router.api import Member, RouterClient
-from opsctl.router.keptout import kept_out_file, parse_kept_out
+from opsctl.router.keptout import Membership, kept_out_file, live_leases, parse_membership
 from opsctl.router.render import router_url, worker_url
 from opsctl.systemd import UnitState, parse_show, show_cmd
 
@@ -65,6 +66,7 @@ class RouterStatus:
     error: str | None = None
     canary: dict[str, Any] | None = None  # the last canary: phase, groups, comparison table, message
     kept_out: list[str] = field(default_factory=list)  # workers its next start leaves out (opsctl.router.keptout)
+    deploys: list[str] = field(default_factory=list)  # workers out for a deploy now: "lab1/ref (by who, since)"
 
 
 def worker_names(inventory: Inventory, router: Router) -> dict[str, str]:
@@ -90,7 +92,7 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
     paths = release.ServicePaths(router.unit_base)
     unit = None
     canary = None
-    kept: tuple[str, ...] = ()
+    membership = Membership()
     facts = release.ReleaseFacts(None, ())
     error = None
     if conn is not None:
@@ -98,7 +100,8 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
             unit = parse_show(conn.run(show_cmd(paths.unit_name)).stdout)
             facts = release.parse_release_facts(conn.run(release.facts_cmd(paths)).stdout)
             canary = parse_state(conn.run(Cmd.of("cat", "--", state_path(router)), check=False).stdout)
-            kept = parse_kept_out(conn.run(Cmd.of("cat", "--", kept_out_file(router.name)), check=False).stdout)
+            text = conn.run(Cmd.of("cat", "--", kept_out_file(router.name)), check=False).stdout
+            membership = parse_membership(text)
         except OpsctlError as exc:
             error = exc.one_line()
     client = RouterClient(http, router_url(inventory, router), router.api_key)
@@ -110,7 +113,14 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
             members, missing = members_view(inventory, router, client.members())
         except OpsctlError as exc:
             error = exc.one_line()
-    healthy = probe.ok and not missing and all(m.healthy for m in members) and error is None
+    names = worker_names(inventory, router)
+    # a worker out for a deploy that still runs is what a rolling deploy does, not a fault of the router
+    leased = {names.get(url, url) for url in live_leases(membership, "")}
+    down = [w for w in missing if w not in leased] + [
+        m.worker for m in members if not m.healthy and m.worker not in leased
+    ]
+    healthy = probe.ok and not down and error is None
+    now = datetime.now(UTC)
     return RouterStatus(
         router=router.name,
         host=router.host,
@@ -126,5 +136,6 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
         missing=missing,
         error=error,
         canary=canary,
-        kept_out=[worker_names(inventory, router).get(url, url) for url in kept],
+        kept_out=[names.get(url, url) for url in sorted(membership.kept_out)],
+        deploys=[f"{names.get(url, url)} (by {info.describe(now)})" for url, info in membership.deploys],
     )

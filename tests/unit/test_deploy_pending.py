@@ -136,3 +136,47 @@ def test_status_fails_while_the_current_release_never_passed_its_gates(monkeypat
     http = httpx.Client(transport=httpx.MockTransport(lambda _r: httpx.Response(200)))
     row = status.collect(FakeHost(host.name, handler=handler), host, host.service("ref-shadow"), http)
     assert row.healthy and row.gates_pending and row.failing  # /health answers, and still it was never tested
+
+
+def test_status_during_a_deploy_in_progress_says_so_and_does_not_fail(monkeypatch) -> None:
+    """Before, `status` while a deploy ran its gates called the release "interrupted" and exited 1 (cron and CI
+    checks went red). While the host's deploy lock is held by a live deploy, a release in its gates and a
+    restarting service are that deploy's doing: one line says so, exit 0. A stale lock (its process gone) or
+    no lock: failing, as before."""
+    import os
+    import socket
+    from pathlib import Path
+
+    from opsctl import status
+    from opsctl.cli.common import console
+    from opsctl.cli.status import _table
+    from opsctl.inventory.load import load_inventory
+
+    monkeypatch.setenv("OPSCTL_GOLDEN_KEY", "k")
+    host = load_inventory(Path(__file__).parent / "golden" / "inventory.yaml").hosts[0]
+
+    def handler_for(pid: int | None):  # type: ignore[no-untyped-def]
+        def handler(cmd: Cmd):  # type: ignore[no-untyped-def]
+            text = cmd.display()
+            if "readlink" in text:
+                return (0, f"current /opt/opsctl/services/ref-shadow/releases/{OLD}\nrelease {OLD} 0 1 1\n", "")
+            if text.startswith("systemctl show"):
+                return (0, "ActiveState=activating\nSubState=start\nResult=success\nNRestarts=0\n", "")
+            if "deploy.lock/holder" in text and pid is not None:
+                holder = f"root@{socket.gethostname()}"
+                return (0, f"token=t\nholder={holder}\npid={pid}\nsince=2026-12-05T10:00:00Z\naction=deploy x\n", "")
+            return None
+
+        return handler
+
+    http = httpx.Client(transport=httpx.MockTransport(lambda _r: httpx.Response(503)))
+    live = status.collect(FakeHost(host.name, handler=handler_for(os.getpid())), host, host.service("ref-shadow"), http)
+    assert live.deploying and live.gates_pending and not live.healthy and not live.failing
+    with console.capture() as out:
+        _table([live])
+    text = " ".join(out.get().split())
+    assert f"a deploy is in progress (release {OLD} is going through its gates; deploy lock held by root@" in text
+    assert "interrupted" not in text
+    for pid in (None, 2**22 + 4321):  # no lock; a lock whose process is gone (stale)
+        row = status.collect(FakeHost(host.name, handler=handler_for(pid)), host, host.service("ref-shadow"), http)
+        assert not row.deploying and row.failing

@@ -144,3 +144,53 @@ def test_deploy_repairs_drift_without_force_and_rollback_says_a_target_drifted(c
     back = flow.rollback_service(ctx, replace(SETTINGS, allow_old_secrets=True), to=first.release)
     assert back.outcome is Outcome.REVERTED and "its files changed on the host since its deploy" in back.message
     assert any(line.startswith("rollback target drifted: release ") for line in said)
+
+
+def test_a_drifted_rollback_target_is_retired_by_the_deploy_status_names(ctx_for) -> None:  # noqa: F811
+    """Before, when only the rollback target's files had changed, `status` stayed red and the deploy it printed was
+    a no-op ("unchanged"). Now that deploy marks the target BAD (its files cannot be written again: they were
+    rendered from the inventory of their day) and says so; status then has nothing drifted to name."""
+    from opsctl.cli.common import console
+    from opsctl.cli.status import _table
+
+    make, wheel, said = ctx_for
+    ctx, first_host = make(Box(None))
+    first = flow.deploy_service(ctx, wheel, SETTINGS)
+    box = Box(first.release)
+    ctx, fake = make(box)
+    fake.files.update(first_host.files)
+    second = flow.deploy_service(ctx, wheel, replace(SETTINGS, force=True))  # same config, a new release
+    assert second.outcome is Outcome.DEPLOYED and second.release != first.release, second.message
+    box.current = second.release
+    box.releases[second.release] = 0
+
+    def target_edited(cmd: Cmd):  # type: ignore[no-untyped-def]
+        if cmd.argv[:2] == ("python3", "-c") and drift.INSTALLED in cmd.display():
+            return (0, f"{first.release}/env\t{'e' * 64}\n", "")  # the target's env edited by hand
+        return box.handler(cmd)
+
+    fake.handler = target_edited
+    row = replace(
+        status.collect(fake, ctx.host, ctx.service, ctx.http), healthy=True
+    )  # the suggestion status prints for it
+    assert row.drift and all(line.startswith("rollback target ") for line in row.drift) and row.failing
+    with console.capture() as out:
+        _table([row])
+    suggestion = " ".join(out.get().split())
+    assert (
+        f"`opsctl deploy -i INVENTORY --host {ctx.host.name} --service {ctx.service.name}` marks the drifted rollback "
+        f"target {first.release} BAD" in suggestion
+    )
+    said.clear()
+    repaired = flow.deploy_service(ctx, wheel, SETTINGS)  # the command status printed
+    assert repaired.outcome is Outcome.UNCHANGED and repaired.release == second.release, repaired.message
+    assert repaired.message.endswith(f"; drifted rollback target {first.release} marked bad")
+    assert box.bad == {first.release}
+    assert any(
+        line.startswith(f"rollback target {first.release} drifted (release {first.release}: env") for line in said
+    )
+    after = status.collect(fake, ctx.host, ctx.service, ctx.http)
+    assert after.rollback_to is None and after.drift == []
+    assert (
+        flow.deploy_service(ctx, wheel, SETTINGS).message == f"release {second.release}: same config, nothing restarted"
+    )
