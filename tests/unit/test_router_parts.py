@@ -29,6 +29,7 @@ from opsctl.router.keptout import (
     change,
     decide_take_out,
     kept_out_file,
+    kept_out_json,
     parse_kept_out,
     parse_membership,
 )
@@ -760,3 +761,40 @@ def test_the_recorder_swaps_only_what_it_read_on_the_host(tmp_path: Path) -> Non
     recorder.close()
     assert parse_kept_out("") == () and parse_kept_out('{"kept_out": [1]}') == () and parse_kept_out("[") == ()
     assert parse_membership('{"kept_out": [], "deploys": {"u": {"pid": 1}}}') == Membership()
+
+
+def test_router_status_does_not_fail_on_a_worker_out_for_a_running_deploy() -> None:
+    """A worker out for a deploy that still runs (its lease in the membership file) is what a rolling deploy does:
+    the router row stays healthy and lists the deploy; the same worker missing without a lease fails it."""
+    import os
+    import socket
+
+    from opsctl.remote.fake import FakeHost
+    from opsctl.router.status import collect_router
+
+    inv = inventory()
+    lease = LockInfo("t", f"op@{socket.gethostname()}", os.getpid(), "2026-12-05T10:00:00Z", "deploy h1/ref")
+    only_w2 = {"workers": [{"id": "b", "url": W2, "is_healthy": True, "load": 0}]}
+
+    def handler(text: str):  # type: ignore[no-untyped-def]
+        def answer(cmd: Any):  # type: ignore[no-untyped-def]
+            shown = cmd.display()
+            if "kept-out.json" in shown:
+                return (0, text, "")
+            if shown.startswith("systemctl show"):
+                return (0, "ActiveState=active\nSubState=running\nResult=success\nNRestarts=0\n", "")
+            return None
+
+        return answer
+
+    def route(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=only_w2) if request.url.path == "/workers" else httpx.Response(200)
+
+    http = httpx.Client(transport=httpx.MockTransport(route))
+    leased = Membership(frozenset({W1}), ((W1, lease),)).to_json()
+    row = collect_router(FakeHost("h1", handler=handler(leased)), inv, inv.router("front"), http)
+    assert row.healthy and row.missing == ["h1/ref"] and row.kept_out == ["h1/ref"]
+    (line,) = row.deploys
+    assert line.startswith(f"h1/ref (by op@{socket.gethostname()} pid {os.getpid()} (deploy h1/ref) since 2026-12-05T")
+    bare = collect_router(FakeHost("h1", handler=handler(kept_out_json([W1]))), inv, inv.router("front"), http)
+    assert not bare.healthy and bare.deploys == []
