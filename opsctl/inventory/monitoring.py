@@ -11,6 +11,11 @@ monitoring:
   fallback_for: 900
   ttft_p95: 5.0             # OpsctlTTFTHigh: p95 time to first token over 5 minutes, seconds
   ttft_for: 600
+  error_ratio: 0.05         # OpsctlRequestErrors / OpsctlRouterErrors: share of requests aborted (a service) or
+  error_for: 300            #   answered 5xx (a router) over the window, for this long
+  queue_for: 600            # OpsctlQueueGrowing: a service's queue never empty and growing for this long
+  kv_usage: 0.95            # OpsctlKVCacheFull: share of a service's KV cache tokens in use ...
+  kv_for: 600               #   ... for this long
   runbook_url: https://git.example.com/ops/opsctl/blob/main/docs/runbook.md
 ```
 
@@ -48,6 +53,11 @@ class MonitoringConfig:
     fallback_for: int = 900
     ttft_p95: float = 5.0
     ttft_for: int = 600
+    error_ratio: float = 0.05
+    error_for: int = 300
+    queue_for: int = 600
+    kv_usage: float = 0.95
+    kv_for: int = 600
     runbook_url: str = DEFAULT_RUNBOOK
 
 
@@ -59,11 +69,16 @@ _SECONDS: dict[str, tuple[int, int]] = {
     "tau_for": (0, DAY),
     "fallback_for": (0, DAY),
     "ttft_for": (0, DAY),
+    "error_for": (0, DAY),
+    "queue_for": (0, DAY),
+    "kv_for": (0, DAY),
 }
 _NUMBERS: dict[str, tuple[float, float]] = {
     "tau_ratio": (0.01, 1.0),
     "fallback_share": (0.0, 1.0),
     "ttft_p95": (0.001, 3600.0),
+    "error_ratio": (0.0, 1.0),
+    "kv_usage": (0.01, 1.0),
 }
 KEYS = {f.name for f in fields(MonitoringConfig)}
 

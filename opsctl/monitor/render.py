@@ -2,12 +2,16 @@
 
 ```
 prometheus.yml                      scrape configuration: jobs opsctl-services and opsctl-routers (file_sd)
-targets/services/<host>-<svc>.json  one target per service: labels host, service, worker, mode, engine, model
+targets/services/<host>.<svc>.json  one target per service: labels host, service, worker, mode, engine, model
 targets/routers/<router>.json       one target per router (its Prometheus port): labels host, router
 rules/recording.yml                 opsctl:* series (opsctl.monitor.rules)
 rules/alerts.yml                    alerts, with runbook links
 grafana/opsctl-fleet.json           the dashboard (opsctl.monitor.dashboard)
 ```
+
+Target files are named `<host>.<service>.json`: names hold no `.` (inventory rules), so no two services share a
+file. The router job relabels the router's own `worker` label (a worker's URL) to the inventory's `host/service`,
+keeping the URL as `worker_url`: `worker` means one thing on every series.
 
 Target files are JSON (file_sd reads JSON or YAML), rules YAML through yaml.safe_dump: no value is pasted into
 text. No secret is needed or written: SGLang's and the reference server's /metrics need no API key.
@@ -24,6 +28,7 @@ import yaml
 from opsctl.inventory.model import Host, Inventory, Router, Service
 from opsctl.monitor.dashboard import dashboard
 from opsctl.monitor.rules import ROUTERS_JOB, SERVICES_JOB, alert_rules, recording_rules
+from opsctl.router.render import worker_urls
 
 WILDCARD = ("0.0.0.0", "::", "")
 LOOPBACK = ("127.", "::1", "localhost")
@@ -66,6 +71,29 @@ def router_target(inv: Inventory, router: Router) -> list[dict[str, Any]]:
     return [{"targets": [_hostport(_address(host, router.bind), router.prometheus_port)], "labels": labels}]
 
 
+def _escape_regex(text: str) -> str:
+    return "".join(f"\\{c}" if c in ".[]()+*?^$|{}\\" else c for c in text)
+
+
+def router_relabels(inv: Inventory) -> list[dict[str, Any]]:
+    """metric_relabel_configs of the router job: the router's `worker` (a URL) -> `worker_url`, and `worker` set to
+    the inventory's `host/service` of that URL (absent for a URL the inventory does not know)."""
+    relabels: list[dict[str, Any]] = [
+        {"source_labels": ["worker"], "regex": "(.+)", "target_label": "worker_url", "replacement": "$1"},
+        {"action": "labeldrop", "regex": "worker"},
+    ]
+    known: dict[str, str] = {}
+    for router in inv.routers:
+        for ref, url in zip(router.workers, worker_urls(inv, router), strict=True):
+            known[url] = f"{ref.host}/{ref.service}"
+    for url, worker in sorted(known.items()):
+        relabels.append({
+            "source_labels": ["worker_url"], "regex": _escape_regex(url) + "/?",
+            "target_label": "worker", "replacement": worker,
+        })  # fmt: skip
+    return relabels
+
+
 def prometheus_config(inv: Inventory) -> dict[str, Any]:
     every = f"{inv.monitoring.scrape_interval}s"
     return {
@@ -81,6 +109,7 @@ def prometheus_config(inv: Inventory) -> dict[str, Any]:
                 "job_name": ROUTERS_JOB,
                 "metrics_path": "/metrics",
                 "file_sd_configs": [{"files": ["targets/routers/*.json"], "refresh_interval": "30s"}],
+                "metric_relabel_configs": router_relabels(inv),
             },
         ],
     }
@@ -99,7 +128,7 @@ def _json(data: Any) -> str:
 def render_monitoring(inv: Inventory) -> list[MonitorFile]:
     files = [MonitorFile("prometheus.yml", _yaml(prometheus_config(inv)))]
     files += [
-        MonitorFile(f"targets/services/{h.name}-{s.name}.json", _json(service_target(h, s)))
+        MonitorFile(f"targets/services/{h.name}.{s.name}.json", _json(service_target(h, s)))
         for h in inv.hosts
         for s in h.services
     ]
@@ -107,6 +136,6 @@ def render_monitoring(inv: Inventory) -> list[MonitorFile]:
     files += [
         MonitorFile(RULE_FILES[0], _yaml(recording_rules(inv))),
         MonitorFile(RULE_FILES[1], _yaml(alert_rules(inv))),
-        MonitorFile("grafana/opsctl-fleet.json", _json(dashboard(inv))),
+        MonitorFile("grafana/opsctl-fleet.json", _json(dashboard())),
     ]
     return files

@@ -90,5 +90,5 @@ def test_hostile_values_load_whole_or_fail_in_one_line(monitoring: dict[str, Any
             assert isinstance(value, str) and not set(value) & set("{}$#'\" \n\\")
     # and the rules carry them as given
     text = repr(alert_rules(monitor_fleet(monitoring)))
-    assert f"< {m.tau_ratio!r} * opsctl:ddtree_tau:trailing" in text and f"> {m.ttft_p95!r}" in text
+    assert f"< {m.tau_ratio!r} * opsctl:ddtree_tau:baseline" in text and f"> {m.ttft_p95!r}" in text
     assert f"'runbook_url': '{m.runbook_url}#opsctlservicedown'" in text

@@ -4,16 +4,20 @@ fields, stale targets removed, nothing secret written."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import yaml
 
 from opsctl.cli.monitor import write_files
+from opsctl.inventory.load import load_inventory, parse_inventory
 from opsctl.monitor.dashboard import dashboard
 from opsctl.monitor.render import MonitorFile, render_monitoring
 from opsctl.monitor.rules import RUNBOOK_ANCHORS
 from tests.conftest import run_cli
+from tests.unit.big_inventory import big_inventory
 from tests.unit.monitor_fleet import monitor_data, monitor_fleet
+from tests.unit.router_fleet import fleet_data
 
 
 def _files(monitoring: dict[str, object] | None = None) -> dict[str, str]:
@@ -24,11 +28,11 @@ def test_one_target_file_per_service_and_router_with_the_inventorys_labels() -> 
     files = _files()
     assert sorted(p for p in files if p.startswith("targets/")) == [
         "targets/routers/front.json",
-        "targets/services/h1-a.json",
-        "targets/services/h1-b.json",
-        "targets/services/h2-a.json",
+        "targets/services/h1.a.json",
+        "targets/services/h1.b.json",
+        "targets/services/h2.a.json",
     ]
-    assert json.loads(files["targets/services/h1-a.json"]) == [
+    assert json.loads(files["targets/services/h1.a.json"]) == [
         {
             "targets": ["10.0.0.1:30000"],
             "labels": {
@@ -41,7 +45,7 @@ def test_one_target_file_per_service_and_router_with_the_inventorys_labels() -> 
             },
         }
     ]
-    assert json.loads(files["targets/services/h2-a.json"])[0]["labels"]["model"] == "m"  # the model's directory
+    assert json.loads(files["targets/services/h2.a.json"])[0]["labels"]["model"] == "m"  # the model's directory
     assert json.loads(files["targets/routers/front.json"]) == [
         {"targets": ["10.0.0.1:30081"], "labels": {"host": "h1", "router": "front"}}
     ]
@@ -52,6 +56,25 @@ def test_one_target_file_per_service_and_router_with_the_inventorys_labels() -> 
         ["targets/routers/*.json"],
     ]
     assert config["rule_files"] == ["rules/recording.yml", "rules/alerts.yml"]
+    relabels = config["scrape_configs"][1]["metric_relabel_configs"]
+    assert relabels[:2] == [
+        {"source_labels": ["worker"], "regex": "(.+)", "target_label": "worker_url", "replacement": "$1"},
+        {"action": "labeldrop", "regex": "worker"},
+    ]
+    assert relabels[2] == {  # the router's worker URL -> the inventory's host/service, as on the services' series
+        "source_labels": ["worker_url"],
+        "regex": r"http://10\.0\.0\.1:30000/?",
+        "target_label": "worker",
+        "replacement": "h1/a",
+    }
+    assert [r["replacement"] for r in relabels[2:]] == ["h1/a", "h1/b", "h2/a"]
+
+
+def test_target_files_of_names_that_join_alike_do_not_collide() -> None:
+    """host `lab` + service `1-gpu0` and host `lab-1` + service `gpu0`: two files, both scraped."""
+    data = fleet_data({"lab": {"1-gpu0": 30000}, "lab-1": {"gpu0": 30000}}, router=False)
+    files = [f.path for f in render_monitoring(parse_inventory(data)) if f.path.startswith("targets/services/")]
+    assert sorted(files) == ["targets/services/lab-1.gpu0.json", "targets/services/lab.1-gpu0.json"]
 
 
 def test_alerts_carry_the_inventorys_thresholds_and_runbook_links() -> None:
@@ -60,15 +83,12 @@ def test_alerts_carry_the_inventorys_thresholds_and_runbook_links() -> None:
     rules = {r["alert"]: r for r in yaml.safe_load(_files(monitoring)["rules/alerts.yml"])["groups"][0]["rules"]}
     assert set(rules) == set(RUNBOOK_ANCHORS)
     assert (
-        rules["OpsctlTTFTHigh"]["expr"] == "opsctl:ttft_seconds:p95_5m > 2.5"
-        and rules["OpsctlTTFTHigh"]["for"] == "120s"
+        rules["OpsctlTTFTHigh"]["expr"] == "opsctl:ttft_seconds:p95 > 2.5" and rules["OpsctlTTFTHigh"]["for"] == "120s"
     )
     assert rules["OpsctlServiceDown"]["for"] == "30s"
-    assert rules["OpsctlTauDrop"]["expr"] == "opsctl:ddtree_tau:rate5m < 0.6 * opsctl:ddtree_tau:trailing"
-    assert rules["OpsctlRouterNoHealthyWorkers"]["expr"] == (
-        '(sum(up{job="opsctl-services", worker=~"h1/a|h1/b|h2/a"}) or vector(0)) < 1'
-    )
-    assert rules["OpsctlRouterNoHealthyWorkers"]["labels"] == {"severity": "critical", "router": "front"}
+    assert rules["OpsctlTauDrop"]["expr"] == "opsctl:ddtree_tau:rate < 0.6 * opsctl:ddtree_tau:baseline"
+    assert "smg_worker_health" in rules["OpsctlRouterNoHealthyWorkers"]["expr"]  # the router's own view
+    assert rules["OpsctlRouterNoHealthyWorkers"]["labels"] == {"severity": "critical"}
     for name, rule in rules.items():
         assert rule["annotations"]["runbook_url"] == f"{url}#{RUNBOOK_ANCHORS[name]}"
     runbook = (Path(__file__).parents[2] / "docs" / "runbook.md").read_text()
@@ -77,12 +97,20 @@ def test_alerts_carry_the_inventorys_thresholds_and_runbook_links() -> None:
 
 
 def test_dashboard_has_the_fields_grafana_requires() -> None:
-    board = dashboard(monitor_fleet())
+    board = dashboard()
     assert {"uid", "title", "schemaVersion", "panels", "templating", "time"} <= set(board)
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids)) and all(isinstance(i, int) for i in ids)
-    rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
-    assert rows == ["h1/a (tree, reference)", "h1/b (baseline, reference)", "h2/a (shadow, reference)"]
+    rows = [(p["title"], p.get("repeat")) for p in board["panels"] if p["type"] == "row"]
+    assert rows == [("fleet", None), ("routers", None), ("$worker", "worker")]
+    names = [v["name"] for v in board["templating"]["list"]]
+    assert names == ["datasource", "host", "mode", "model", "service", "worker"]
+    for var in board["templating"]["list"][1:]:
+        assert (
+            var["multi"]
+            and var["includeAll"]
+            and var["query"]["query"].startswith('label_values(up{job="opsctl-services"')
+        )
     for panel in board["panels"]:
         grid = panel["gridPos"]
         assert set(grid) == {"h", "w", "x", "y"} and grid["x"] + grid["w"] <= 24
@@ -90,12 +118,23 @@ def test_dashboard_has_the_fields_grafana_requires() -> None:
             assert panel["targets"] and all(t["refId"] and t["expr"] for t in panel["targets"])
             assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
     exprs = " ".join(t["expr"] for p in board["panels"] if p["type"] != "row" for t in p["targets"])
-    assert 'ddtree_tree_nodes_sum{host="h1", service="a"}' in exprs
-    assert 'ddtree_tree_nodes_sum{host="h1", service="b"}' not in exprs  # baseline: SGLang's panels only
+    assert 'ddtree_tree_nodes_sum{worker="$worker"}' in exprs and "smg_worker_health" in exprs
+    assert "h1" not in exprs  # no host or service of the inventory in a query: the variables select them
     # panels never overlap
     cells = [(p["gridPos"]["y"] + dy, p["gridPos"]["x"] + dx) for p in board["panels"]
              for dy in range(p["gridPos"]["h"]) for dx in range(p["gridPos"]["w"])]  # fmt: skip
     assert len(cells) == len(set(cells))
+
+
+def test_the_dashboard_of_2200_services_is_the_dashboard_of_3() -> None:
+    small = _files()["grafana/opsctl-fleet.json"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "big.yaml"
+        path.write_text(big_inventory())
+        big_inv = load_inventory(path)
+    assert sum(len(h.services) for h in big_inv.hosts) == 2200
+    big = next(f.text for f in render_monitoring(big_inv) if f.path == "grafana/opsctl-fleet.json")
+    assert big == small and len(big.encode()) < 100_000, len(big.encode())
 
 
 def test_write_removes_stale_targets_only(tmp_path: Path) -> None:
