@@ -2,19 +2,16 @@
 scrapes and a histogram's quantile. Pure; tested on recorded scrapes of SGLang and the reference server.
 
 Only what a canary needs: samples summed over their labels (a worker's series differ by model name, SGLang's
-also by `is_streaming`), histograms by their `le` buckets. A line that does not parse is skipped and counted,
-so one odd line never hides the rest.
+also by `is_streaming`), histograms by their `le` buckets. Lines are read by `prometheus_client.parser` (label
+escapes, timestamps, `+Inf`), one line at a time: the library stops at the first line it cannot read, and here
+a line that does not parse is skipped and counted, so one odd line never hides the rest.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -94,30 +91,29 @@ def _at(buckets: tuple[tuple[float, float], ...], le: float) -> float:
     return value
 
 
-def _unescape(text: str) -> str:
-    return text.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-
-
 def parse(text: str) -> Scrape:
+    # imported here: prometheus_client's package import takes ~60 ms, paid only by commands that read a scrape
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def read(chunk: str) -> list[tuple[str, Mapping[str, str], float]]:
+        return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(chunk) for s in f.samples]
+
+    try:
+        found, skipped = read(text), 0  # the whole scrape at once: the usual case, ~8x faster than line by line
+    except ValueError:  # a line the library cannot read: line by line, skipping only such lines
+        found, skipped = [], 0
+        for raw in text.splitlines():
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                found += read(line)
+            except ValueError:
+                skipped += 1
     samples: dict[str, list[tuple[Mapping[str, str], float]]] = {}
-    skipped = 0
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
+    for name, labels, value in found:
+        if math.isnan(value):
             skipped += 1
             continue
-        name, _, labels, value = match.group(1), match.group(2), match.group(3) or "", match.group(4)
-        try:
-            number = float(value)
-        except ValueError:
-            skipped += 1
-            continue
-        if math.isnan(number):
-            skipped += 1
-            continue
-        parsed = {k: _unescape(v) for k, v in _LABEL.findall(labels)}
-        samples.setdefault(name, []).append((parsed, number))
+        samples.setdefault(name, []).append((dict(labels), float(value)))
     return Scrape({k: tuple(v) for k, v in samples.items()}, skipped)

@@ -71,3 +71,12 @@ def test_total_where_selects_label_sets() -> None:
     assert scrape.total("smg_worker_cb_outcomes_total") == 14
     assert scrape.total("smg_worker_cb_outcomes_total", {"worker": "http://a:1"}) == 9
     assert scrape.total("smg_worker_cb_outcomes_total", {"worker": "http://b:1", "outcome": "failure"}) is None
+
+
+def test_an_odd_line_in_the_middle_hides_nothing_after_it() -> None:
+    scrape = promtext.parse(
+        '# TYPE a counter\na_total{x="1"} 1\nthis is not a sample\na_total{x="2"} 2\n'
+        'b{path="/v1/chat",note="say \\"hi\\" {now}"} 3 1700000000000\n'
+    )
+    assert scrape.skipped == 1 and scrape.total("a_total") == 3.0
+    assert scrape.samples["b"] == (({"path": "/v1/chat", "note": 'say "hi" {now}'}, 3.0),)
