@@ -26,6 +26,12 @@
 | DDTREE_RECORD_PATHS         | a file to write | (unset) | BENCHMARKS ONLY: the SGLang tree worker writes each |
 |                             |                 |         | request's accepted paths there (a paths file, the   |
 |                             |                 |         | replay's input; a sync per round); opsctl refuses   |
+| DDTREE_RECORD_ROUNDS        | a file to write | (unset) | BENCHMARKS ONLY: the tree worker's shape policy     |
+|                             |                 |         | appends every round report it is fed there          |
+|                             |                 |         | (`ddtree.sglang.policy_glue`); opsctl refuses       |
+| DDTREE_TEST_POLICY          | phased          | (unset) | TESTS ONLY: the shape policy switches fast on       |
+|                             |                 |         | synthetic costs (`ddtree.sglang.policy_glue`);      |
+|                             |                 |         | opsctl refuses                                      |
 
 An unset or empty variable takes its default (a systemd EnvironmentFile may write `KEY=`). A process reads its
 environment once (`process_config`, `triton_interpreted`); nothing on a round's path reads it again.
@@ -72,6 +78,9 @@ class FusedBuild(StrEnum):
     ON = "1"  # the Triton planner on a CPU too, under Triton's interpreter
 
 
+TEST_POLICIES = ("", "phased")  # DDTREE_TEST_POLICY: unset, or the shape policy on synthetic costs
+
+
 @dataclass(frozen=True)
 class DDTreeConfig:
     verify: VerifyMode = VerifyMode.TREE
@@ -84,6 +93,8 @@ class DDTreeConfig:
     policy: PolicySetting = field(default_factory=PolicySetting)  # off: always the configured tree
     replay_acceptance: str = ""  # a benchmark's paths file (ddtree.sglang.replay); "" in production
     record_paths: str = ""  # a recording run's paths file: paths, trees' top-k (ddtree.sglang.replay); "" in production
+    record_rounds: str = ""  # a file the shape policy's round reports are appended to (policy_glue); "" in production
+    test_policy: str = ""  # "phased": the shape policy on synthetic costs (policy_glue); "" in production
     fused_build: FusedBuild = FusedBuild.AUTO
 
     def __post_init__(self) -> None:
@@ -98,6 +109,8 @@ class DDTreeConfig:
             object.__setattr__(self, "fused_build", _parse_fused("DDTreeConfig.fused_build", str(self.fused_build)))
         if not isinstance(self.policy, PolicySetting):
             object.__setattr__(self, "policy", _parse_policy("DDTreeConfig.policy", str(self.policy), self.budget))
+        if self.test_policy not in TEST_POLICIES:
+            raise ValueError(f"DDTREE_TEST_POLICY={self.test_policy!r}: expected phased (or unset)")
         pin = self.policy.pinned
         if pin is not None and pin.budget > self.budget:
             raise ValueError(f"DDTreeConfig.policy={pin.label}: a pinned tree needs budget <= {self.budget}")
@@ -132,6 +145,8 @@ class DDTreeConfig:
             policy=defaults.policy if policy is None else _parse_policy("DDTREE_POLICY", policy, budget),
             replay_acceptance=get("DDTREE_REPLAY_ACCEPTANCE") or "",
             record_paths=get("DDTREE_RECORD_PATHS") or "",
+            record_rounds=get("DDTREE_RECORD_ROUNDS") or "",
+            test_policy=get("DDTREE_TEST_POLICY") or "",
             fused_build=_parse_fused("DDTREE_FUSED_BUILD", get("DDTREE_FUSED_BUILD") or FusedBuild.AUTO.value),
         )
 
@@ -148,6 +163,7 @@ class DDTreeConfig:
             "DDTREE_POLICY": self.policy.text,
         }
         hooks = {"DDTREE_REPLAY_ACCEPTANCE": self.replay_acceptance, "DDTREE_RECORD_PATHS": self.record_paths}
+        hooks |= {"DDTREE_RECORD_ROUNDS": self.record_rounds, "DDTREE_TEST_POLICY": self.test_policy}
         if self.fused_build is not FusedBuild.AUTO:
             hooks["DDTREE_FUSED_BUILD"] = self.fused_build.value
         return env | {k: v for k, v in hooks.items() if v}

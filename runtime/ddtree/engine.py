@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from ddtree import tree as dtree
 from ddtree.acceptance import Decoding, SamplerRules, choose_token
 from ddtree.config import DDTreeConfig, HybridMode, Mode, VerifyMode
-from ddtree.metrics import MetricsLog, RoundStats
+from ddtree.metrics import MetricsLog
 from ddtree.policy import (
     CHAIN,
     Decision,
@@ -37,6 +37,7 @@ from ddtree.policy import (
     candidate_shapes,
     counterfactual_accepts,
 )
+from ddtree.stats import RoundStats, round_stats
 from ddtree.verify import TargetRunner
 
 # --------------------------------------------------------------------------------------------------------
@@ -391,18 +392,10 @@ class ReferenceEngine:
         walk: dtree.WalkResult,
         t: tuple[float, float, float, float, float],
     ) -> None:
-        shape = dtree.tree_shape(stats_tree)
-        stats = RoundStats(
-            accepted_len=len(walk.accepted),
-            nodes=shape.nodes,
-            depth=shape.depth,
-            off_spine=dtree.is_off_spine(verified, walk.accepted),
-            draft_ms=(t[1] - t[0]) * 1e3,
-            build_ms=(t[2] - t[1]) * 1e3,
-            verify_ms=(t[3] - t[2]) * 1e3,
-            commit_ms=(t[4] - t[3]) * 1e3,
-            width=shape.width,
-        )
+        ms = {"draft": (t[1] - t[0]) * 1e3, "build": (t[2] - t[1]) * 1e3, "verify": (t[3] - t[2]) * 1e3}
+        ms["commit"] = (t[4] - t[3]) * 1e3
+        off_spine = dtree.is_off_spine(verified, walk.accepted)
+        (stats,) = round_stats([len(walk.accepted)], [dtree.tree_shape(stats_tree)], [off_spine], ms)
         self.last_stats.append(stats)
         if self.metrics is not None:
             self.metrics.record(stats)

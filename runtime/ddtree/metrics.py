@@ -15,22 +15,10 @@ from ddtree import __version__
 from ddtree.config import DDTreeConfig, HybridMode
 from ddtree.policy import ShapePolicy, format_policy_fields
 from ddtree.prom import DDTreeProm, default_sink
+from ddtree.stats import RoundStats
 
 LOGGER_NAME = "ddtree"
 FLOAT_DECIMALS = 3
-
-
-@dataclass(frozen=True)
-class RoundStats:
-    accepted_len: int  # committed tokens this round incl. the bonus token (= len(WalkResult.accepted))
-    nodes: int  # drafted tree nodes, root excluded (<= budget)
-    depth: int  # deepest drafted node
-    off_spine: bool  # the accepted path left the drafter's argmax chain
-    draft_ms: float
-    build_ms: float
-    verify_ms: float
-    commit_ms: float
-    width: int = 0  # most nodes at one depth (1 = a chain); 0 = not reported
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,14 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from ddtree.stats import PHASES, RoundStats
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from ddtree.metrics import RoundStats
     from ddtree.policy import PolicySnapshot
 
 RoundKind = Literal["tree", "chain", "dflash"]
-PHASES = ("draft", "build", "verify", "commit")
 # Why a decode round ran DFLASH's chain verify instead of a tree: the label value by the start of the worker's
 # reason text (ddtree.sglang.request_kinds.dflash_round_reason; "self-check" after a failed self-check)
 DFLASH_REASONS: dict[str, str] = {

@@ -1,7 +1,7 @@
 """ddtree.sglang.batch_round: the round's device path (plan_batch, full_mask_batched, commit_batch, StatsQueue)
-equals the per-request host references (tree_worker.plan_round / commit_round / round_stats, MetricsLog fed one
-request at a time) on random trees: ties, off-spine acceptance, padding requests, budget = block - 1, budget 1
-and wide trees included."""
+equals the per-request host references (tree_round.plan_round / commit_round, ddtree.stats.round_stats,
+MetricsLog fed one request at a time) on random trees: ties, off-spine acceptance, padding requests,
+budget = block - 1, budget 1 and wide trees included."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from ddtree.sglang.batch_round import (
     stats_tensor,
 )
 from ddtree.sglang.devcheck import random_path_verify
-from ddtree.sglang.tree_round import TreeRound, commit_round, plan_round, round_stats
+from ddtree.sglang.tree_round import TreeCommit, TreeRound, commit_round, plan_round
+from ddtree.stats import RoundStats, round_stats
+from ddtree.tree import tree_shape
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tree_inputs import KINDS, batch_logprobs
@@ -29,6 +31,12 @@ from tree_inputs import KINDS, batch_logprobs
 pytestmark = pytest.mark.runtime
 
 PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def tree_stats(plan: TreeRound, commit: TreeCommit, times_ms: dict[str, float]) -> list[RoundStats]:
+    """`ddtree.stats.round_stats` of a host reference round: each request's path, tree shape and spine."""
+    shapes = [tree_shape(tree) for tree in plan.trees]
+    return round_stats([len(path) for path in commit.paths], shapes, commit.off_spine, times_ms)
 
 
 def assert_plan_equal(ref: TreeRound, lp: torch.Tensor, roots: torch.Tensor, prefixes: torch.Tensor, slots: int,
@@ -139,7 +147,7 @@ def test_commit_batch_equals_commit_round_including_off_spine(block: int, slots:
         assert [row[row >= 0].tolist() for row in got.path] == want.paths
         assert not got.bad_path.any()
         stats = stats_tensor(plan, got).tolist()
-        for row, ref_stats in zip(stats, round_stats(ref, want, {}), strict=True):
+        for row, ref_stats in zip(stats, tree_stats(ref, want, {}), strict=True):
             fields = dict(zip(STAT_FIELDS, row, strict=True))
             assert fields["accepted_len"] == ref_stats.accepted_len and fields["nodes"] == ref_stats.nodes
             assert fields["depth"] == ref_stats.depth and fields["width"] == ref_stats.width
@@ -195,7 +203,7 @@ def test_stats_queue_emits_the_per_request_lines_reading_once_per_line(interval:
         plan = plan_batch(lp, roots, prefixes, 8, 7, 3)
         index, num, predict = random_path_verify(ref, 30, seed=i)
         ms = {"draft": 1.0 + i, "build": 0.5, "verify": 3.0, "commit": 0.25 * i}
-        for stats in round_stats(ref, commit_round(ref, index, num, predict), ms):
+        for stats in tree_stats(ref, commit_round(ref, index, num, predict), ms):
             direct.record(stats)
         queue.push(stats_tensor(plan, commit_batch(plan, index, num, predict)), ms)
     assert queued_lines.lines == direct_lines.lines

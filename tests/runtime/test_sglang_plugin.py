@@ -19,7 +19,8 @@ import torch
 from ddtree.config import DDTreeConfig, HybridMode, VerifyMode
 from ddtree.sglang import compat
 from ddtree.sglang.gates import GateError, ServerFacts, check_server, hybrid_mode
-from ddtree.sglang.worker import DraftObservation, observe_draft, round_stats
+from ddtree.sglang.shadow import DraftObservation, observe_draft
+from ddtree.stats import round_stats
 from ddtree.tree import build_tree, tree_shape
 
 pytestmark = pytest.mark.runtime
@@ -119,7 +120,7 @@ def test_observe_draft_builds_the_same_trees_as_ddtree() -> None:
 
 def test_round_stats_feed_the_metrics_contract() -> None:
     obs = DraftObservation(nodes=[9, 7], depth=[5, 4], width=[3, 2], spine_matches=True, build_ms=2.0)
-    stats = round_stats(obs, accept_lens=[4, 1], round_ms=10.0)
+    stats = round_stats([4, 1], obs.shapes, [False, False], obs.round_times(round_ms=10.0))
     assert [s.accepted_len for s in stats] == [4, 1]
     assert [(s.nodes, s.depth, s.width) for s in stats] == [(9, 5, 3), (7, 4, 2)]
     assert not any(s.off_spine for s in stats)
@@ -132,7 +133,8 @@ def test_importing_the_plugin_package_never_imports_sglang() -> None:
     defines the worker class, is imported then), so opsctl's checks and the tests run without it."""
     code = (
         "import sys, ddtree.sglang, ddtree.sglang.plugin, ddtree.sglang.gates, ddtree.sglang.layout, "
-        "ddtree.sglang.worker, ddtree.sglang.tree_round, ddtree.sglang.request_kinds; "
+        "ddtree.sglang.shadow, ddtree.sglang.tree_round, ddtree.sglang.request_kinds, ddtree.sglang.selfcheck, "
+        "ddtree.sglang.bench_hooks; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -255,12 +257,17 @@ try:
 except ValueError as e:
     out["cli_gate"] = f"ValueError: {e}"
 
+# a process reads its configuration once (process_config): each change of the environment below starts over
+from ddtree.config import process_config
+process_config.cache_clear()
 worker = algo.create_worker(sa)  # SGLang's create_worker -> our factory -> the worker class
 out["worker_mro"] = [f"{c.__module__}:{c.__qualname__}" for c in worker.__mro__[:3]]
 os.environ["DDTREE_VERIFY"] = "tree"
+out["cached_config_worker"] = algo.create_worker(sa).__qualname__  # the environment was read already
+process_config.cache_clear()
 tree_worker = algo.create_worker(sa)
 out["tree_worker_mro"] = [f"{c.__module__}:{c.__qualname__}" for c in tree_worker.__mro__[:3]]
-os.environ.clear(); os.environ.update(req["base_env"])
+os.environ.clear(); os.environ.update(req["base_env"]); process_config.cache_clear()
 try:
     algo.create_worker(ServerArgs(**{**req["good_args"], "disable_overlap_schedule": False}))
     out["overlap_create_worker"] = "ok"
@@ -476,11 +483,12 @@ def test_sglang_pipeline_resolves_ddtree_like_dflash_and_parses_the_flags(probe:
 
 def test_sglang_creates_the_shadow_and_tree_workers_on_dflash(probe: dict[str, Any]) -> None:
     assert probe["worker_mro"] == [
-        "ddtree.sglang.worker:shadow_worker_class.<locals>.DDTreeShadowWorker",
+        "ddtree.sglang.shadow_worker:DDTreeShadowWorker",
         "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2",
         "sglang.srt.speculative.base_spec_worker:BaseSpecWorker",
     ]
     assert "does not support overlap scheduling" in probe["overlap_create_worker"]
+    assert probe["cached_config_worker"] == "DDTreeShadowWorker"  # the factory reads process_config(), once
     assert probe["tree_worker_mro"] == [
         "ddtree.sglang.tree_worker:DDTreeTreeWorker",
         "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2",

@@ -9,18 +9,26 @@ import torch
 from ddtree.sglang.devcheck import VOCAB, path_logits
 from ddtree.sglang.layout import accept_tensors, full_mask, greedy_accept
 from ddtree.sglang.tree_round import (
+    TreeCommit,
+    TreeRound,
     commit_round,
     folded_draft_head_warning,
     hybrid_tree_refusal,
     plan_round,
-    round_stats,
     verify_slots,
 )
-from ddtree.tree import build_tree_heap, compile_tree, is_off_spine, walk_tree
+from ddtree.stats import RoundStats, round_stats
+from ddtree.tree import build_tree_heap, compile_tree, is_off_spine, tree_shape, walk_tree
 
 pytestmark = pytest.mark.runtime
 
 SLOTS = 8  # block size: the verify window per request
+
+
+def tree_stats(plan: TreeRound, commit: TreeCommit, times_ms: dict[str, float]) -> list[RoundStats]:
+    """`ddtree.stats.round_stats` of a host reference round: each request's path, tree shape and spine."""
+    shapes = [tree_shape(tree) for tree in plan.trees]
+    return round_stats([len(path) for path in commit.paths], shapes, commit.off_spine, times_ms)
 
 
 def draft_logprobs(seed: int, bs: int) -> torch.Tensor:
@@ -82,7 +90,7 @@ def test_commit_round_matches_walk_tree_including_off_spine() -> None:
             assert commit.off_spine[b] == is_off_spine(tree, ref.accepted)
             off_spine += commit.off_spine[b]
             deeper += tau > 2
-        stats = round_stats(plan, commit, {"verify": 3.0})
+        stats = tree_stats(plan, commit, {"verify": 3.0})
         assert [s.accepted_len for s in stats] == commit.commit_lens.tolist()
         assert sum(s.verify_ms for s in stats) == pytest.approx(3.0)
     assert off_spine >= 3 and deeper >= 3

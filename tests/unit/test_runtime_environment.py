@@ -17,9 +17,6 @@ EDGES = {
     "ddtree/serve/faults.py": "the lab's fault injection, armed once when the worker starts",
     "ddtree/sglang/plugin.py": "SGLang's argument validation and worker factory (per process)",
     "ddtree/sglang/prom_glue.py": "the metrics sink of an SGLang process, chosen once",
-    "ddtree/sglang/worker.py": "the shadow worker's start",
-    # still to move: the worker's start reads its configuration with process_config() (being rewritten)
-    "ddtree/sglang/tree_worker.py": "the tree worker's start",
 }
 
 

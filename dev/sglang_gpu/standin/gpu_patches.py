@@ -247,7 +247,7 @@ def install() -> None:
         return
     if os.environ.get("DDTREE_ROUND_TIMER"):
         PATCHES["sglang.srt.speculative.dflash_worker_v2"] = _patch_round_timer
-        PATCHES["ddtree.sglang.tree_worker"] = _patch_tree_timer
+        PATCHES["ddtree.sglang.round_runner"] = _patch_tree_timer
     if os.environ.get("DDTREE_LOOP_TIMER"):
         PATCHES["sglang.srt.managers.scheduler"] = _patch_loop_timer
     sys.meta_path.insert(0, _PatchFinder(cpu_engine_patches()._PatchingLoader))

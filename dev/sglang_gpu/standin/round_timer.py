@@ -138,7 +138,7 @@ def patch_worker_class(module: Any) -> None:
 
 
 def patch_tree_worker(module: Any) -> None:
-    """`ddtree.sglang.tree_worker`: marks around the planner (plan_batch / RoundGraphs.plan) and FULL_MASK."""
+    """`ddtree.sglang.round_runner`: marks around the planner (plan_batch / RoundGraphs.plan) and FULL_MASK."""
 
     def around(fn: Any, before: str, after: str) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:

@@ -14,13 +14,13 @@ from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
 from ddtree.config import Mode
-from ddtree.metrics import RoundStats
 from ddtree.prom import DDTreeProm, RoundKind
 from ddtree.serve import faults
 from ddtree.serve.args import HOLD_LOADING_ENV, ServerArgs
 from ddtree.serve.loader import ModelInfo, load_engine, stop_ids
 from ddtree.serve.stats import ServerStats
 from ddtree.serve.worker import EngineWorker
+from ddtree.stats import RoundStats
 
 log = logging.getLogger("ddtree.serve")
 

@@ -23,7 +23,9 @@ from torch import Tensor
 from ddtree.batch_tree import BatchTrees, ancestor_masks, bfs_slot_order, build_trees_batched, build_trees_from_topk
 from ddtree.config import FusedBuild
 from ddtree.fused_tree import build_trees_fused, fused_available, kernels
-from ddtree.metrics import MetricsLog, RoundStats
+from ddtree.metrics import MetricsLog
+from ddtree.stats import round_stats
+from ddtree.tree import TreeShape
 
 STAT_FIELDS = ("accepted_len", "nodes", "depth", "off_spine", "width", "bad_path")
 
@@ -312,18 +314,8 @@ class StatsQueue:
         lines: list[str] = []
         it = iter(rows)
         for bs, ms in times:
-            for _ in range(bs):
-                tau, nodes, depth, off_spine, width, _bad = next(it)
-                stats = RoundStats(
-                    accepted_len=tau,
-                    nodes=nodes,
-                    depth=depth,
-                    off_spine=bool(off_spine),
-                    draft_ms=ms.get("draft", 0.0) / bs,
-                    build_ms=ms.get("build", 0.0) / bs,
-                    verify_ms=ms.get("verify", 0.0) / bs,
-                    commit_ms=ms.get("commit", 0.0) / bs,
-                    width=width,
-                )
+            batch = [next(it) for _ in range(bs)]  # tau, nodes, depth, off_spine, width, bad_path
+            shapes = [TreeShape(nodes=row[1], depth=row[2], width=row[4]) for row in batch]
+            for stats in round_stats([row[0] for row in batch], shapes, [bool(row[3]) for row in batch], ms):
                 lines.extend(self.log.record(stats))
         return lines

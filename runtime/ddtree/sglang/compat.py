@@ -66,7 +66,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "needs_confidence_relay",
     ),
     "sglang.srt.configs.hybrid_arch:mambaish_config": ("model_config",),
-    # grammar-constrained requests: one vocabulary mask per tree node (the tree worker's `_ddtree_grammar_mask`)
+    # grammar-constrained requests: one vocabulary mask per tree node (`round_verify.TreeVerifier.grammar_mask`)
     "sglang.srt.speculative.spec_utils:GrammarTree.from_device": (
         "cls",
         "retrieve_next_token",

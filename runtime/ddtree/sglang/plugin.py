@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ddtree.config import DDTreeConfig, VerifyMode
+from ddtree.config import DDTreeConfig, VerifyMode, process_config
 from ddtree.policy import PolicyMode
 from ddtree.prom import install_default
 from ddtree.sglang import compat
@@ -57,11 +57,15 @@ def server_facts(server_args: Any) -> ServerFacts:
 def validate_server_args(server_args: Any, environ: Mapping[str, str] | None = None) -> None:
     """SGLang's `validate_server_args` hook for DDTREE: the SGLang version, the DDTREE_* environment, the gates."""
     env = os.environ if environ is None else environ
-    refusal = compat.version_refusal(compat.installed_version(), env)
+    check_args(server_args, DDTreeConfig.from_env(env), env)  # ValueError with a one-line message on a bad value
+
+
+def check_args(server_args: Any, config: DDTreeConfig, environ: Mapping[str, str]) -> None:
+    """The SGLang version, then the gates, for a configuration already read."""
+    refusal = compat.version_refusal(compat.installed_version(), environ)
     if refusal:
         raise ValueError(refusal)
-    config = DDTreeConfig.from_env(env)  # ValueError with a one-line message on a bad value
-    check_server(server_facts(server_args), config, env)
+    check_server(server_facts(server_args), config, environ)
 
 
 def _resolve_like_dflash(server_args: Any, previous: Callable[[Any], None]) -> None:
@@ -74,67 +78,23 @@ def _resolve_like_dflash(server_args: Any, previous: Callable[[Any], None]) -> N
         _handle_dflash(server_args)
 
 
-def spec_class() -> type:
-    """`CustomSpecAlgo` subclass that answers SGLang's dispatch questions the way DFLASH does, so the
-    scheduler and model runner set DDTREE up as DFLASH (aux hidden-state capture, draft KV pool, verify
-    forward mode); only the worker differs. Built lazily: the base class lives in sglang."""
-    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
-
-    class DDTreeSpecAlgo(CustomSpecAlgo):  # type: ignore[misc]
-        def is_dflash(self) -> bool:
-            return True
-
-        def is_dflash_family(self) -> bool:
-            return True
-
-        def supports_target_verify_for_draft(self) -> bool:
-            return True
-
-        def supports_prefill_shared_read_done(self) -> bool:
-            return True
-
-        def has_draft_kv(self) -> bool:
-            return True
-
-        def need_topk(self) -> bool:
-            return False
-
-        def carries_draft_hidden_states(self) -> bool:
-            return False
-
-        def get_platform_worker_cls(self) -> type | None:
-            return None
-
-        def create_future_map(
-            self,
-            device: Any,
-            req_to_token_pool: Any,
-            needs_cpu_seq_lens: bool = True,
-            needs_confidence_relay: bool = False,
-        ) -> Any:
-            from sglang.srt.managers.overlap_utils import FutureMap
-
-            return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
-
-    return DDTreeSpecAlgo
-
-
 def worker_factory(server_args: Any) -> type:
-    """The worker class SGLang instantiates as `Cls(server_args, gpu_id, nccl_port, target_worker)`."""
-    validate_server_args(server_args)  # again, in the scheduler process, on the published arguments
+    """The worker class SGLang instantiates as `Cls(server_args, gpu_id, nccl_port, target_worker)`. The
+    scheduler process's configuration is read here, once (`process_config`); the worker reads the same."""
+    config = process_config()
+    check_args(server_args, config, os.environ)  # again, in the scheduler process, on the published arguments
     refusal = compat.drift_refusal(compat.installed_version(), compat.drift())
     if refusal:
         raise ValueError(refusal)
-    config = DDTreeConfig.from_env(os.environ)
     if config.policy.mode is not PolicyMode.OFF and config.verify is not VerifyMode.TREE:
         logger.warning("DDTREE_POLICY=%s has no effect: the shape policy picks tree rounds' shapes", config.policy.text)
     if config.verify is VerifyMode.TREE:
         from ddtree.sglang.tree_worker import DDTreeTreeWorker
 
         return DDTreeTreeWorker
-    from ddtree.sglang.worker import shadow_worker_class
+    from ddtree.sglang.shadow_worker import DDTreeShadowWorker
 
-    return shadow_worker_class()
+    return DDTreeShadowWorker
 
 
 def is_registered() -> bool:
@@ -154,11 +114,13 @@ def register() -> None:
     from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    from ddtree.sglang.spec_algo import DDTreeSpecAlgo
+
     SpeculativeAlgorithm.register(
         ALGORITHM,
         supports_overlap=False,
         validate_server_args=validate_server_args,
-        spec_class=spec_class(),
+        spec_class=DDTreeSpecAlgo,
     )(worker_factory)
     register_resolution_hook("handle_speculative_decoding")(_resolve_like_dflash)
     logger.info("DDTREE registered with SGLang (speculative algorithm %s)", ALGORITHM)

@@ -94,7 +94,6 @@ class RoundReport:
 
 
 TEST_POLICY_KEY = "DDTREE_TEST_POLICY"
-RECORD_ROUNDS_KEY = "DDTREE_RECORD_ROUNDS"
 PHASED_FLIP = 3  # DDTREE_TEST_POLICY=phased: rounds (ids) during which the chain is the cheap shape
 
 
@@ -161,10 +160,10 @@ class PolicyGlue:
         return self.enabled and (pinned is None or pinned.is_chain)
 
     @classmethod
-    def from_env(cls, config: DDTreeConfig, env: Mapping[str, str]) -> PolicyGlue:
-        path = env.get(RECORD_ROUNDS_KEY, "").strip()
-        recorder = RoundRecorder.to_file(path) if path else None
-        return cls(config, test=env.get(TEST_POLICY_KEY, ""), recorder=recorder)
+    def from_config(cls, config: DDTreeConfig) -> PolicyGlue:
+        """The worker's glue, with the configuration's test hooks (`test_policy`, `record_rounds`)."""
+        recorder = RoundRecorder.to_file(config.record_rounds) if config.record_rounds else None
+        return cls(config, test=config.test_policy, recorder=recorder)
 
     def seed_costs(
         self, time_round: Callable[[Shape, int], float], batch_sizes: Iterable[int], repeats: int = 5

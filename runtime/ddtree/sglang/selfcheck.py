@@ -4,15 +4,25 @@ A tree verify is exact only if every node saw exactly its own ancestors (attenti
 the recurrent state and conv window of its parent). A chain verify of the accepted path (DFLASH's own verify,
 causal, no tree metadata) computes the same logits by a different route; its argmax at each path position must
 equal the token the tree verify committed there. Sampled every DDTREE_SELFCHECK_EVERY rounds (off by default),
-it costs one extra target forward on those rounds. Pure tensor math here; the worker runs the forward.
+it costs one extra target forward on those rounds. `SelfCheck` is the tree worker's self-check: when a round is
+due, what a check round keeps (the chain's results, so the round is exact whatever the check finds) and the
+verdict (one INFO line, or one ERROR line and DFLASH's rounds from then on). The forwards it needs come through
+a `ChainVerifier` (the round's verifier, `ddtree.sglang.round_verify`); the rest is tensor math, without SGLang.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+from ddtree.sglang.batch_round import BatchCommit
+from ddtree.sglang.tree_round import DraftBlock, KeptRound, KVWindow, PlannedRound, VerifiedRound, reproducible
+
+logger = logging.getLogger("ddtree")
 
 
 @dataclass(frozen=True)
@@ -109,3 +119,136 @@ def chain_accept_index(batch_size: int, width: int, device: torch.device) -> Ten
     commit of the hybrid states (which reads the row at commit_len - 1)."""
     rows = torch.arange(batch_size, device=device, dtype=torch.int32).unsqueeze(1) * width
     return rows + torch.arange(width, device=device, dtype=torch.int32).unsqueeze(0)
+
+
+class ChainVerifier(Protocol):
+    """What a check round needs from the round's verifier (`ddtree.sglang.round_verify.TreeVerifier`)."""
+
+    block: int
+
+    def chain_verify(
+        self, batch: Any, draft_input: Any, tokens: Tensor, window: KVWindow
+    ) -> tuple[Any, Tensor, Tensor]:
+        """DFLASH's causal verify of `tokens` [bs, B] in `window`: (logits output, logits [bs, B, V], choices)."""
+        ...
+
+    def verify_states(self, steps: Tensor) -> AcceptedStates:
+        """The last verify's per-step conv windows and recurrent-state norms at `steps` [bs] (hybrid targets)."""
+        ...
+
+    def hidden_loc(self, window: KVWindow, width: int) -> Tensor:
+        """[bs, width] int64: the drafter's KV locations of the window's first `width` slots."""
+        ...
+
+
+class SelfCheck:
+    """Every `every`-th tree round (0: never) re-verifies the accepted paths as chains. A failed check sets
+    `fallback` (its text), and the worker runs DFLASH's rounds from then on. `rank` 0 writes the INFO lines."""
+
+    def __init__(self, every: int, rank: int) -> None:
+        self.every, self.rank = every, rank
+        self.rounds = 0  # tree rounds so far
+        self.fallback = ""  # set by a failed check
+
+    def due(self) -> bool:
+        """Counts one tree round; whether it is a check round."""
+        self.rounds += 1
+        return bool(self.every) and self.rounds % self.every == 0
+
+    def keep_chain(
+        self,
+        verifier: ChainVerifier,
+        batch: Any,
+        draft_input: Any,
+        draft: DraftBlock,
+        planned: PlannedRound,
+        verified: VerifiedRound,
+        commit: BatchCommit,
+    ) -> KeptRound:
+        """A check round: the accepted paths re-verified as chains in the draft window (path order: nothing to
+        permute), compared with the tree's verdict; the chain's results are kept, so the round is exact
+        whatever the check finds."""
+        bs, slots = commit.perm.shape
+        block, device = verifier.block, commit.perm.device
+        path_tokens = planned.plan.tokens.gather(1, commit.perm)[:, :block]  # [bs, B]: the path, then filler
+        tree_states = None
+        if verified.conv_snapshot is not None:  # hybrid: what the tree would commit, before it is overwritten
+            lens = commit.commit_lens.to(torch.int64)
+            last = verified.accept_index.to(torch.int64).gather(1, (lens - 1).unsqueeze(1)).squeeze(1)
+            tree_states = verifier.verify_states(last - torch.arange(bs, device=device) * slots)
+            for conv, rows, saved in verified.conv_snapshot:
+                conv[:, rows] = saved
+        logits_output, chain_logits, chain_predict = verifier.chain_verify(
+            batch, draft_input, path_tokens, draft.window
+        )
+        check = chain_check(commit.out_tokens, commit.commit_lens, chain_predict)
+        gaps = None
+        if tree_states is not None:
+            chain_states = verifier.verify_states(commit.commit_lens.to(torch.int64) - 1)
+            gaps = state_gaps(tree_states, chain_states, check.mismatch < 0)
+        self.report(check, commit.out_tokens, chain_logits, chain_predict, gaps, reproducible(batch))
+        return KeptRound(
+            commit_lens=check.commit_lens,
+            out_tokens=check.out_tokens,
+            bonus=check.bonus,
+            state_index=chain_accept_index(bs, block, device),
+            state_width=block,
+            predict=chain_predict.reshape(-1),
+            hidden_rows=None,
+            hidden_loc=verifier.hidden_loc(draft.window, block),
+            logits_output=logits_output,
+        )
+
+    def report(
+        self,
+        check: ChainCheck,
+        tree_tokens: Tensor,
+        chain_logits: Tensor,
+        chain_predict: Tensor,
+        state_gap: Tensor | None = None,
+        compared: list[bool] | None = None,
+    ) -> None:
+        """One host read per check round. A token mismatch at a near-tie of the chain's logits is rounding
+        (INFO); any other, or a hybrid state the tree would commit that differs from the chain's by more than
+        STATE_TOLERANCE, is an ERROR, and DFLASH's rounds from now on. `compared`: the rows whose choices are
+        reproducible (greedy or seeded); an unseeded sampled row's chain draws differently, by design."""
+        if state_gap is not None:
+            worst = int(state_gap.argmax())
+            gap = float(state_gap[worst])
+            if gap >= STATE_TOLERANCE:
+                self.fail(
+                    f"request {worst}: the recurrent state the tree would commit differs from the chain's by "
+                    f"{gap:.3g} (relative)"
+                )
+                return
+        gaps = mismatch_gaps(chain_logits, check, tree_tokens)
+        tolerance = TIE_TOLERANCE.get(chain_logits.dtype, TIE_TOLERANCE[torch.bfloat16])
+        differs = (check.mismatch >= 0).tolist()
+        if compared is not None:
+            differs = [d and c for d, c in zip(differs, compared, strict=True)]
+        gap_list = gaps.tolist()
+        bad = [b for b, d in enumerate(differs) if d and gap_list[b] >= tolerance]
+        ties = [b for b, d in enumerate(differs) if d and gap_list[b] < tolerance]
+        if not bad:
+            near = ""
+            if ties:
+                near = f" (near-ties in {len(ties)} requests, max gap {max(gap_list[b] for b in ties):.3g})"
+            if self.rank == 0:  # every tensor-parallel rank checks the same data
+                logger.info("DDTREE self-check round %d: the tree verify equals the chain verify%s", self.rounds, near)
+            return
+        b = bad[0]
+        at = int(check.mismatch[b])
+        self.fail(
+            f"request {b} path position {at}: tree verify {int(tree_tokens[b, at])}, chain verify "
+            f"{int(chain_predict[b, at])}, logit gap {gap_list[b]:.3g}; {len(bad)} of {tree_tokens.shape[0]} "
+            "requests differ"
+        )
+
+    def fail(self, what: str) -> None:
+        """One ERROR line, and DFLASH's rounds for the rest of this process."""
+        self.fallback = f"self-check round {self.rounds}: {what}"
+        logger.error(
+            "DDTREE self-check FAILED (%s): the tree verify is not exact on this setup; this process runs "
+            "DFLASH's rounds from now on",
+            self.fallback,
+        )

@@ -1,5 +1,5 @@
 """The SGLang tree worker's pure parts, tested without SGLang (`ddtree.sglang.tree_worker` runs them): the
-per-request host references of the round's device path (`plan_round`, `commit_round`, `round_stats`; for parity
+per-request host references of the round's device path (`plan_round`, `commit_round`; for parity
 tests and the benchmark), the worker's start-up and self-check helpers, and what each step of a round hands the
 next (the step dataclasses: `_ddtree_draft` -> DraftBlock -> `_ddtree_plan` -> PlannedRound -> `_ddtree_verify`
 -> VerifiedRound -> `_ddtree_commit` -> KeptRound)."""
@@ -14,14 +14,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ddtree.metrics import RoundStats
 from ddtree.sglang.batch_round import BatchPlan
 from ddtree.sglang.layout import SGLangTreeLayout, full_mask, stack_links, to_sglang_layout
 from ddtree.sglang.vocab_parallel import HeadShard
-from ddtree.tree import DraftTree, build_tree_heap, is_off_spine, tree_shape
+from ddtree.tree import DraftTree, build_tree_heap, is_off_spine
 
 # ---------------------------------------------------------------------------------------------------
-# Pure parts (unit-tested without SGLang). plan_round / commit_round / round_stats are the per-request host
+# Pure parts (unit-tested without SGLang). plan_round / commit_round are the per-request host
 # references of the round's device path (ddtree.sglang.batch_round), kept for parity tests and the benchmark.
 # ---------------------------------------------------------------------------------------------------
 
@@ -108,28 +107,6 @@ def commit_round(plan: TreeRound, accept_index: Tensor, accept_num: Tensor, targ
     return TreeCommit(
         paths=paths, out_tokens=out_tokens, commit_lens=commit_lens, bonus=bonus, perm=perm, off_spine=off_spine
     )
-
-
-def round_stats(plan: TreeRound, commit: TreeCommit, times_ms: dict[str, float]) -> list[RoundStats]:
-    """One RoundStats per request; the round's times are split evenly over its requests."""
-    bs = len(plan.trees)
-    out = []
-    for b, tree in enumerate(plan.trees):
-        shape = tree_shape(tree)
-        out.append(
-            RoundStats(
-                accepted_len=len(commit.paths[b]),
-                nodes=shape.nodes,
-                depth=shape.depth,
-                off_spine=commit.off_spine[b],
-                draft_ms=times_ms.get("draft", 0.0) / bs,
-                build_ms=times_ms.get("build", 0.0) / bs,
-                verify_ms=times_ms.get("verify", 0.0) / bs,
-                commit_ms=times_ms.get("commit", 0.0) / bs,
-                width=shape.width,
-            )
-        )
-    return out
 
 
 def verify_slots(budget: int, block: int) -> int:
