@@ -32,7 +32,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Prometheus scrape configuration (file_sd targets per service and router), recording and alert rules
         (thresholds from the inventory's `monitoring:`), a Grafana dashboard. docs/monitoring.md."""
-        files = render_monitoring(load_inventory(inventory))
+        inv = load_inventory(inventory)
+        files = render_monitoring(inv)
+        if not inv.monitoring.runbook_url.startswith(("http://", "https://")):
+            console.print(
+                f"note: the alerts' runbook_url is the relative path {inv.monitoring.runbook_url}, which no "
+                "Alertmanager receiver can open: set monitoring.runbook_url to an http(s) URL of docs/runbook.md"
+            )
         if out is not None:
             removed = write_files(out, files)
             console.print(

@@ -166,3 +166,19 @@ def test_cli_writes_and_prints_without_secrets(tmp_path: Path) -> None:
     assert printed.exit_code == 0 and set(json.loads(printed.stdout)) == {f for f in _files()}
     written = "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.is_file())
     assert "s3cret" not in written and "SVC_KEY" not in written and "s3cret" not in printed.stdout
+
+
+def test_cli_notes_a_relative_runbook_url_and_not_an_absolute_one(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(monitor_data()))
+    relative = run_cli("monitor", "render", "-i", str(inv), "--out", str(tmp_path / "a"))
+    assert (
+        relative.exit_code == 0
+        and "note: the alerts' runbook_url is the relative path docs/runbook.md" in relative.stderr
+    )
+    inv.write_text(yaml.safe_dump(monitor_data({"runbook_url": "https://git.example.com/o/r/runbook.md"})))
+    absolute = run_cli("monitor", "render", "-i", str(inv), "--out", str(tmp_path / "b"))
+    assert absolute.exit_code == 0 and "note:" not in absolute.stderr
+    assert (
+        "https://git.example.com/o/r/runbook.md#opsctlservicedown" in (tmp_path / "b" / "rules/alerts.yml").read_text()
+    )
