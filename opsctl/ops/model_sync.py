@@ -35,7 +35,7 @@ from opsctl.commands import Cmd
 from opsctl.errors import OpsctlError, RemoteError
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
 from opsctl.ops import model_trust, service_wait
-from opsctl.ops.base import Action, Audit, Context, Plan, Push, PutText, Verify, display, execute, read
+from opsctl.ops.base import Action, Audit, Context, Plan, Push, PutText, Verify, execute, read
 from opsctl.ops.errors import ManifestMismatchError, ModelNotTrustedError, ProvisionError, ShmTooSmallError
 from opsctl.ops.facts.manifest import (
     MANIFEST_NAME,
@@ -96,8 +96,43 @@ def models_of(host: Host) -> list[ModelSpec]:
     return list(seen.values())
 
 
-def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[list[Action], list[str]]:
-    """The pure decision for one model: (actions, notes)."""
+def shm_full(mount: str, host: str, need: int, free: int) -> str:
+    """The one line for a model that does not fit: `/dev/shm on lab2 is full: 1.2 GiB needed, 300.0 MiB free`."""
+    return f"{mount} on {host} is full: {size_iec(need)} needed, {size_iec(free)} free"
+
+
+def shm_hint(mount: str) -> str:
+    return f"free space in {mount} (df -h {mount}; remove models no service uses) or enlarge it, then provision again"
+
+
+@dataclass(frozen=True)
+class RoomFor:
+    """The judge of `df` right before a model's copy: the bytes still to copy must fit. The plan checked it when
+    it read its facts; this checks it again when the copy starts (an earlier model of the same run, or anything
+    else on the host, may have taken the space since), and a copy that fills the disk anyway is reported with
+    the bytes it needed (`ModelSync.apply`)."""
+
+    host: str
+    model: str
+    staging: str
+    need: int  # bytes
+
+    def __call__(self, exit_code: int, stdout: str, stderr: str) -> None:
+        if exit_code != 0:
+            raise ProvisionError(f"df of {posixpath.dirname(self.staging)} failed: {stderr.strip()[-200:]}")
+        space = parse_df(stdout)
+        if space.available < self.need:
+            raise ShmTooSmallError(
+                f"{shm_full(space.mount, self.host, self.need, space.available)} ({self.model}: {self.need} bytes "
+                f"to copy, {space.available} bytes free); nothing was copied",
+                shm_hint(space.mount),
+            )
+
+
+def plan_model(
+    spec: ModelSpec, manifest: Manifest, facts: ModelFacts, host: str = "the host"
+) -> tuple[list[Action], list[str]]:
+    """The pure decision for one model on `host`: (actions, notes)."""
     p = ModelPaths.of(spec.path)
     state = compare(manifest, facts.final) if facts.final_exists else None
     if state is not None and state.matches:
@@ -118,10 +153,9 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
     need = sum(e.size for path, e in manifest.files.items() if path not in have)
     if need > facts.space.available:
         raise ShmTooSmallError(
-            f"{spec.name} needs {size_iec(need)} more in {facts.space.mount} ({need} bytes; model "
-            f"{size_iec(manifest.total_bytes)}), only {size_iec(facts.space.available)} available "
-            f"({facts.space.available} bytes)",
-            f"free space in {facts.space.mount} (remove unused models) or enlarge it",
+            f"{shm_full(facts.space.mount, host, need, facts.space.available)} ({spec.name}: {need} bytes to copy "
+            f"of {size_iec(manifest.total_bytes)}, {facts.space.available} bytes free); nothing was copied",
+            shm_hint(facts.space.mount),
         )
     notes = [_why(p, manifest, state, need)]
     actions = [Cmd.of("rm", "-rf", p.old), Cmd.of("mkdir", "-p", p.staging)]
@@ -132,6 +166,8 @@ def plan_model(spec: ModelSpec, manifest: Manifest, facts: ModelFacts) -> tuple[
     if link:
         cp = shlex.join(["cp", "-alf", "--parents", "-t", p.staging, "--", *link])
         actions.append(Cmd.of("sh", "-c", f"cd {shlex.quote(p.final)} && {cp}"))
+    room = RoomFor(host, spec.name, p.staging, need)
+    actions.append(Verify(Cmd.of("df", "-P", "-B1", p.parent), room, f"room for {size_iec(need)} in {p.parent}"))
     actions += _copy(spec, manifest, p.staging)
     actions.append(PutText(f"{p.staging}/{MANIFEST_NAME}", manifest.to_json()))
     final, staging, old = (shlex.quote(x) for x in (p.final, p.staging, p.old))
@@ -292,7 +328,7 @@ class ModelSync:
             if not manifest.files:
                 raise ProvisionError(f"model source {spec.source} has no files", "fix models.source")
             verdict, on_host = judge_trust(ctx, spec, manifest)  # before anything is read or copied
-            acts, why = plan_model(spec, manifest, read_facts(ctx.remote, spec))
+            acts, why = plan_model(spec, manifest, read_facts(ctx.remote, spec), ctx.spec.name)
             if any(isinstance(a, Verify) for a in acts):  # only a copy verifies
                 replaced.append(spec)
             record = new_record(manifest, verdict)
@@ -319,6 +355,9 @@ class ModelSync:
     def apply(self, ctx: Context, plan: Plan) -> Plan:
         try:
             execute(ctx.remote, plan.actions, timeout=COPY_TIMEOUT_S, progress=ctx.progress)
+        except ShmTooSmallError as exc:  # the check right before a copy: the partial copy holds space too
+            removed = _remove_staging(ctx, plan)
+            raise ShmTooSmallError(f"{exc.message}{_cleaned(removed, 'the staging dir')}", exc.hint) from None
         except RemoteError as exc:
             full = disk_full(exc.message + "\n" + exc.tail)
             if full is None:
@@ -342,27 +381,48 @@ def disk_full(output: str) -> str | None:
     return None
 
 
-def _out_of_space(ctx: Context, plan: Plan, line: str) -> ProvisionError:
-    """The partial copies of this plan removed (they hold the space), and the one line that says so."""
-    staged = [ModelPaths.of(spec.path) for spec in models_of(ctx.spec)]
-    staged = [p for p in staged if any(p.staging in display(a) for a in plan.actions)]
-    removed = []
-    for p in staged:
+def _staged(plan: Plan) -> list[RoomFor]:
+    """The copies this plan makes (their staging dirs and the bytes each needed), in plan order."""
+    return [a.judge for a in plan.actions if isinstance(a, Verify) and isinstance(a.judge, RoomFor)]
+
+
+def _remove_staging(ctx: Context, plan: Plan) -> dict[str, bool]:
+    """Each partial copy of this plan removed (they hold the space): staging dir -> removed."""
+    removed: dict[str, bool] = {}
+    for room in _staged(plan):
         try:
-            ctx.remote.run(Cmd.of("rm", "-rf", "--", p.staging, sudo=True), timeout=600)
-            removed.append(p.staging)
+            ctx.remote.run(Cmd.of("rm", "-rf", "--", room.staging, sudo=True), timeout=600)
+            removed[room.staging] = True
         except OpsctlError:
-            pass  # reported below as not removed
-    kept = [p.staging for p in staged if p.staging not in removed]
-    where = posixpath.dirname(staged[0].final) if staged else "the model's filesystem"
-    cleaned = f"the partial copy was removed ({', '.join(removed)})" if removed else "no partial copy was left"
-    if kept:
-        cleaned += f"; not removed: {', '.join(kept)}"
+            removed[room.staging] = False  # reported as not removed
+    return removed
+
+
+def _cleaned(removed: dict[str, bool], what: str = "the partial copy") -> str:
+    gone = [path for path, ok in removed.items() if ok]
+    kept = [path for path, ok in removed.items() if not ok]
+    said = f"; {what} was removed ({', '.join(gone)})" if gone else ""
+    return said + (f"; not removed: {', '.join(kept)}" if kept else "")
+
+
+def _out_of_space(ctx: Context, plan: Plan, line: str) -> ProvisionError:
+    """A copy that filled the disk: its partial copies removed, and one line with the bytes it needed and what is
+    free now. The copy that failed is the one whose staging dir rsync names (else all of this plan's)."""
+    rooms = _staged(plan)
+    failed = [r for r in rooms if f"{r.staging}/" in line] or rooms
+    removed = _remove_staging(ctx, plan)
+    parent = posixpath.dirname(rooms[0].staging) if rooms else "/dev/shm"
+    need = sum(r.need for r in failed)
+    try:  # what is free now, the partial copies gone: what the next run has
+        space = parse_df(read(ctx.remote, Cmd.of("df", "-P", "-B1", parent)).stdout)
+        head = shm_full(space.mount, ctx.spec.name, need, space.available)
+        mount = space.mount
+    except OpsctlError:
+        mount = parent
+        head = f"{mount} on {ctx.spec.name} is full: {size_iec(need)} needed"
+    names = ", ".join(r.model for r in failed) or "the model"
     why = line if len(line) <= 160 else line[:159] + "…"
-    return ProvisionError(
-        f"{ctx.spec.name}: disk full: {where} filled up during the model copy ({why}); {cleaned}",
-        f"free space in {where} (df -h {where}), then provision again",
-    )
+    return ShmTooSmallError(f"{head} (the copy of {names} ran out of space: {why}){_cleaned(removed)}", shm_hint(mount))
 
 
 def judge_trust(

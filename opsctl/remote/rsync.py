@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
 
 from opsctl.errors import HostKeyError, OpsctlError, RemoteError, UnreachableError
@@ -16,7 +17,12 @@ from opsctl.progress import human_bytes
 
 # Whole-transfer progress (one line, rewritten with \r; Popen's universal newlines make each a line).
 PROGRESS_FLAGS = ["--info=progress2", "--no-inc-recursive"]
-_PROGRESS = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)\s+(\d+:\d{2}:\d{2})")
+# The counter, and the `(xfr#2, to-chk=2/5)` that follows it once a file is done. What comes after it on the same
+# line is not progress: rsync's stderr shares the pipe, and its error lands right after the last counter with no
+# line break (`... 0:00:00 (xfr#1, to-chk=1/3)rsync: [receiver] write failed on ...: No space left on device`).
+_PROGRESS = re.compile(
+    r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)\s+(\d+:\d{2}:\d{2})(?:\s+\((?:xfr#\d+, )?(?:to|ir)-chk=\d+/\d+\))?[ \t]*"
+)
 
 # rsync exit codes that mean the transport failed (not the copy): 255 = ssh itself, 12/10 = stream/socket.
 _TRANSPORT_CODES = {10, 12, 255}
@@ -67,6 +73,20 @@ def parse_progress(line: str) -> str | None:
         return None
     done = int(m[1].replace(",", ""))
     return f"{human_bytes(done)} ({m[2]}%), {m[3]}, ETA {m[4]}"
+
+
+def split_progress(line: str) -> tuple[str | None, str]:
+    """(the progress counter as parse_progress shows it, or None; what follows it on the same line). Pure."""
+    m = _PROGRESS.match(line)
+    if m is None:
+        return None, line.strip()
+    return parse_progress(line), line[m.end() :].strip()
+
+
+def error_tail(lines: Iterable[str]) -> str:
+    """rsync's own words from its merged, \\r-split output: the progress counters dropped, and what was glued to
+    one of them kept as a line of its own."""
+    return "\n".join(rest for rest in (split_progress(line)[1] for line in lines) if rest)
 
 
 def rsync_error(host: str, display: str, code: int, stderr: str) -> OpsctlError:

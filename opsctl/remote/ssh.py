@@ -34,7 +34,7 @@ from opsctl.remote import base
 from opsctl.remote.base import RunResult
 from opsctl.remote.local import LocalHost
 from opsctl.remote.peerwatch import PeerWatch
-from opsctl.remote.rsync import PROGRESS_FLAGS, parse_progress, rsync_error, ssh_command
+from opsctl.remote.rsync import PROGRESS_FLAGS, error_tail, parse_progress, rsync_error, ssh_command
 
 log = logging.getLogger("opsctl.remote")
 # paramiko's transport thread logs each failed handshake (a port that is not sshd, a reset) with its traceback at
@@ -425,8 +425,7 @@ class SshHost:
         if done.timed_out:
             raise CommandTimeout(self.name, f"rsync to {dest}", self.config.command_timeout)
         if done.exit_code != 0:
-            tail = "\n".join(ln for ln in done.tail if parse_progress(ln) is None)
-            raise rsync_error(self.name, shlex.join(argv), done.exit_code, tail)
+            raise rsync_error(self.name, shlex.join(argv), done.exit_code, error_tail(done.tail))
 
 
 def connect(host: Host) -> SshHost:

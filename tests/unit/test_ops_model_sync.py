@@ -41,7 +41,8 @@ from opsctl.ops.facts.system import DiskSpace
 from opsctl.ops.model_sync import ModelFacts, ModelPaths, ModelSync, disk_full, models_of, plan_model
 from opsctl.remote.fake import FakeHost
 from opsctl.remote.local import LocalHost
-from opsctl.remote.rsync import rsync_error
+from opsctl.remote.rsync import rsync_error, split_progress
+from opsctl.remote.ssh import SshHost
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 MANIFEST = Manifest({"config.json": FileEntry(100, A), "model.safetensors": FileEntry(1000, B)})
@@ -88,13 +89,14 @@ def test_absent_model_is_staged_verified_and_renamed() -> None:
     assert displays(actions) == [
         "rm -rf /dev/shm/.opsctl-old-m",
         "mkdir -p /dev/shm/.opsctl-sync-m",
+        "verify room for 1.1 KiB in /dev/shm: df -P -B1 /dev/shm",
         "push /models/m -> /dev/shm/.opsctl-sync-m",
         "verify 2 files: sizes in /dev/shm/.opsctl-sync-m as in the manifest, and /models/m unchanged since it "
         "was hashed (rsync checked every byte it wrote against what its sender read)",
         f"write /dev/shm/.opsctl-sync-m/{MANIFEST_NAME} ({len(MANIFEST.to_json())} bytes, mode 644)",
         SWAP,
     ]
-    verify = actions[3]
+    verify = actions[4]
     assert isinstance(verify, Verify)
     assert verify.cmd == size_listing_cmd("/dev/shm/.opsctl-sync-m")
     with pytest.raises(ManifestMismatchError, match=r"does not match the source manifest: model\.safetensors"):
@@ -107,8 +109,8 @@ def test_absent_model_is_staged_verified_and_renamed() -> None:
 def test_manifest_without_stamps_hashes_the_copy() -> None:
     """A manifest not built from this source on this machine cannot vouch for what rsync sent: hash the copy."""
     actions, _ = plan_model(SPEC, MANIFEST, facts(None))
-    assert isinstance(actions[2], Push)
-    verify = actions[3]
+    assert isinstance(actions[3], Push)
+    verify = actions[4]
     assert isinstance(verify, Verify)
     assert verify.cmd == hash_listing_cmd("/dev/shm/.opsctl-sync-m")
     verify.judge(0, f"{A} 100 config.json\n{B} 1000 model.safetensors\n", "")  # matches: no error
@@ -134,7 +136,7 @@ def test_corrupted_file_is_recopied_good_files_are_hard_linked() -> None:
         "rm -rf /dev/shm/.opsctl-old-m",
         "mkdir -p /dev/shm/.opsctl-sync-m",
         "sh -c 'cd /dev/shm/m && cp -alf --parents -t /dev/shm/.opsctl-sync-m -- config.json'",
-        "push /models/m -> /dev/shm/.opsctl-sync-m",
+        "verify room for 1000 B in /dev/shm: df -P -B1 /dev/shm",
     ]
     assert displays(actions)[-1] == SWAP
     assert notes == ["/dev/shm/m: 1 corrupted or changed (model.safetensors); re-copy (1000 B to transfer)"]
@@ -151,8 +153,11 @@ def test_too_small_shm_is_refused_with_the_numbers() -> None:
     with pytest.raises(ShmTooSmallError) as info:
         plan_model(SPEC, MANIFEST, facts(None, space=small))
     assert info.value.message == (
-        "m needs 1.1 KiB more in /dev/shm (1100 bytes; model 1.1 KiB), only 500 B available (500 bytes)"
+        "/dev/shm on the host is full: 1.1 KiB needed, 500 B free (m: 1100 bytes to copy of 1.1 KiB, 500 bytes "
+        "free); nothing was copied"
     )
+    with pytest.raises(ShmTooSmallError, match=r"^/dev/shm on lab2 is full: 1\.1 KiB needed, 500 B free \("):
+        plan_model(SPEC, MANIFEST, facts(None, space=small), "lab2")
     # the bytes already good (at the final path or staged) do not count
     final = {"model.safetensors": FileEntry(1000, B)}
     actions, _ = plan_model(SPEC, MANIFEST, facts(final, space=small))
@@ -162,7 +167,7 @@ def test_too_small_shm_is_refused_with_the_numbers() -> None:
 def test_host_source_copies_with_rsync_on_the_host() -> None:
     spec = ModelSpec("/nvme/m", ModelSourceKind.HOST, "/dev/shm/m", hybrid=False)
     actions, _ = plan_model(spec, MANIFEST, facts(None))
-    assert displays(actions)[2] == "rsync -a /nvme/m/ /dev/shm/.opsctl-sync-m/"
+    assert displays(actions)[3] == "rsync -a /nvme/m/ /dev/shm/.opsctl-sync-m/"
 
 
 def test_models_deduplicated_by_destination() -> None:
@@ -281,8 +286,9 @@ def test_interrupted_copy_leaves_no_partial_model(tmp_path: Path) -> None:
     # run the plan up to (not including) the push, then "crash" half way: one file staged
     cut = next(i for i, a in enumerate(plan.actions) if isinstance(a, Push))
     for action in plan.actions[:cut]:
-        assert isinstance(action, Cmd)
-        ctx.remote.run(action)
+        assert isinstance(action, Cmd | Verify)
+        if isinstance(action, Cmd):
+            ctx.remote.run(action)
     staging = dest.parent / f".opsctl-sync-{dest.name}"
     (staging / "a.bin").write_bytes(b"A" * 1000)
     assert not dest.exists()
@@ -482,20 +488,60 @@ def test_accepting_a_model_is_audited_and_planned(
     assert "was sha256:" in host_log[0] and "differ: w.bin" in host_log[0]
 
 
-# rsync 3.5.0's words when the disk fills under it, recorded copying 3 MB into a 1 MiB tmpfs (only the path changed)
+# rsync 3.5.0's merged stdout+stderr (--info=progress2) when the disk fills under it, recorded copying 7 MB into a
+# 5 MiB tmpfs (only the staging path changed): its error arrives glued to the last progress counter, no line break
+RECORDED_FULL = Path(__file__).parents[1] / "fixtures" / "rsync" / "enospc_progress2.out"
 RSYNC_FULL = (
     'rsync: [receiver] write failed on "/dev/shm/.opsctl-sync-m/w.bin": No space left on device (28)\n'
     "rsync error: error in file IO (code 11) at receiver.c(657) [receiver=3.5.0]\n"
     "rsync: [sender] write error: Broken pipe (32)\n"
 )
+DF_AFTER = "Filesystem 1B-blocks Used Available Capacity Mounted on\ntmpfs 5242880 1048576 4194304 20% /dev/shm\n"
+
+
+def _streamed_failure(progress: list[str]) -> RemoteError:
+    """What SshHost's streamed rsync raises when rsync prints the recorded output and exits 11."""
+    host = Host("h1", "10.0.0.1", SshConfig(), 0, "/v", "python3", "0.5.23", None, None, ())
+    with pytest.raises(RemoteError) as info:
+        SshHost(host)._rsync_streamed(["sh", "-c", f"cat {RECORDED_FULL}; exit 11"], "/dev/shm/x/", progress.append)
+    return info.value
+
+
+def test_rsync_error_glued_to_a_progress_line_is_kept_and_the_progress_still_shown() -> None:
+    progress: list[str] = []
+    err = _streamed_failure(progress)
+    assert progress == ["32.8 kB (0%), 0.00kB/s, ETA 0:00:00", "3.0 MB (42%), 353.72MB/s, ETA 0:00:00"]
+    assert err.remote_exit_code == 11
+    assert err.tail.splitlines()[0] == (
+        'rsync: [receiver] write failed on "/dev/shm/.opsctl-sync-m/b.safetensors": No space left on device (28)'
+    )
+    assert disk_full(err.tail) is not None and "xfr#" not in err.tail and "353.72MB/s" not in err.tail
+
+
+@pytest.mark.parametrize(
+    ("line", "want"),
+    [
+        ("  1,024  10%  1.00MB/s  0:00:09", ("1.0 kB (10%), 1.00MB/s, ETA 0:00:09", "")),
+        ("  1,024 100%  1.00MB/s  0:00:00 (xfr#3, to-chk=0/3)", ("1.0 kB (100%), 1.00MB/s, ETA 0:00:00", "")),
+        (
+            "  1,024  10%  1.00MB/s  0:00:09 (xfr#1, ir-chk=5/9)rsync: x",
+            ("1.0 kB (10%), 1.00MB/s, ETA 0:00:09", "rsync: x"),
+        ),
+        ("  1,024  10%  1.00MB/s  0:00:09  rsync error: y", ("1.0 kB (10%), 1.00MB/s, ETA 0:00:09", "rsync error: y")),
+        ("rsync: [sender] write error: Broken pipe (32)", (None, "rsync: [sender] write error: Broken pipe (32)")),
+        ("", (None, "")),
+    ],
+)
+def test_split_progress(line: str, want: tuple[str | None, str]) -> None:
+    assert split_progress(line) == want
 
 
 class _FullHost(FakeHost):
-    """A host whose /dev/shm fills up while rsync pushes the model."""
+    """A host whose /dev/shm fills up while rsync pushes the model: SshHost's own streamed rsync reading what rsync
+    printed when it happened."""
 
     def sync_dir(self, local_dir: Path, remote_dir: str, progress: object = None) -> None:
-        long_argv = "rsync -a -e 'ssh -p 22 -o BatchMode=yes ...' -- /models/m/ root@10.0.0.1:/dev/shm/.opsctl-sync-m/"
-        raise rsync_error(self.name, long_argv, 11, RSYNC_FULL)
+        raise _streamed_failure([])
 
 
 def _one_model_host(spec: ModelSpec) -> Host:
@@ -503,28 +549,54 @@ def _one_model_host(spec: ModelSpec) -> Host:
     return Host("h1", "10.0.0.1", SshConfig(), 0, "/v", "python3", "0.5.23", None, None, (svc,))
 
 
+def _df(cmd: Cmd) -> tuple[int, str, str] | None:
+    return (0, DF_AFTER, "") if cmd.argv[0] == "df" else None
+
+
 def test_a_disk_that_fills_during_the_copy_is_one_line_and_the_partial_copy_is_removed(tmp_path: Path) -> None:
-    """Issue 42: /dev/shm filling during a model copy gave the raw rsync command line and "exited 11", and left
-    the temp dir behind."""
+    """/dev/shm filling during a model copy gave the raw rsync command line and "exited 11", and left the temp dir
+    behind: rsync's "No space left on device" came glued to a progress line, which the progress parser dropped."""
     spec = ModelSpec(str(_model(tmp_path / "m", {"config.json": b"{}"})), ModelSourceKind.CONTROL, "/dev/shm/m", False)
     host = _one_model_host(spec)
-    actions, _ = plan_model(spec, MANIFEST, facts(None))
-    fake = _FullHost("h1")
+    actions, _ = plan_model(spec, MANIFEST, facts(None), "h1")
+    fake = _FullHost("h1", handler=_df)
     with pytest.raises(ProvisionError) as info:
         ModelSync().apply(Context(host, fake), Plan("model_sync", actions=tuple(actions)))
     line = info.value.one_line()
-    assert line.startswith("h1: disk full: /dev/shm filled up during the model copy (rsync: [receiver] write failed")
-    assert "No space left on device (28)" in line and "exited 11" not in line and "BatchMode" not in line
-    assert "the partial copy was removed (/dev/shm/.opsctl-sync-m)" in line
-    assert line.endswith("(free space in /dev/shm (df -h /dev/shm), then provision again)") and "\n" not in line
-    assert fake.ran[-1] == "rm -rf -- /dev/shm/.opsctl-sync-m"
+    assert line.startswith("/dev/shm on h1 is full: 1.1 KiB needed, 4.0 MiB free (the copy of m ran out of space: ")
+    assert "No space left on device (28)" in line and "exited 11" not in line and "xfr#" not in line
+    assert "rsync -a" not in line and "BatchMode" not in line and "\n" not in line
+    assert "; the partial copy was removed (/dev/shm/.opsctl-sync-m)" in line
+    assert line.endswith("remove models no service uses) or enlarge it, then provision again)")
+    assert "rm -rf -- /dev/shm/.opsctl-sync-m" in fake.ran
     # a model on the host: its own rsync command fails the same way
     on_host = ModelSpec("/data/m", ModelSourceKind.HOST, "/dev/shm/m", hybrid=False)
-    actions, _ = plan_model(on_host, MANIFEST, facts(None))
-    full = FakeHost("h1", handler=lambda cmd: (11, "", RSYNC_FULL) if cmd.argv[0] == "rsync" else None)
-    with pytest.raises(ProvisionError, match=r"^h1: disk full: /dev/shm filled up"):
+    actions, _ = plan_model(on_host, MANIFEST, facts(None), "h1")
+
+    def full_rsync(cmd: Cmd) -> tuple[int, str, str] | None:
+        return (11, "", RSYNC_FULL) if cmd.argv[0] == "rsync" else _df(cmd)
+
+    full = FakeHost("h1", handler=full_rsync)
+    with pytest.raises(ProvisionError, match=r"^/dev/shm on h1 is full: 1\.1 KiB needed, 4\.0 MiB free \(the copy"):
         ModelSync().apply(Context(_one_model_host(on_host), full), Plan("model_sync", actions=tuple(actions)))
-    assert full.ran[-1] == "rm -rf -- /dev/shm/.opsctl-sync-m"
+    assert "rm -rf -- /dev/shm/.opsctl-sync-m" in full.ran
+
+
+def test_the_space_is_checked_again_right_before_the_copy(tmp_path: Path) -> None:
+    """Two models that each fit alone, or space taken between the plan and the copy: refused before the copy
+    starts, in one line, and the staging dir goes."""
+    spec = ModelSpec(str(_model(tmp_path / "m", {"config.json": b"{}"})), ModelSourceKind.CONTROL, "/dev/shm/m", False)
+    actions, _ = plan_model(spec, MANIFEST, facts(None), "h1")
+    tiny = "Filesystem 1B-blocks Used Available Capacity Mounted on\ntmpfs 2000 1500 500 75% /dev/shm\n"
+    fake = FakeHost("h1", handler=lambda cmd: (0, tiny, "") if cmd.argv[0] == "df" else None)
+    with pytest.raises(ShmTooSmallError) as info:
+        ModelSync().apply(Context(_one_model_host(spec), fake), Plan("model_sync", actions=tuple(actions)))
+    assert info.value.one_line() == (
+        "/dev/shm on h1 is full: 1.1 KiB needed, 500 B free (m: 1100 bytes to copy, 500 bytes free); nothing was "
+        "copied; the staging dir was removed (/dev/shm/.opsctl-sync-m) (free space in /dev/shm (df -h /dev/shm; "
+        "remove models no service uses) or enlarge it, then provision again)"
+    )
+    assert fake.ran[-1] == "rm -rf -- /dev/shm/.opsctl-sync-m" and fake.synced == []
 
 
 def test_other_copy_failures_are_not_called_a_full_disk() -> None:
