@@ -13,13 +13,19 @@ import pytest
 import torch
 from ddtree.sglang.batch_round import plan_batch
 from ddtree.sglang.replay import (
+    HOST_CLOCK,
     AcceptanceReplay,
+    AcceptRecorder,
+    LengthReplay,
     PathRecorder,
     ReplayFormatError,
     impose_topk,
+    parse_accepts,
     parse_paths,
     path_ranks,
+    recorded_index,
     replay_path_reference,
+    replay_rid,
     steer_predictions,
 )
 
@@ -278,3 +284,57 @@ def test_a_recorded_shape_replayed_on_flat_logprobs_rebuilds_the_tree_and_the_wa
     for b in range(bs):
         first, sib = plan.retrieve_next_token[b].tolist(), plan.retrieve_next_sibling[b].tolist()
         assert greedy_walk(plan.tokens[b].tolist(), first, sib, predict[b].tolist()) == walked[b]
+
+
+def test_replay_ids_name_their_recorded_request_whatever_ran_before() -> None:
+    data = {"format": "ddtree-paths/1", "requests": [[[0]], [[1]], [[2]]]}
+    replay = AcceptanceReplay(parse_paths(data))
+    assert recorded_index(replay_rid(7, "bs4-0-1")) == 7 and recorded_index("replay-x-1") is None
+    assert replay.next_round(["warm-a", "warm-b"], depth=3).ranks == [[0], [1]]  # in turn
+    # a benchmark level: request i of the level replays recorded request i (mod 3), not the next in turn
+    got = replay.next_round([replay_rid(i, "level") for i in range(4)], depth=3).ranks
+    assert got == [[0], [1], [2], [0]]
+    assert replay.next_round(["warm-c"], depth=3).ranks == [[2]]  # the turn continues where it was
+
+
+def accepts_file(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "accepts.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_dflash_lengths_record_and_replay_per_request(tmp_path: Path) -> None:
+    out = tmp_path / "accepts.json"
+    rec = AcceptRecorder(out, "test run", every=2)
+    rec.add(["x", "y"], [3, 0])
+    assert not out.exists()  # written every 2 rounds
+    rec.add(["x"], [15])
+    rec.add(["y", "z"], [1, 2])
+    rec.write()
+    data = json.loads(out.read_text())
+    assert data["format"] == "ddtree-accepts/1" and data["source"] == "test run"
+    assert parse_accepts(data) == ((3, 15), (0, 1), (2,))
+    replay = LengthReplay.from_file(out)
+    HOST_CLOCK.take()
+    assert replay.next_round([replay_rid(1, "a"), replay_rid(0, "b"), "other"], cap=7) == [0, 3, 3]
+    assert replay.next_round([replay_rid(1, "a"), replay_rid(0, "b")], cap=7) == [1, 7]  # capped at the block
+    assert replay.next_round([replay_rid(1, "a")], cap=7) == [0]  # past its last round: from the start
+    assert (replay.stats.rounds, replay.stats.recorded) == (6, 14)
+    assert HOST_CLOCK.take() > 0 and HOST_CLOCK.take() == 0  # the host time, read once
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"format": "ddtree-paths/1", "requests": [[[0]]]}, "not a ddtree-accepts/1 file"),
+        ({"format": "ddtree-accepts/1", "requests": []}, "requests: expected a non-empty list"),
+        ({"format": "ddtree-accepts/1", "requests": [[]]}, r"requests\[0\]: expected a non-empty list"),
+        ({"format": "ddtree-accepts/1", "requests": [[1], [2, -1]]}, r"requests\[1\]: expected .* >= 0"),
+        ({"format": "ddtree-accepts/1", "requests": [[True]]}, r"requests\[0\]"),
+    ],
+)
+def test_a_bad_accepts_file_names_the_place(tmp_path: Path, data: object, message: str) -> None:
+    with pytest.raises(ReplayFormatError, match=message):
+        parse_accepts(data)
+    with pytest.raises(ReplayFormatError, match=f"DDTREE_DFLASH_REPLAY=.*accepts.json: {message}"):
+        LengthReplay.from_file(accepts_file(tmp_path, data))

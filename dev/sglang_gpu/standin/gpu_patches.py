@@ -34,6 +34,9 @@ SiluAndMul and RotaryEmbedding: `SGLANG_FORCE_FUSED_OP_BACKEND=torch` (`kernels/
 - T1 (only with `DDTREE_ROUND_TIMER=<file>`; measurement, not a fix) `sglang/srt/speculative/dflash_worker_v2.py`:
   every DFLASH worker (and DDTREE's tree worker, a subclass) times its decode rounds with CUDA events
   (`round_timer.py`; dev/sglang_gpu/cost_bench.py reads the file).
+- R1 (only with `DDTREE_DFLASH_RECORD=<file>` or `DDTREE_DFLASH_REPLAY=<file>`; a benchmark hook)
+  `sglang/srt/speculative/dflash_worker_v2.py:2187` (`_accept_block`): DFLASH's accepted lengths per request and
+  round recorded, or replayed from a real pair's recording (`dflash_replay.py`).
 - T3 (only with `DDTREE_LOOP_TIMER=<file>`; measurement) `sglang/srt/managers/scheduler.py`: the scheduler loop's
   phases timed on the host per decode iteration (`loop_timer.py`), where the time between rounds goes.
 """
@@ -192,6 +195,22 @@ def _patch_round_timer(module: ModuleType) -> None:
     APPLIED.append("T1")
 
 
+def _patch_dflash_replay(module: ModuleType) -> None:
+    """R1: dflash_replay.patch_worker_class (DFLASH's accepted lengths recorded or replayed)."""
+    import dflash_replay
+
+    dflash_replay.patch_worker_class(module)
+    APPLIED.append("R1")
+
+
+def _both(first: Callable[[ModuleType], None], second: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+    def patch(module: ModuleType) -> None:
+        first(module)
+        second(module)
+
+    return patch
+
+
 def _patch_loop_timer(module: ModuleType) -> None:
     """T3: loop_timer.patch_scheduler (host time per scheduler-loop phase, DDTREE_LOOP_TIMER set)."""
     import loop_timer
@@ -248,6 +267,9 @@ def install() -> None:
     if os.environ.get("DDTREE_ROUND_TIMER"):
         PATCHES["sglang.srt.speculative.dflash_worker_v2"] = _patch_round_timer
         PATCHES["ddtree.sglang.round_runner"] = _patch_tree_timer
+    if os.environ.get("DDTREE_DFLASH_RECORD") or os.environ.get("DDTREE_DFLASH_REPLAY"):
+        name = "sglang.srt.speculative.dflash_worker_v2"  # R1 before T1: T1 wraps the patched round per worker
+        PATCHES[name] = _both(_patch_dflash_replay, PATCHES[name]) if name in PATCHES else _patch_dflash_replay
     if os.environ.get("DDTREE_LOOP_TIMER"):
         PATCHES["sglang.srt.managers.scheduler"] = _patch_loop_timer
     sys.meta_path.insert(0, _PatchFinder(cpu_engine_patches()._PatchingLoader))

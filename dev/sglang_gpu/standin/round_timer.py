@@ -22,7 +22,8 @@ Event-to-event times are on the GPU's timeline, so host launch gaps inside a seg
 and the four add up to the round. Each round appends one JSON line: mode, bs, the four segments and the round in
 ms, host timestamps at entry, at the end of the wait and at the timer's exit (the step interval between consecutive
 rounds' entries = the round + this timer's own work after the wait + the scheduler's work between the timer's exit and
-the next entry), the committed tokens (sum of accept lengths) and whether the verify replayed a CUDA graph.
+the next entry), the committed tokens (sum of accept lengths), whether the verify replayed a CUDA graph and the
+acceptance replay's host time in the round (`replay_host_ms`, 0 without a replay).
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ def _is_decode(batch: Any) -> bool:
 
 
 ACTIVE: dict[str, Any] = {}  # the current round's events (one speculative worker per scheduler process)
+
+
+def _replay_host_ms() -> float | None:
+    """The acceptance replay's host time in this round (ddtree.sglang.replay.HOST_CLOCK: the tree's replay and
+    DFLASH's, dflash_replay.py), None where the runtime has no clock."""
+    try:
+        from ddtree.sglang.replay import HOST_CLOCK
+    except ImportError:
+        return None
+    return HOST_CLOCK.take()
 
 
 def mark(name: str) -> None:
@@ -91,6 +102,7 @@ def instrument(worker: Any) -> None:
         if "draft_fwd_start" in events and "draft_end" in events:
             record["fwd_ms"] = events["draft_fwd_start"].elapsed_time(events["draft_end"])
         record["round_ms"] = events["start"].elapsed_time(events["end"])
+        record["replay_host_ms"] = _replay_host_ms()
         record["host_ms"] = (host_end - host_start) * 1e3
         record["tokens"] = int(out.accept_lens.sum()) if getattr(out, "accept_lens", None) is not None else None
         record["cuda_graph"] = bool(getattr(out, "can_run_cuda_graph", False))

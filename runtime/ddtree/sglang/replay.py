@@ -32,15 +32,32 @@ file has the same R x k, and the replaying worker checks it against its own at s
 tree the drafter builds. A request the replay has not seen takes the next recorded request (round-robin); a
 request past its recording's last round starts it again.
 
+Which recorded request a live one replays: a request id of the form `replay-<i>-<anything>` (`replay_rid`, what
+dev/sglang_gpu/cost_bench.py gives its requests) replays recorded request `i` (modulo their number), so every
+batch size of a benchmark replays the same recorded requests whatever ran before; any other id takes the next
+recorded request in turn.
+
+DFLASH's side of the same pair (`ddtree-accepts/1`, `AcceptRecorder` writes it, `LengthReplay` reads it): per
+request and round the number of drafted tokens DFLASH's verify accepted,
+
+    {"format": "ddtree-accepts/1", "source": "...", "requests": [[2, 0, 5, 1], [3, 3], ...]}
+
+(tau = the mean of these + 1). The GPU stand-in's DFLASH patch (dev/sglang_gpu/standin/dflash_replay.py) records
+and replays it; SGLang's DFLASH worker has no hook of its own for it.
+
 Per round the replay costs the host a few list walks (`AcceptanceReplay.next_round`, `steer_predictions`: the
 tree's links come to the host once, a sync the walk after the verify waits for anyway) and the device a handful
 of ops (`impose_topk`: a top-k, a fill, one [bs, R, k] host->device copy and a scatter). At TP > 1 the gathered
-top-k values are replaced directly (`plan_batch_topk` reads them).
+top-k values are replaced directly (`plan_batch_topk` reads them). `HOST_CLOCK` adds up that host time (the
+list walks and launches, not the wait for the verify's results the walk reads), so a benchmark can show it as a
+column of its own instead of inside the round it measures.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -51,6 +68,7 @@ import torch
 from torch import Tensor
 
 FORMAT = "ddtree-paths/2"  # what PathRecorder writes
+ACCEPTS_FORMAT = "ddtree-accepts/1"  # DFLASH's accepted lengths: AcceptRecorder writes it, LengthReplay reads it
 FORMATS = ("ddtree-paths/1", FORMAT)  # what parse_paths reads
 DECIMALS = 4  # the recorded log-probs' rounding: ~1 KB a round at 15 x 8
 
@@ -125,6 +143,62 @@ def _topk(value: Any, where: str) -> list[list[float]]:
     return value
 
 
+_RID = re.compile(r"replay-(\d+)-")
+
+
+def replay_rid(index: int, tag: str) -> str:
+    """The request id that makes a replay take recorded request `index` (modulo the recording's size)."""
+    return f"replay-{index}-{tag}"
+
+
+def recorded_index(rid: str) -> int | None:
+    """The recorded request a `replay_rid` id names, else None (such a request takes the next one in turn)."""
+    match = _RID.match(rid)
+    return int(match.group(1)) if match else None
+
+
+@dataclass
+class ReplayClock:
+    """Host seconds the replay spent (`add`), read and reset per round by a benchmark's timer (`take`)."""
+
+    seconds: float = 0.0
+
+    def add(self, since: float) -> None:
+        self.seconds += time.perf_counter() - since
+
+    def take(self) -> float:
+        """Milliseconds since the last take."""
+        out, self.seconds = self.seconds * 1e3, 0.0
+        return out
+
+
+HOST_CLOCK = ReplayClock()  # one replay per scheduler process (the tree worker's or the DFLASH patch's)
+
+
+class _Cursors:
+    """Which recorded request and round each live request replays next: `replay-<i>-` ids their recorded request
+    `i`, any other the next one in turn; a request past its recording's last round starts it again."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._at: dict[str, tuple[int, int]] = {}  # live request id -> (recorded request, next round)
+        self._next = 0
+
+    def advance(self, rid: str) -> tuple[int, int]:
+        """(recorded request, its round this request replays now), moving the cursor one round on."""
+        if rid not in self._at:
+            named = recorded_index(rid)
+            if named is None:
+                named, self._next = self._next, self._next + 1
+            self._at[rid] = (named % self.count, 0)
+        which, at = self._at[rid]
+        self._at[rid] = (which, at + 1)
+        return which, at
+
+    def finish(self, rid: str) -> None:
+        self._at.pop(rid, None)
+
+
 @dataclass
 class ReplayStats:
     rounds: int = 0  # request-rounds replayed
@@ -148,8 +222,7 @@ class AcceptanceReplay:
     stats: ReplayStats = field(default_factory=ReplayStats)
 
     def __post_init__(self) -> None:
-        self._cursor: dict[str, tuple[int, int]] = {}  # live request id -> (recorded request, next round)
-        self._next = 0
+        self._cursors = _Cursors(len(self.requests))
 
     @classmethod
     def from_file(cls, path: str | Path) -> AcceptanceReplay:
@@ -174,14 +247,12 @@ class AcceptanceReplay:
 
     def next_round(self, request_ids: Sequence[str], depth: int) -> ReplayRound:
         """This round's recording per request (paths cut to `depth`, the tree's depth cap), advancing each
-        request's cursor once; a request not seen before takes the next recorded one (`finish` forgets one)."""
+        request's cursor once; a request not seen before takes the recorded one its id names (`replay_rid`) or the
+        next one (`finish` forgets one)."""
+        start = time.perf_counter()
         ranks, tables = [], []
         for rid in request_ids:
-            if rid not in self._cursor:
-                self._cursor[rid] = (self._next % len(self.requests), 0)
-                self._next += 1
-            which, at = self._cursor[rid]
-            self._cursor[rid] = (which, at + 1)
+            which, at = self._cursors.advance(rid)
             recorded = self.requests[which]
             at %= len(recorded.paths)
             path = list(recorded.paths[at][:depth])
@@ -190,10 +261,12 @@ class AcceptanceReplay:
             ranks.append(path)
             if recorded.topk is not None:
                 tables.append(recorded.topk[at])
-        return ReplayRound(ranks, torch.stack(tables) if tables else None)
+        out = ReplayRound(ranks, torch.stack(tables) if tables else None)
+        HOST_CLOCK.add(start)
+        return out
 
     def finish(self, request_id: str) -> None:
-        self._cursor.pop(request_id, None)
+        self._cursors.finish(request_id)
 
 
 def impose_topk(logprobs: Tensor, topk: Tensor) -> None:
@@ -204,10 +277,12 @@ def impose_topk(logprobs: Tensor, topk: Tensor) -> None:
     logprobs: [bs, R, V] (an inference tensor: call it under inference mode); topk: [bs, R, k] descending, on the
     host. One host->device copy and three kernels besides (top-k, fill, scatter): a loop over elements would be
     thousands of launches."""
+    start = time.perf_counter()
     ids = logprobs.topk(int(topk.shape[-1]), dim=-1).indices  # [bs, R, k], this round's ranks 0 .. k - 1
     values = topk.to(logprobs.device, dtype=logprobs.dtype, non_blocking=True)
     logprobs.fill_(float("-inf"))
     logprobs.scatter_(-1, ids, values)
+    HOST_CLOCK.add(start)
 
 
 def steer_predictions(
@@ -231,6 +306,7 @@ def steer_predictions(
     kernels, about 2,300 launches and 18-26 ms a round at the 27B shape on an H100, more than the round it
     measures."""
     tok, first, sib, choice = (t.tolist() for t in (tokens, next_token, next_sibling, target_predict))
+    start = time.perf_counter()  # after the copies, which wait for the verify (the round's own walk waits too)
     wanted = ranks.tolist() if isinstance(ranks, Tensor) else ranks
     rows: list[int] = []
     cols: list[int] = []
@@ -264,7 +340,9 @@ def steer_predictions(
     predict = target_predict.clone()
     index = torch.tensor([rows, cols], dtype=torch.int64).to(device, non_blocking=True)
     predict[index[0], index[1]] = torch.tensor(values, dtype=predict.dtype).to(device, non_blocking=True)
-    return predict, torch.tensor(lengths, dtype=torch.int64).to(device, non_blocking=True)
+    out = predict, torch.tensor(lengths, dtype=torch.int64).to(device, non_blocking=True)
+    HOST_CLOCK.add(start)
+    return out
 
 
 def replay_path_reference(parents: Sequence[int], ranks: Sequence[int]) -> list[int]:
@@ -334,6 +412,87 @@ class PathRecorder:
 
     def write(self) -> None:
         data = {"format": FORMAT, "source": self.source, "requests": list(self.requests.values())}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+        tmp.replace(self.path)
+
+
+# ---------------------------------------------------------------- DFLASH's accepted lengths (ddtree-accepts/1)
+
+
+def parse_accepts(data: Any) -> tuple[tuple[int, ...], ...]:
+    """A `ddtree-accepts/1` file's JSON, checked: per request its rounds' accepted drafted tokens (ints >= 0)."""
+    if not isinstance(data, dict) or data.get("format") != ACCEPTS_FORMAT:
+        raise ReplayFormatError(f"not a {ACCEPTS_FORMAT} file (its 'format' key)")
+    requests = data.get("requests")
+    if not isinstance(requests, list) or not requests:
+        raise ReplayFormatError("requests: expected a non-empty list (one list of rounds per request)")
+    out = []
+    for i, rounds in enumerate(requests):
+        if not isinstance(rounds, list) or not rounds or not all(_rank(n) for n in rounds):
+            raise ReplayFormatError(
+                f"requests[{i}]: expected a non-empty list of accepted lengths >= 0, got {rounds!r:.80}"
+            )
+        out.append(tuple(rounds))
+    return tuple(out)
+
+
+@dataclass
+class LengthReplay:
+    """DFLASH's recorded accepted lengths and, per live request, which recorded request and round comes next
+    (the same assignment as `AcceptanceReplay`)."""
+
+    requests: tuple[tuple[int, ...], ...]
+    source: str = ""
+    stats: ReplayStats = field(default_factory=ReplayStats)
+
+    def __post_init__(self) -> None:
+        self._cursors = _Cursors(len(self.requests))
+
+    @classmethod
+    def from_file(cls, path: str | Path, variable: str = "DDTREE_DFLASH_REPLAY") -> LengthReplay:
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls(parse_accepts(data), str(data.get("source", "")))
+        except (OSError, json.JSONDecodeError, ReplayFormatError) as exc:
+            raise ReplayFormatError(f"{variable}={path}: {exc}") from None
+
+    def next_round(self, request_ids: Sequence[str], cap: int) -> list[int]:
+        """This round's accepted length per request, at most `cap` (the block's drafted tokens)."""
+        start = time.perf_counter()
+        out = []
+        for rid in request_ids:
+            which, at = self._cursors.advance(rid)
+            rounds = self.requests[which]
+            n = min(rounds[at % len(rounds)], cap)
+            self.stats.rounds += 1
+            self.stats.recorded += n
+            out.append(n)
+        HOST_CLOCK.add(start)
+        return out
+
+    def finish(self, request_id: str) -> None:
+        self._cursors.finish(request_id)
+
+
+class AcceptRecorder:
+    """The recording side of `ddtree-accepts/1`: each round's accepted lengths per request (`add`), written every
+    `every` rounds (atomically), requests in order of their first round."""
+
+    def __init__(self, path: str | Path, source: str = "", every: int = 64) -> None:
+        self.path, self.source, self.every = Path(path), source, every
+        self.requests: dict[str, list[int]] = {}
+        self._rounds = 0
+
+    def add(self, request_ids: Sequence[str], accepted: Sequence[int]) -> None:
+        for rid, n in zip(request_ids, accepted, strict=True):
+            self.requests.setdefault(rid, []).append(int(n))
+        self._rounds += 1
+        if self._rounds % self.every == 0:
+            self.write()
+
+    def write(self) -> None:
+        data = {"format": ACCEPTS_FORMAT, "source": self.source, "requests": list(self.requests.values())}
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(data, separators=(",", ":")) + "\n")
         tmp.replace(self.path)

@@ -1,0 +1,135 @@
+"""The fair replay's bookkeeping (dev/sglang_gpu/fair_replay.py: which recorded requests each batch size replays,
+the recording's tau as SGLang will count it, per-request tok/s, the bootstrap interval of the ratio) and the GPU
+stand-in's DFLASH replay (dev/sglang_gpu/standin/dflash_replay.py: a round's outputs forced to recorded lengths),
+on plain values and CPU tensors."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.runtime
+
+DEV = Path(__file__).resolve().parents[2] / "dev" / "sglang_gpu"
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fr = _load("ddtree_dev_fair_replay", DEV / "fair_replay.py")
+dr = _load("ddtree_dev_dflash_replay", DEV / "standin" / "dflash_replay.py")
+
+
+@pytest.mark.parametrize("recorded", [1, 6, 16, 20])
+def test_every_batch_size_replays_every_recorded_request_evenly(recorded: int) -> None:
+    for bs in (1, 2, 3, 4, 8, 16, 32, 48):
+        batches = fr.level_requests(bs, recorded)
+        flat = [i for batch in batches for i in batch]
+        assert all(len(batch) == bs for batch in batches)
+        assert len(flat) >= max(recorded, 16) and len(flat) - bs < max(recorded, 16)  # whole batches, no more
+        assert set(flat) == set(range(recorded))
+        counts = [flat.count(i) for i in range(recorded)]
+        assert max(counts) - min(counts) <= 1  # cycled: no request drawn twice before every other once
+    with pytest.raises(ValueError, match="must be >= 1"):
+        fr.level_requests(0, 4)
+
+
+def simulate_sglang(lengths: list[int], new_tokens: int, cap: int) -> tuple[int, int]:
+    """(completion tokens, verify rounds) of a request committing its recording, token by token: the prefill's
+    token, then per round up to length + 1 tokens, none past new_tokens."""
+    tokens, rounds, at = 1, 0, 0
+    while tokens < new_tokens:
+        commit = min(lengths[at % len(lengths)], cap) + 1
+        tokens = min(tokens + commit, new_tokens)
+        rounds, at = rounds + 1, at + 1
+    return tokens, rounds
+
+
+def test_the_recorded_tau_counts_as_sglang_does() -> None:
+    assert fr.rounds_for([2, 0, 5], 10, 15) == [2, 0, 5]  # 1 + 3 + 1 + 6 = 11 >= 10
+    assert fr.rounds_for([1], 6, 15) == [1, 1, 1]  # cycled
+    assert fr.rounds_for([20], 40, 15) == [15, 15, 15]  # capped at the block's drafts
+    assert fr.expected_accept_length([2, 0, 5], 10, 15) == pytest.approx(10 / 3)
+    rng = random.Random(5)
+    for _ in range(200):
+        lengths = [rng.randrange(0, 20) for _ in range(rng.randrange(1, 9))]
+        new, cap = rng.randrange(2, 300), rng.choice([3, 7, 15])
+        tokens, rounds = simulate_sglang(lengths, new, cap)
+        assert len(fr.rounds_for(lengths, new, cap)) == rounds
+        assert fr.expected_accept_length(lengths, new, cap) == pytest.approx(tokens / rounds)
+    assert fr.recording_tau([[0, 3], [15, 1]], 7) == pytest.approx((1 + 4 + 8 + 2) / 4)
+
+
+def test_per_request_rates_and_their_means() -> None:
+    assert fr.request_tok_s(129, 64, 30.0) == pytest.approx(128 / (64 * 0.030))
+    assert fr.request_tok_s(129, 64, 30.0, replay_ms=5.0) == pytest.approx(128 / (64 * 0.025))
+    assert fr.per_request([3, 1, 3], [1.0, 5.0, 2.0]) == {3: 1.5, 1: 5.0}
+
+
+def test_the_bootstrap_pairs_requests_and_brackets_the_ratio() -> None:
+    rng = random.Random(1)
+    dflash = {i: rng.uniform(10, 40) for i in range(16)}
+    # the tree exactly 1.25x DFLASH on every request: every resample gives 1.25 (an unpaired resample would not)
+    ratio, low, high = fr.bootstrap_ratio({i: 1.25 * v for i, v in dflash.items()}, dflash)
+    assert ratio == pytest.approx(1.25) and low == pytest.approx(1.25) and high == pytest.approx(1.25)
+    # noisy per request: the interval has width and holds the point estimate
+    tree = {i: v * rng.uniform(0.9, 1.6) for i, v in dflash.items()}
+    ratio, low, high = fr.bootstrap_ratio(tree, dflash)
+    assert ratio == pytest.approx(sum(tree.values()) / sum(dflash.values()))
+    assert low < ratio < high and high - low > 0.02
+    # requests one mode lacks are left out of both
+    assert fr.bootstrap_ratio({0: 2.0, 1: 9.0}, {0: 1.0})[0] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="no recorded request"):
+        fr.bootstrap_ratio({0: 1.0}, {1: 1.0})
+
+
+def test_a_report_row_sets_the_recording_beside_the_replay() -> None:
+    recorded_d = [[1, 1, 1, 1], [3, 3]]  # tau 2 and 4 as recorded
+    recorded_t = [[2, 2, 2], [5]]
+    d = fr.ModeLevel([0, 1, 0, 1], [33, 33, 33, 33], [16, 8, 16, 8], [2.0, 4.0, 2.0, 4.0], 20.0, 0.0)
+    t = fr.ModeLevel([0, 1, 0, 1], [33, 33, 33, 33], [11, 6, 11, 6], [3.0, 5.5, 3.0, 5.5], 22.0, 2.0)
+    row = fr.report_row(2, d, t, (recorded_d, recorded_t), 33, (15, 15))
+    assert row[:2] == ["2", "2"]
+    want_d = (33 / len(fr.rounds_for([1], 33, 15)) + 33 / len(fr.rounds_for([3], 33, 15))) / 2
+    assert row[2] == f"{want_d:.2f} / 3.00"
+    assert row[4:7] == ["20.00", "22.00", "0.00 / 2.00"]
+    d_rate = (32 / (16 * 0.020) + 32 / (8 * 0.020)) / 2
+    t_rate = (32 / (11 * 0.020) + 32 / (6 * 0.020)) / 2  # 22 ms step less the replay's 2 ms
+    assert row[7:9] == [f"{d_rate:.1f}", f"{t_rate:.1f}"]
+    assert row[9].startswith(f"{t_rate / d_rate:.3f} [")
+    assert fr.table([row]).count("\n") == 2
+
+
+def test_dflash_rounds_are_forced_to_the_recorded_lengths_in_sglangs_layout() -> None:
+    bs, block = 5, 6
+    gen = torch.Generator().manual_seed(0)
+    candidates = torch.randint(0, 100, (bs, block), generator=gen)
+    predict = torch.randint(0, 100, (bs, block), generator=gen)
+    lengths = torch.tensor([0, 5, 2, 3, 1])
+    accept_len = torch.full((bs,), 9, dtype=torch.int32)
+    commit_lens = torch.full((bs,), 9, dtype=torch.int32)
+    bonus = torch.full((bs,), -1, dtype=torch.int64)
+    out_tokens = torch.full((bs, block), -1, dtype=torch.int64)
+    dr.force_accept(candidates, predict, lengths, accept_len, commit_lens, bonus, out_tokens)
+    assert accept_len.tolist() == lengths.tolist() and commit_lens.tolist() == (lengths + 1).tolist()
+    for b in range(bs):
+        n = int(lengths[b])
+        assert int(bonus[b]) == int(predict[b, n])  # the target's choice after the accepted drafts
+        # SGLang's _commit_accept: drafts shifted left, the bonus at the accept boundary, 0 in the last column
+        want = [*candidates[b, 1:].tolist(), 0]
+        want[n] = int(predict[b, n])
+        assert out_tokens[b].tolist() == want
