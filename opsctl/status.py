@@ -150,16 +150,8 @@ def _failed_restores(
     conn: Connection, service: Service, verdicts: list[modelcheck.ModelVerdict]
 ) -> dict[str, str]:  # fmt: skip
     """Restore unit -> its result, for the missing host-side models whose restore unit failed."""
-    out = {}
-    for verdict in verdicts:
-        spec = _spec(service, verdict)
-        if verdict.problem is not modelcheck.Problem.MISSING or spec.source_on is not ModelSourceKind.HOST:
-            continue
-        unit = model_restore.unit_name(spec)
-        state = systemd.parse_show(conn.run(systemd.show_cmd(unit), check=False).stdout)
-        if state.active_state == "failed" or state.result not in ("success", ""):
-            out[unit] = state.result or state.active_state
-    return out
+    missing = [v for v in verdicts if v.problem is modelcheck.Problem.MISSING]
+    return model_restore.failed_units(conn, [_spec(service, v) for v in missing])
 
 
 def _model_line(verdict: modelcheck.ModelVerdict, host: Host, service: Service, failed: dict[str, str]) -> str:

@@ -362,7 +362,7 @@ def _unchanged(
         result.outcome = Outcome.FAILED
         missing = release.missing_models(ctx.conn, ctx.service)
         fix = (
-            guards.missing_hint(ctx.host.name, missing)
+            guards.missing_hint(ctx.host.name, missing, guards.failed_restores(ctx.conn, ctx.service, missing))
             if missing
             else "`opsctl deploy --force` restarts it, `opsctl logs` shows why"
         )
@@ -399,7 +399,7 @@ def _refuse_missing_models(ctx: ServiceContext, missing: list[str]) -> None:
         raise DeployError(
             f"{host}/{ctx.service.name}: model {', '.join(missing)} not on the host (/dev/shm is emptied by a "
             "reboot); nothing was changed",
-            guards.missing_hint(host, missing),
+            guards.missing_hint(host, missing, guards.failed_restores(ctx.conn, ctx.service, missing)),
         )
 
 

@@ -5,17 +5,21 @@ or changed under the running service. Kept out of flow.py so each rule stays one
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from opsctl import modelcheck
 from opsctl.commands import sh
 from opsctl.deploy import release, secret_fp
 from opsctl.errors import DeployError, OpsctlError
+from opsctl.ops import model_restore
 from opsctl.ops.errors import FactError
 from opsctl.ops.facts.system import parse_df, size_iec
 
 if TYPE_CHECKING:
     from opsctl.deploy.context import ServiceContext
+    from opsctl.inventory.model import Service
+    from opsctl.remote.base import Connection
 
 # A release is a few small files plus the runtime installed with `pip --target` (~1-5 MB); pip also needs
 # room for its temporary unpacking. Below this much free space, staging is refused before it starts.
@@ -107,12 +111,26 @@ def refuse_damaged(ctx: ServiceContext, verdicts: list[modelcheck.ModelVerdict])
         )
 
 
-def missing_hint(host: str, missing: list[str]) -> str:
-    """The one command that brings missing models back (and restarts the services that use them)."""
-    return (
-        f"`opsctl provision -i INVENTORY --host {host}` copies {', '.join(missing)} back and restarts the "
-        "services using it; nothing else is needed"
-    )
+def missing_hint(host: str, missing: list[str], failed_restores: Mapping[str, str] | None = None) -> str:
+    """The one command that brings missing models back (and restarts the services that use them). When a model's
+    boot-time restore unit failed, its source is what failed: provision then names what is wrong with it."""
+    provision = f"`opsctl provision -i INVENTORY --host {host}`"
+    if failed_restores:
+        units = ", ".join(f"{unit} ({result})" for unit, result in failed_restores.items())
+        first = next(iter(failed_restores))
+        return (
+            f"the restore unit failed at boot: {units}; `journalctl -b -u {first}` on the host says why; {provision} "
+            f"copies {', '.join(missing)} back, or refuses a source that is not the accepted model and says what "
+            "differs"
+        )
+    return f"{provision} copies {', '.join(missing)} back and restarts the services using it; nothing else is needed"
+
+
+def failed_restores(conn: Connection, service: Service, missing: list[str]) -> dict[str, str]:
+    """The failed restore units of the service's missing models (`model_restore.failed_units`)."""
+    gone = {m.rstrip("/") for m in missing}
+    specs = [m for m in (service.model, service.draft_model) if m is not None and m.path.rstrip("/") in gone]
+    return model_restore.failed_units(conn, specs)
 
 
 def space_hint(exc: OpsctlError) -> str | None:

@@ -30,6 +30,7 @@ from opsctl.ops import model_trust
 from opsctl.ops.base import Action, Context, Plan, PutText, execute, read
 from opsctl.ops.facts.manifest import Manifest
 from opsctl.ops.model_sync import model_users
+from opsctl.remote.base import Connection
 from opsctl.systemd import escape_specifiers, quote_exec
 
 NAME = "model_restore"
@@ -68,6 +69,20 @@ def model_name(spec: ModelSpec) -> str:
 
 def unit_name(spec: ModelSpec) -> str:
     return f"opsctl-model-{model_name(spec)}.service"
+
+
+def failed_units(remote: Connection, specs: list[ModelSpec]) -> dict[str, str]:
+    """Restore unit -> its result, for those of these models' restore units that failed (host-side models only:
+    a control-side model has none). Starting a failed one again fails again; provision says why."""
+    out = {}
+    for spec in specs:
+        if spec.source_on is not ModelSourceKind.HOST:
+            continue
+        unit = unit_name(spec)
+        state = systemd.parse_show(remote.run(systemd.show_cmd(unit), check=False).stdout)
+        if state.active_state == "failed" or state.result not in ("success", ""):
+            out[unit] = state.result or state.active_state
+    return out
 
 
 def state_dir(spec: ModelSpec) -> str:

@@ -234,6 +234,41 @@ def test_rotated_api_key_deploys_a_new_release(ctx_for, monkeypatch):
     assert again.outcome is Outcome.UNCHANGED and box3.restarts == 0
 
 
+def test_missing_model_after_a_failed_restore_unit_is_not_called_a_plain_recopy(ctx_for):
+    """After the boot-time restore unit failed (its host-side source is what failed), the refusal names the unit
+    and its result and says provision may refuse the source; never "nothing else is needed"."""
+    make, wheel, _ = ctx_for
+    box = Box(OLD)
+
+    def handler(cmd: Cmd):
+        text = cmd.display()
+        if "test -f" in text and "config.json" in text:
+            return (0, "/dev/shm/Qwen3-8B\n", "")
+        if "systemctl show" in text and "opsctl-model-Qwen3-8B.service" in text:
+            return (0, "ActiveState=failed\nSubState=failed\nResult=exit-code\n", "")
+        return box.handler(cmd)
+
+    ctx, fake = make(box)
+    fake.handler = handler
+    from opsctl.errors import DeployError
+
+    with pytest.raises(DeployError) as err:
+        flow.deploy_service(ctx, wheel, SETTINGS)
+    line = err.value.one_line()
+    assert "nothing else is needed" not in line
+    assert "the restore unit failed at boot: opsctl-model-Qwen3-8B.service (exit-code)" in line
+    assert "`journalctl -b -u opsctl-model-Qwen3-8B.service` on the host says why" in line
+    assert "or refuses a source that is not the accepted model" in line
+    assert fake.files == {} and _live_steps(fake) == [] and box.current == OLD
+    # the restore unit did not fail (not run yet, or no boot since): provision is all it takes
+    box2 = Box(OLD)
+    ctx2, fake2 = make(box2)
+    fake2.handler = lambda cmd: (0, "/dev/shm/Qwen3-8B\n", "") if "test -f" in cmd.display() else box2.handler(cmd)
+    with pytest.raises(DeployError) as plain:
+        flow.deploy_service(ctx2, wheel, SETTINGS)
+    assert plain.value.one_line().endswith("restarts the services using it; nothing else is needed)")
+
+
 def test_missing_model_refused_before_anything_changes(ctx_for):
     make, wheel, _ = ctx_for
     box = Box(OLD)
