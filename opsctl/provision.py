@@ -18,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from opsctl import artifact, bundle, wheelhouse
-from opsctl.errors import ExitCode, OpsctlError
+from opsctl.deploy import audit
+from opsctl.errors import CommandTimeout, ExitCode, OpsctlError, UnreachableError
 from opsctl.inventory.model import Host, ModelSourceKind, Router
 from opsctl.ops.base import Artifacts, Context, Operation, Options, Plan
 from opsctl.ops.cuda_toolkit import CudaToolkit
@@ -256,7 +257,19 @@ def run_step(op: Operation, ctx: Context, plan_only: bool) -> StepReport:
     except OpsctlError as exc:
         commands = tuple(plan.commands()) if plan is not None else ()
         notes = plan.notes if plan is not None else ()
+        if not plan_only:
+            _audit_failure(ctx, op.name, exc, refused=plan is None)
         return StepReport(op.name, StepStatus.FAILED, commands, notes, exc.message, exc.hint)
+
+
+def _audit_failure(ctx: Context, step: str, exc: OpsctlError, refused: bool) -> None:
+    """A step that refused (its facts said no: a model source that is not the accepted one, no room in /dev/shm)
+    or failed while it changed the host is an act on the host too: one audit line, through the one writer. Not
+    under --plan, which writes nothing; an unreachable host gets the control machine's line only."""
+    reachable = not isinstance(exc, UnreachableError | CommandTimeout)
+    detail = f"{step}: {exc.one_line()}"
+    audit.record(ctx.spec, "-", "provision", None, "refused" if refused else "failed", detail,
+                 conn=ctx.remote if reachable else None)  # fmt: skip
 
 
 def provision(

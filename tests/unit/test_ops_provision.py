@@ -69,6 +69,31 @@ def test_failure_stops_the_host_and_skips_later_steps(monkeypatch: pytest.Monkey
     assert Result(False, (report,)).exit_code is ExitCode.ERROR
 
 
+class _Breaks(Stub):
+    """A step whose apply fails after its plan passed (the host was being changed)."""
+
+    def apply(self, ctx: Context, plan: Plan) -> Plan:
+        raise ProvisionError(f"{self.name}: copy failed", "run provision again")
+
+
+def test_a_refusal_and_a_failure_are_audited_through_the_one_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opsctl.deploy import audit
+
+    refused, remote = run(monkeypatch, [Stub("model_sync", fail=True)], plan_only=False)
+    assert refused.steps[0].status is StepStatus.FAILED
+    (line,) = audit.local_log_path().read_text().splitlines()
+    assert "host=h1" in line and "action=provision" in line and "result=refused" in line
+    assert 'detail="model_sync: model_sync broke (fix it)"' in line
+    (host_copy,) = [c for c in remote.ran if audit.HOST_LOG in c]  # the host's own log got the same line
+    assert "result=refused" in host_copy
+    run(monkeypatch, [_Breaks("model_sync", (Cmd.of("touch", "/x"),))], plan_only=False)
+    failed = audit.local_log_path().read_text().splitlines()[-1]
+    assert "result=failed" in failed and "model_sync: copy failed" in failed
+    before = audit.local_log_path().read_text()
+    run(monkeypatch, [Stub("model_sync", fail=True)], plan_only=True)  # --plan writes nothing
+    assert audit.local_log_path().read_text() == before
+
+
 def test_reboot_required_stops_apply_but_not_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     stubs = [Stub("drv", (Cmd.of("apt-get", "install"),), reboot=True), Stub("venv", (Cmd.of("pip"),))]
     report, _ = run(monkeypatch, stubs, plan_only=False)
