@@ -38,6 +38,18 @@ cost.json --dflash-tau 2.11` prints tok/s per request and per GPU against DFLASH
     python dev/sglang_gpu/cost_bench.py --models hybrid --modes baseline,dflash,tree7,tree15,tree31 --graphs on \
         --batches 1,2,4,8,16,32,64 --new-tokens 256 --replay paths-hybrid.json   # then --replay-report
 
+`--fair` (the fair replay): DFLASH replays the same pair's recorded accepted lengths (`--replay-dflash`, a
+`ddtree-accepts/1` file recorded by the stand-in's R1 patch, `standin/dflash_replay.py`) while the tree replays
+its paths (`--replay`), so both modes commit, move KV and recurrent state for real acceptance; every batch size
+replays the same recorded requests (`fair_replay.level_requests`: all of them, at least 16, cycled, in as many
+batches of `bs` as that takes; request ids `replay-<i>-...` name the recorded request); `--temperature` samples
+(recordings made at that temperature). `--fair-report cost.json --replay P --replay-dflash A` prints per batch
+size each mode's tau as recorded and as replayed, steps, the replays' own host time per round (taken out of the
+per-request tok/s), and tree / DFLASH with a bootstrap interval over the recorded requests:
+
+    python dev/sglang_gpu/cost_bench.py --models hybrid --modes dflash,tree15 --graphs on --batches 1,2,4,8 \
+        --new-tokens 128 --fair --replay paths.json --replay-dflash accepts.json --json fair.json
+
 Mode `tree-policy` (issue 29): tree mode with DDTREE_POLICY=auto, the worker choosing tree, smaller tree or
 DFLASH's chain per round and batch-size bucket (ddtree.sglang.policy_glue); its DDTREE metrics lines (every 64
 request-rounds) carry the choice. `--policy-report` compares decode tok/s (output tokens / wall time of each
@@ -238,6 +250,12 @@ def engine_child(job_path: Path, result_path: Path) -> None:
         with timer.open("a") as f:
             f.write(json.dumps({"marker": text}) + "\n")
 
+    if job.get("fair"):  # the fair replay: the same recorded requests at every batch size
+        sys.path.insert(0, str(HERE))
+        from ddtree.sglang.replay import replay_rid
+
+        from fair_replay import level_requests
+
     try:
         for bs in job["batches"]:  # warm-up: graphs, Triton compiles, allocator
             mark(f"warmup {bs}")
@@ -246,6 +264,23 @@ def engine_child(job_path: Path, result_path: Path) -> None:
             # every other repeat in the reverse order, so no batch size always runs right after the warm-up
             order = job["batches"] if repeat % 2 == 0 else job["batches"][::-1]
             for bs in order:
+                if job.get("fair"):
+                    for w, indices in enumerate(level_requests(bs, job["fair"], job["fair_minimum"])):
+                        mark(f"measure {bs}")  # one timer segment per batch: the prefill between is no step
+                        rids = [replay_rid(i, f"{bs}-{repeat}-{w}-{k}") for k, i in enumerate(indices)]
+                        t0 = time.monotonic()
+                        outs = engine.generate(input_ids=prompts(bs), sampling_params=job["sampling"], rid=rids)
+                        wall = time.monotonic() - t0
+                        mark(f"done {bs}")
+                        meta = [o["meta_info"] for o in outs]
+                        out["batches"].append(
+                            {"bs": bs, "repeat": repeat, "wave": w, "wall_s": wall, "indices": indices,
+                             "out_lens": [len(o["output_ids"]) for o in outs],
+                             "verify_ct": [m.get("spec_verify_ct") for m in meta],
+                             "accept": [m.get("spec_accept_length") for m in meta],
+                             "output_ids_sha256": tokens_digest([o["output_ids"] for o in outs])}
+                        )  # fmt: skip
+                    continue
                 mark(f"measure {bs}")
                 t0 = time.monotonic()
                 outs = engine.generate(input_ids=prompts(bs), sampling_params=job["sampling"])
@@ -324,6 +359,8 @@ def run_env(model: str, mode: str, args: argparse.Namespace, timer: Path) -> dic
         )
         if args.replay is not None:  # issue 45: the rounds commit a real pair's recorded paths (ddtree.sglang.replay)
             env["DDTREE_REPLAY_ACCEPTANCE"] = str(args.replay.resolve())
+    if mode.startswith("dflash") and args.replay_dflash is not None:  # the stand-in's R1: recorded lengths
+        env["DDTREE_DFLASH_REPLAY"] = str(args.replay_dflash.resolve())
     if mode == "tree-policy":
         env.update(DDTREE_POLICY="auto", DDTREE_LOG_INTERVAL="64")
     if mode == "tree-chain":  # the policy pinned to DFLASH's chain: a chain round's cost inside the tree worker
@@ -429,6 +466,59 @@ def replay_table(reports: list[dict[str, Any]], dflash_tau: float) -> str:
     return "\n".join(out)
 
 
+def recordings(args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]]]:
+    """(DFLASH's accepted lengths, the tree's accepted path lengths) per recorded request, from the files."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    from ddtree.sglang.replay import AcceptanceReplay, LengthReplay
+
+    dflash = [list(r) for r in LengthReplay.from_file(args.replay_dflash).requests]
+    tree = [[len(p) for p in r.paths] for r in AcceptanceReplay.from_file(args.replay).requests]
+    return dflash, tree
+
+
+def fair_count(args: argparse.Namespace) -> int:
+    """How many recorded requests the fair replay cycles through: those both recordings hold."""
+    dflash, tree = recordings(args)
+    return min(len(dflash), len(tree))
+
+
+def fair_table(reports: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The fair replay's table per model and tree mode (fair_replay.report_row: recording vs replayed tau, steps,
+    the replays' host time, tok/s per request, tree / DFLASH with its bootstrap interval over requests)."""
+    recorded_d, recorded_t = recordings(args)  # puts this directory on the path
+    import fair_replay as fr
+
+    new_tokens = int(reports[0]["args"]["new_tokens"])  # the run's, not this command line's
+    temperature = float(reports[0]["args"].get("temperature", 0.0))
+    runs = {name: entry for rep in reports for name, entry in rep["runs"].items() if entry.get("result")}
+    taus = f"DFLASH tau {fr.recording_tau(recorded_d, 15):.2f}, tree tau {fr.recording_tau(recorded_t, 15):.2f}"
+    out = [f"recordings: {taus} over all their rounds ({len(recorded_d)} and {len(recorded_t)} requests)"]
+
+    def level(entry: dict[str, Any], bs: int) -> Any:
+        batches = [b for b in entry["result"]["batches"] if b["bs"] == bs and "indices" in b]
+        row = entry.get("rounds", {}).get(str(bs), {})
+        if not batches or not row.get("step_ms"):
+            return None
+        flat = {k: [v for b in batches for v in b[k]] for k in ("indices", "out_lens", "verify_ct", "accept")}
+        verify, accept = [v or 0 for v in flat["verify_ct"]], [a or 0.0 for a in flat["accept"]]
+        replay_ms = row.get("replay_host_ms") or 0.0
+        return fr.ModeLevel(flat["indices"], flat["out_lens"], verify, accept, row["step_ms"], replay_ms)
+
+    for model in ("dense", "hybrid"):
+        dflash = runs.get(f"{model}-dflash-graph") or runs.get(f"{model}-dflash-eager")
+        trees = sorted(n for n in runs if n.startswith(f"{model}-tree") and re.fullmatch(r"tree\d*", mode_of(n)))
+        for name in trees:
+            rows = []
+            for bs in sorted({b["bs"] for b in runs[name]["result"]["batches"]}):
+                d, t = (level(dflash, bs) if dflash else None), level(runs[name], bs)
+                if d is not None and t is not None:
+                    rows.append(fr.report_row(bs, d, t, (recorded_d, recorded_t), new_tokens, (15, 15)))
+            if rows:
+                out += [f"\n{model}: {mode_of(name)} vs DFLASH, temperature {temperature:g}\n", fr.table(rows)]
+    return "\n".join(out)
+
+
 LOOP_PHASES = ("ingest", "next", "round", "run", "process", "loop")
 
 
@@ -477,8 +567,8 @@ def summarize(timer: Path, batches: list[int], skip: int) -> dict[str, Any]:
             continue
         row: dict[str, Any] = {"rounds": len(recs)}
         for key in ("draft_ms", "build_ms", "verify_ms", "commit_ms", "round_ms", "host_ms", "head_ms", "plan_ms",
-                    "mask_ms", "prep_ms", "fwd_ms"):  # fmt: skip
-            vals = [r[key] for r in recs if key in r]
+                    "mask_ms", "prep_ms", "fwd_ms", "replay_host_ms"):  # fmt: skip
+            vals = [r[key] for r in recs if r.get(key) is not None]
             if vals:
                 row[key] = statistics.median(vals)
         if steps:
@@ -510,7 +600,9 @@ def launch(name: str, kwargs: dict[str, Any], env: dict[str, str], run_dir: Path
         "timer": str(timer),
         "wait_s": args.timeout,
         "repeats": args.repeats,
-        "sampling": {"temperature": 0.0, "max_new_tokens": args.new_tokens, "ignore_eos": True},
+        "sampling": {"temperature": args.temperature, "max_new_tokens": args.new_tokens, "ignore_eos": True},
+        "fair": fair_count(args) if args.fair else 0,
+        "fair_minimum": args.fair_minimum,
     }
     (run_dir / "job.json").write_text(json.dumps(job))
     log = (run_dir / "engine.log").open("w")
@@ -557,6 +649,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replay", type=Path, help="tree modes: DDTREE_REPLAY_ACCEPTANCE (a recorded paths file)")
     p.add_argument("--replay-report", nargs="+", type=Path, help="print issue 45's replayed-acceptance table")
     p.add_argument("--dflash-tau", type=float, default=2.11, help="--replay-report: DFLASH's tau on the real pair")
+    p.add_argument("--replay-dflash", type=Path, help="dflash modes: DDTREE_DFLASH_REPLAY (a ddtree-accepts/1 file)")
+    p.add_argument("--fair", action="store_true", help="every batch size replays the same recorded requests")
+    p.add_argument("--fair-minimum", type=int, default=16, help="--fair: requests per batch size at least")
+    p.add_argument("--fair-report", nargs="+", type=Path, help="print the fair replay's table (with the recordings)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the measured requests")
     p.add_argument("--old-runtime", type=Path, help="mode tree-old: this runtime directory first on PYTHONPATH")
     p.add_argument("--loop-profile", action="store_true", help="cProfile the scheduler outside the rounds")
     args = p.parse_args(argv)
@@ -572,6 +669,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay_report:
         print(replay_table([json.loads(path.read_text()) for path in args.replay_report], args.dflash_tau))
         return 0
+    if args.fair_report:
+        print(fair_table([json.loads(path.read_text()) for path in args.fair_report], args))
+        return 0
+    if args.fair and (args.replay is None or args.replay_dflash is None):
+        raise SystemExit("--fair needs both recordings: --replay (the tree's paths) and --replay-dflash (DFLASH's)")
     args.batches = [int(x) for x in args.batches.split(",")]
     configs = write_configs(args.cache / "real_shapes")
     if args.configs_only:

@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="instead of the comparison: record rounds for the policy simulator and paths for the acceptance replay "
         "into this directory (one start per shape, greedy; see record_plan)",
     )
+    p.add_argument(
+        "--record-fair",
+        action="store_true",
+        help="with --record: the fair replay's recordings instead (fair_record_plan): DFLASH's accepted lengths and "
+        "the tree's paths at each --budgets, one start each per --temperatures",
+    )
     p.add_argument("--rounds", type=int, default=3, help="server starts per service (>= 3 for a verdict)")
     p.add_argument("--only-round", type=int, default=None, help="run this round only (0-based), e.g. one per call")
     p.add_argument("--concurrency", type=bench.int_list, default=[1, 4, 8, 16, 32])
@@ -98,12 +104,30 @@ def record_plan(pair: str, args: argparse.Namespace) -> list[Any]:
     return specs
 
 
+def fair_record_plan(pair: str, args: argparse.Namespace) -> list[Any]:
+    """The fair replay's recordings of a pair, per temperature t of `--temperatures`: `linear` (SGLang's DFLASH)
+    writing its accepted lengths per request and round (`DDTREE_DFLASH_RECORD`, the stand-in's R1 patch:
+    `accepts-<pair>-t<t>.json`, ddtree-accepts/1; t0, t07, t1) and the tree at each `--budgets` writing its
+    paths (`DDTREE_RECORD_PATHS`: `paths-<pair>-b<budget>-t<t>.json`), each started alone and driven through the same
+    levels and prompts, so the two recordings hold the same requests in the same order."""
+    specs = []
+    for t in (float(x) for x in args.temperatures.split(",") if x):
+        tag = f"t{t:g}".replace(".", "")  # t0, t07, t1: a service name takes no '.'
+        env = (("DDTREE_DFLASH_RECORD", str(args.record / f"accepts-{pair}-{tag}.json")),)
+        specs.append(bench.ServiceSpec(f"{pair}-recaccepts-{tag}", pair, "linear", "linear", None, None, env, (t,)))
+        for budget in args.budgets:
+            env = (("DDTREE_RECORD_PATHS", str(args.record / f"paths-{pair}-b{budget}-{tag}.json")),)
+            name = f"{pair}-recpaths{budget}-{tag}"
+            specs.append(bench.ServiceSpec(name, pair, "tree", "tree-paths", budget, None, env, (t,)))
+    return specs
+
+
 def plan(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Per pair: the services (pairs_bench's specs), the reference, and the start order of each round to run."""
     out = {}
     for pair in args.pairs.split(","):
         if args.record is not None:
-            specs = record_plan(pair, args)
+            specs = fair_record_plan(pair, args) if args.record_fair else record_plan(pair, args)
             out[pair] = {"specs": specs, "reference": "", "rounds": {0: [s.name for s in specs]}}
             continue
         specs = [s for s in bench.service_plan([pair], args) if args.with_baseline or s.mode != "baseline"]

@@ -133,3 +133,35 @@ def test_dflash_rounds_are_forced_to_the_recorded_lengths_in_sglangs_layout() ->
         want = [*candidates[b, 1:].tolist(), 0]
         want[n] = int(predict[b, n])
         assert out_tokens[b].tolist() == want
+
+
+def test_cost_bench_prints_the_fair_table_from_its_json_and_the_recordings(tmp_path: Path) -> None:
+    import argparse
+    import json
+
+    cb = _load("ddtree_dev_cost_bench", DEV / "cost_bench.py")
+    accepts, paths = tmp_path / "accepts.json", tmp_path / "paths.json"
+    accepts.write_text(json.dumps({"format": "ddtree-accepts/1", "requests": [[1, 1], [3]]}))
+    paths.write_text(json.dumps({"format": "ddtree-paths/1", "requests": [[[0, 0]], [[0, 0, 1, 0]]]}))
+
+    def run(verify: list[int], step: float, replay: float) -> dict[str, object]:
+        batches = [{"bs": bs, "indices": ix, "out_lens": [17] * bs, "verify_ct": [verify[i] for i in ix],
+                    "accept": [17 / verify[i] for i in ix]}
+                   for bs in (1, 2) for ix in fr.level_requests(bs, 2, 4)]  # fmt: skip
+        rounds = {str(bs): {"step_ms": step * bs, "replay_host_ms": replay} for bs in (1, 2)}
+        return {"result": {"batches": batches}, "rounds": rounds}
+
+    runs = {"hybrid-dflash-graph": run([8, 4], 10.0, 0.5), "hybrid-tree15-graph": run([6, 4], 11.0, 1.0)}
+    report = {"args": {"new_tokens": "17", "temperature": "0.7"}, "runs": runs}
+    args = argparse.Namespace(replay=paths, replay_dflash=accepts)
+    text = cb.fair_table([report], args)
+    assert "recordings: DFLASH tau 2.67, tree tau 4.00 over all their rounds (2 and 2 requests)" in text
+    assert "hybrid: tree15 vs DFLASH, temperature 0.7" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert len(rows) == 2
+    # bs 1: DFLASH recorded (17/8 + 17/4) / 2 beside the replayed mean of 17/8 and 17/4: equal
+    d_tau = (17 / 8 + 17 / 4) / 2
+    assert f"| {d_tau:.2f} / {d_tau:.2f} |" in rows[0]
+    d_rate = (16 / (8 * 0.0095) + 16 / (4 * 0.0095)) / 2
+    t_rate = (16 / (6 * 0.010) + 16 / (4 * 0.010)) / 2
+    assert f"| {d_rate:.1f} | {t_rate:.1f} | {t_rate / d_rate:.3f} [" in rows[0]
