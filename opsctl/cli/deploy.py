@@ -264,10 +264,19 @@ def register(app: typer.Typer) -> None:
                 "--allow-old-secrets", help="Roll back even to a release deployed with another (older) API key."
             ),
         ] = False,
+        force: Annotated[
+            bool,
+            typer.Option(
+                "--force",
+                help="With --to: go back even to a release marked BAD (its health and smoke gates run first).",
+            ),
+        ] = False,
         forks: ForksOpt = 16,
         as_json: JsonOpt = False,
     ) -> None:
-        """Back to the previous good release (bad ones skipped), health gated. `--router NAME`: that router."""
+        """Back to the previous good release (bad ones skipped), health and smoke gated. `--to` a release that
+        never finished its gates warns and runs them; `--to` one marked BAD needs --force. `--router NAME`: that
+        router."""
         from opsctl.deploy import runner
         from opsctl.router.keptout import KeptOutRecorder
         from opsctl.router.rolling import RouterGuard
@@ -285,7 +294,7 @@ def register(app: typer.Typer) -> None:
         given = overrides(split_selector(host), split_selector(services), None, health_timeout, readiness_delay)
         inv = load_inventory(inventory, given)
         selection = _selection(inv, host, services)
-        settings = DeploySettings(plan=plan, allow_old_secrets=allow_old_secrets)
+        settings = DeploySettings(plan=plan, allow_old_secrets=allow_old_secrets, force=force)
         options = RolloutOptions(lock_wait=lock_wait, forks=forks)
         guard = RouterGuard(inv, kept_out=KeptOutRecorder(inv)) if inv.routers else None
         try:

@@ -36,7 +36,7 @@ NOT_SWITCHED = "interrupted before the switch"  # a reason that needs no rollbac
 class DeploySettings:
     keep: int = release.DEFAULT_KEEP  # releases kept per service (current never pruned)
     allow_old_secrets: bool = False  # rollback: allow a target deployed with other secrets than the current
-    force: bool = False  # deploy even when the config hash equals current's
+    force: bool = False  # deploy even when the config hash equals current's; rollback --to even a BAD release
     plan: bool = False  # print what would change, change nothing
     smoke: bool = True  # run the smoke gate after the health gate
     health_timeout: float | None = None  # override the service's health_timeout
@@ -561,6 +561,29 @@ def _prune(ctx: ServiceContext, keep: int) -> list[str]:
         return []
 
 
+def _untested_target(ctx: ServiceContext, entry: release.ReleaseEntry, force: bool) -> bool:
+    """`rollback --to` a release that never passed its gates: one that went live and was interrupted before they
+    finished is warned about (the rollback runs the health and smoke gates, as a deploy does, and restores the
+    current release if they fail); one marked BAD (it failed them, or was retired) needs --force. Returns whether
+    the target is untested."""
+    name = f"{ctx.host.name}/{ctx.service.name}"
+    if entry.bad and not force:
+        why = ctx.run(release.bad_reason_cmd(ctx.paths, entry.release_id), check=False).strip()
+        raise DeployError(
+            f"{name}: release {entry.release_id} is marked BAD ({guards.bounded(why) or 'no reason recorded'}); "
+            "nothing was changed",
+            "pick another release (`opsctl status`), or add --force to go back to it anyway (its gates run first)",
+        )
+    if entry.bad:
+        ctx.say(f"WARNING {name}: {entry.release_id} is marked BAD; --force: rolling back to it, gates first")
+    elif entry.pending:
+        ctx.say(
+            f"WARNING {name}: {entry.release_id} went live once but never finished its gates; rolling back to it "
+            "runs them (health, smoke) and restores the current release if they fail"
+        )
+    return entry.bad or entry.pending
+
+
 def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | None = None) -> ServiceResult:
     """Back to what served before the current release (or `to`), health gated; the old current is restored if
     that fails."""
@@ -569,6 +592,7 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
     result = ServiceResult(host, svc, Outcome.FAILED)
     facts = read_facts(ctx)
     result.previous = facts.current
+    untested = False  # `--to` a release that never passed its gates: they run now, and it is kept only if they pass
     if to is not None:
         release.ReleaseId.parse(to)
         entry = facts.entry(to)
@@ -576,6 +600,7 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
             raise DeployError(f"{host}/{svc}: no complete release {to}", f"see `opsctl status` for {svc}'s releases")
         if to == facts.current:
             raise DeployError(f"{host}/{svc}: {to} is already current", "nothing to roll back")
+        untested = _untested_target(ctx, entry, settings.force)
         target = to
     else:
         found = facts.rollback_target()
@@ -595,10 +620,16 @@ def rollback_service(ctx: ServiceContext, settings: DeploySettings, to: str | No
         guards.check_rollback_secrets(ctx, target, dict(secrets))
     if settings.plan:
         result.outcome, result.message = Outcome.PLANNED, f"would roll back {facts.current} -> {target}"
+        if untested:
+            result.message += f" ({target} never passed its gates: they run first)"
         return result
     if ctx.before_live is not None:
         ctx.before_live()  # out of its routers first (an error: nothing was switched)
     outcome, message, tail = corridor.roll_back_to(ServiceRelease(ctx, settings), facts.current, target)
+    if untested and outcome is Outcome.REVERTED:  # it passed the same gates as a deploy now
+        ctx.run(release.clear_pending_cmd(ctx.paths, target), check=False)
+        ctx.run(release.clear_bad_cmd(ctx.paths, target), check=False)
+        message += "; it passed its gates now (no longer untested or BAD)"
     if changed:
         message += f"; its files changed on the host since its deploy ({changed[0]})"
     result.outcome, result.message, result.journal_tail = outcome, message, tail

@@ -307,6 +307,16 @@ def clear_pending_cmd(paths: ServicePaths, release_id: str) -> Cmd:
     return Cmd.of("rm", "-f", "--", f"{paths.release(release_id)}/{PENDING_MARKER}", sudo=True)
 
 
+def clear_bad_cmd(paths: ServicePaths, release_id: str) -> Cmd:
+    """A BAD release went back into service with --force and passed its gates."""
+    return Cmd.of("rm", "-f", "--", f"{paths.release(release_id)}/{BAD_MARKER}", sudo=True)
+
+
+def bad_reason_cmd(paths: ServicePaths, release_id: str) -> Cmd:
+    """Why a release was marked BAD (the marker's content)."""
+    return Cmd.of("cat", "--", f"{paths.release(release_id)}/{BAD_MARKER}", sudo=True)
+
+
 def remove_releases_cmd(paths: ServicePaths, release_ids: list[str]) -> Cmd:
     return Cmd.of("rm", "-rf", "--", *[paths.release(r) for r in release_ids], sudo=True)
 

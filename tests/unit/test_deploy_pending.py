@@ -180,3 +180,58 @@ def test_status_during_a_deploy_in_progress_says_so_and_does_not_fail(monkeypatc
     for pid in (None, 2**22 + 4321):  # no lock; a lock whose process is gone (stale)
         row = status.collect(FakeHost(host.name, handler=handler_for(pid)), host, host.service("ref-shadow"), http)
         assert not row.deploying and row.failing
+
+
+class MarkedBox(PendingBox):
+    """PendingBox whose BAD markers can also be read and removed (rollback --to a BAD release with --force)."""
+
+    def handler(self, cmd: Cmd):  # type: ignore[no-untyped-def]
+        text = cmd.display()
+        if text.endswith(f"/{release.BAD_MARKER}") and text.startswith(("cat", "rm -f")):
+            rid = text.split("releases/")[1].split("/")[0]
+            if text.startswith("cat"):
+                return (0, "health gate failed: /health: connection refused\n", "") if rid in self.bad else (1, "", "")
+            self.bad.discard(rid)
+            return (0, "", "")
+        return super().handler(cmd)
+
+
+def _two_releases(make, target_state: str):  # type: ignore[no-untyped-def]
+    new = "20261129T210000Z-bbbbbbbbbbbb"
+    box = MarkedBox(new)
+    box.releases[OLD] = 0
+    (box.pending if target_state == "pending" else box.bad).add(OLD)
+    ctx, fake = make(box)
+    return box, ctx, fake, new
+
+
+def test_rollback_to_a_release_that_never_finished_its_gates_warns_runs_them_and_clears_the_mark(ctx_for) -> None:  # noqa: F811
+    make, _, said = ctx_for
+    box, ctx, _, _ = _two_releases(make, "pending")
+    planned = flow.rollback_service(ctx, replace(FAST, allow_old_secrets=True, plan=True), to=OLD)
+    assert planned.outcome is Outcome.PLANNED and "never passed its gates: they run first" in planned.message
+    result = flow.rollback_service(ctx, replace(FAST, allow_old_secrets=True), to=OLD)
+    assert result.outcome is Outcome.REVERTED, result.message
+    assert result.message.endswith("it passed its gates now (no longer untested or BAD)")
+    assert any(line.startswith("WARNING ") and f"{OLD} went live once but never finished its gates" in line
+               for line in said)  # fmt: skip
+    assert any(line.startswith("smoke ok") for line in said)  # the gates ran
+    assert box.current == OLD and box.pending == set()
+
+
+def test_rollback_to_a_bad_release_is_refused_without_force(ctx_for) -> None:  # noqa: F811
+    from opsctl.errors import DeployError
+
+    make, _, said = ctx_for
+    box, ctx, fake, new = _two_releases(make, "bad")
+    try:
+        flow.rollback_service(ctx, replace(FAST, allow_old_secrets=True), to=OLD)
+        raise AssertionError("a BAD target was not refused")
+    except DeployError as err:
+        line = err.one_line()
+    assert f"release {OLD} is marked BAD (health gate failed: /health: connection refused); nothing was changed" in line
+    assert "add --force to go back to it anyway" in line
+    assert box.current == new and _live_steps(fake) == []
+    forced = flow.rollback_service(ctx, replace(FAST, allow_old_secrets=True, force=True), to=OLD)
+    assert forced.outcome is Outcome.REVERTED and box.current == OLD and OLD not in box.bad, forced.message
+    assert any("is marked BAD; --force: rolling back to it, gates first" in line for line in said)
