@@ -165,3 +165,77 @@ def test_cost_bench_prints_the_fair_table_from_its_json_and_the_recordings(tmp_p
     d_rate = (16 / (8 * 0.0095) + 16 / (4 * 0.0095)) / 2
     t_rate = (16 / (6 * 0.010) + 16 / (4 * 0.010)) / 2
     assert f"| {d_rate:.1f} | {t_rate:.1f} | {t_rate / d_rate:.3f} [" in rows[0]
+
+
+# ---------------------------------------------------------------- R1 on SGLang's own DFLASH worker class
+
+R1_SCRIPT = r"""
+import json, sys
+sys.path.append(sys.argv[1])  # after SGLang's own path: the stand-in's sgl_kernel must not shadow the CPU stub
+import torch
+import gpu_patches
+from types import SimpleNamespace
+from sglang.srt.speculative import dflash_worker_v2 as w
+gpu_patches._patch_dflash_replay(w)
+
+def worker(cls):
+    # SGLang's class itself, without its __init__ (no model): what _accept_block reads on the greedy path
+    out = object.__new__(cls)
+    out._selector_sample, out._use_triton_accept_bonus, out.block_size = None, False, 4
+    out._tp_sync = SimpleNamespace(sync=lambda *a, **k: None)
+    return out
+
+cand = torch.tensor([[5, 1, 2, 3], [5, 4, 6, 7], [5, 8, 9, 10]])
+real = [0, 2, 3]  # the target's argmax follows each row's drafts this far
+logits = torch.zeros(12, 16)
+for b, n in enumerate(real):
+    for j in range(4):
+        logits[b * 4 + j, int(cand[b, j + 1]) if j < n else 11 + b + j % 2] = 1.0
+
+def round_of(obj, rids):
+    obj._ddtree_dev_rids = rids
+    out = obj._accept_block(candidates=cand, next_token_logits=logits, sampling_info=None, draft_input=None,
+                            prefix_lens=torch.zeros(3, dtype=torch.int64), bs=3, target_predict=None)
+    return [t.tolist() if t is not None else None for t in out]
+
+main = worker(w.DFlashWorkerV2)
+rids = ["replay-1-a", "replay-0-b", "plain"]
+rounds = [round_of(main, rids) for _ in range(8)]  # the recorder writes every 8 rounds
+Sub = type("Sub", (w.DFlashWorkerV2,), {})  # as DDTREE's tree worker: a subclass keeps SGLang's acceptance
+print("R1 " + json.dumps({"applied": gpu_patches.APPLIED, "rounds": rounds, "sub": round_of(worker(Sub), rids),
+                          "argmax": logits.argmax(-1).view(3, 4).tolist()}))
+"""
+
+
+def test_r1_records_the_real_lengths_and_replays_the_recorded_ones_on_sglangs_class(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import sglang_cpu
+
+    if reason := sglang_cpu.sglang_skip_reason():
+        pytest.skip(reason)
+    replay, record = tmp_path / "replay.json", tmp_path / "record.json"
+    replay.write_text(json.dumps({"format": "ddtree-accepts/1", "requests": [[1, 3], [0, 2, 9]]}))
+    env = {**os.environ, "DDTREE_DFLASH_REPLAY": str(replay), "DDTREE_DFLASH_RECORD": str(record)}
+    proc = subprocess.run([sys.executable, "-c", sglang_cpu.PRELUDE + R1_SCRIPT, str(DEV / "standin")],
+                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("R1 ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    got = json.loads(lines[-1][3:])
+    assert got["applied"] == ["R1"]
+    argmax = got["argmax"]
+    # recorded: SGLang's own greedy acceptance of every round (0, 2, 3 drafts), per request in first-seen order
+    assert json.loads(record.read_text())["requests"] == [[0] * 8, [2] * 8, [3] * 8]
+    # replayed: replay-1-* takes recorded request 1, replay-0-* request 0, "plain" the next in turn (0); capped at 3
+    lengths = [round_[0] for round_ in got["rounds"]]
+    recorded = [[0, 2, 9], [1, 3], [1, 3]]  # per live request: its recorded request's rounds
+    assert lengths == [[min(recorded[b][r % len(recorded[b])], 3) for b in range(3)] for r in range(8)]
+    for (_, commit, bonus, out, new_seq_lens), n in zip(got["rounds"], lengths, strict=True):
+        assert commit == [x + 1 for x in n] and new_seq_lens is None
+        assert bonus == [argmax[b][n[b]] for b in range(3)]
+        assert [out[b][n[b]] for b in range(3)] == bonus
+    # the subclass (DDTREE's worker) keeps SGLang's own acceptance
+    assert got["sub"][0] == [0, 2, 3]
