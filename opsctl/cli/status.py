@@ -41,10 +41,14 @@ def register(app: typer.Typer) -> None:
         deep: Annotated[
             bool, typer.Option("--deep", help="Also sha256 every model file against provision's manifest (slow).")
         ] = False,
+        canary: Annotated[
+            bool, typer.Option("--canary", help="Also print each router's last canary comparison table.")
+        ] = False,
         as_json: JsonOpt = False,
     ) -> None:
         """Unit state, restarts, current release, health and last DDTREE metrics of every selected service; each
-        router's unit, release, health and members as the router sees them."""
+        router's unit, release, health and members as the router sees them, and its last canary in one line
+        (`--canary`: its whole comparison table; `--json` always carries it)."""
         from opsctl.remote.ssh import connect_for_reads as connect
 
         inv = load_inventory(inventory)
@@ -81,7 +85,7 @@ def register(app: typer.Typer) -> None:
             )
         else:
             _table(rows)
-            _router_table(router_rows)
+            _router_table(router_rows, canary_table=canary)
             for h, held in sorted({r.host: r.lock for r in rows if r.lock}.items()):
                 console.print(f"[yellow]{h}: deploy lock held by {held}[/]", markup=True)
             for h in sorted({r.host for r in rows if r.lock_stale}):
@@ -177,7 +181,7 @@ def _routers(inv: Inventory, routers: list[Router], unreachable: set[str]) -> li
     return out
 
 
-def _router_table(rows: list[RouterStatus]) -> None:
+def _router_table(rows: list[RouterStatus], canary_table: bool = False) -> None:
     for r in rows:
         unit = f"{r.unit.active_state}/{r.unit.sub_state}" if r.unit else "?"
         if r.unit is not None:  # a restart re-admits every worker of its --worker-urls: worth seeing
@@ -210,10 +214,14 @@ def _router_table(rows: list[RouterStatus]) -> None:
             )
         if r.canary:
             c = r.canary
+            table = c.get("table") or []
+            # one line unless asked: every status would repeat the whole comparison of a canary long finished
+            more = f" (comparison: {len(table)} lines, `opsctl status --canary`)" if table and not canary_table else ""
             console.print(
                 f"    canary {c.get('phase', '?')} (updated {c.get('updated', '?')}): canary "
-                f"{', '.join(c.get('canary') or [])} vs old {', '.join(c.get('old') or [])}; {c.get('message', '')}",
+                f"{', '.join(c.get('canary') or [])} vs old {', '.join(c.get('old') or [])}; {c.get('message', '')}"
+                + more,
                 markup=False,
             )
-            for line in c.get("table") or []:
+            for line in table if canary_table else []:
                 console.print(f"      {line}", markup=False)
