@@ -17,7 +17,7 @@ import os
 
 PARTS = ("1", "2")
 # In-process reference-engine runs (lossless, sampling, the tiny models' held-out tau, the batched builders), the
-# SGLang probes and the policy's engine runs: ~640 of the tier's ~1350 s in a fresh-machine run. The three modules
+# SGLang probes and the policy's engine runs: ~640 of the tier's ~1350 s in a fresh-machine run. The modules
 # with an SGLang probe are in one part: their probes share one SGLang import (conftest.py, `sglang_probes`).
 SECOND = frozenset(
     {
@@ -28,6 +28,7 @@ SECOND = frozenset(
         "test_sglang_plugin.py",
         "test_sglang_layout.py",
         "test_sglang_hybrid_graphs.py",
+        "test_sglang_sampling_rules.py",
         "test_policy_engine.py",
         "test_drafter.py",
         "test_sglang_policy_glue.py",

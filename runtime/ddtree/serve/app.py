@@ -89,6 +89,10 @@ def create_app(state: AppState) -> FastAPI:
 
     @app.exception_handler(RequestError)
     async def _bad_request(_: Request, exc: RequestError) -> JSONResponse:
+        if exc.shape == "native":  # SGLang's /generate after its contract check (http_server._create_error_response)
+            return JSONResponse({"error": {"message": exc.message}}, status_code=exc.status)
+        if exc.shape == "contract":  # SGLang's /generate JSON contract (api_contract.generate_contract_error)
+            return JSONResponse({"error": exc.message}, status_code=exc.status)
         return error_response(exc.status, exc.message, exc.param)
 
     @app.exception_handler(_NotReady)
@@ -276,13 +280,16 @@ def create_app(state: AppState) -> FastAPI:
         req = parse_generate(_json(raw))
         refuse_lora(None, req.lora_path, args.served_model_name)
         loaded = ready()
-        if req.input_ids is not None:
-            prompt = _check_vocab(list(req.input_ids), loaded, "input_ids")
-        else:
-            prompt = list(loaded.tokenizer.encode(req.text or "", add_special_tokens=False))
-            if not prompt:
-                raise RequestError("text must not be empty", "text")
-        return req, loaded, _params(state, loaded, prompt, req.sampling)
+        try:  # SGLang's tokenizer manager refuses these with a ValueError: /generate's native error shape
+            if req.input_ids is not None:
+                prompt = _check_vocab(list(req.input_ids), loaded, "input_ids")
+            else:
+                prompt = list(loaded.tokenizer.encode(req.text or "", add_special_tokens=False))
+                if not prompt:
+                    raise RequestError("text must not be empty", "text")
+            return req, loaded, _params(state, loaded, prompt, req.sampling)
+        except RequestError as exc:
+            raise exc.native() from None
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:

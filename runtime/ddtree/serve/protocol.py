@@ -1,25 +1,41 @@
 """Request bodies validated once at the boundary into frozen dataclasses; bad input raises ``RequestError``.
 
-Pure functions over already-parsed JSON; the app turns ``RequestError`` into a 400 with SGLang's error shape.
+Pure functions over already-parsed JSON; the app turns ``RequestError`` into a 400 with SGLang's error shape for
+the endpoint. The sampling rules are SGLang 0.5.23's, in its order: the request model's types (pydantic for the
+OpenAI endpoints; for /generate the JSON contract, `sglang.api.v1.api_types.decode_SamplingParams`), then
+`SamplingParams.__post_init__` (greedy forces top_k 1), `normalize` (at most 32 stop strings) and `verify`
+(ranges, min_new_tokens <= max_new_tokens), plus the DDTREE plugin's top_k bound (`ddtree.sglang.sampling_guard`).
+tests/runtime/test_sglang_sampling_rules.py checks them against SGLang's own code.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ddtree.sglang.sampling_guard import top_k_refusal
+
 
 class RequestError(ValueError):
-    """A client error: 400 with ``message``; ``param`` names the offending field when there is one."""
+    """A client error: 400 with ``message``; ``param`` names the offending field when there is one. ``shape`` is
+    SGLang's body for it: "openai" (`{"object": "error", "message", ...}`), "native" (/generate's refusals after
+    its contract check: `{"error": {"message": ...}}`) or "contract" (/generate's JSON contract: `{"error": "..."}`)."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+    def __init__(self, message: str, param: str | None = None, status: int = 400, shape: str = "openai") -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
+        self.shape = shape
+
+    def native(self) -> RequestError:
+        """The same refusal in /generate's native shape (a contract refusal keeps its own)."""
+        shape = self.shape if self.shape == "contract" else "native"
+        return RequestError(self.message, self.param, self.status, shape)
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,21 @@ class TokenizeRequest:
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
 SEED_RANGE = (-(2**63), 2**63 - 1)  # SGLang's sampling_seed range (SamplingParams.verify)
+MAX_STOP_COUNT = 32  # SGLang's SamplingParams.normalize
+GREEDY_BELOW = 1e-6  # SGLang's _SAMPLING_EPS: a temperature in [0, this) is greedy, and top_k becomes 1
+# Fields whose null SGLang's pydantic request models refuse (declared without Optional), per endpoint.
+_CHAT_NOT_NULL = ("frequency_penalty", "presence_penalty", "min_tokens", "ignore_eos", "no_stop_trim")
+_COMPLETION_NOT_NULL = (*_CHAT_NOT_NULL, "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# /generate's sampling_params keys (sglang.api.v1.api_types._FIELDS_SamplingParams): any other is a contract 400
+GENERATE_SAMPLING_FIELDS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width", "watermark", "choice",
+)  # fmt: skip
+_GENERATE_INTS = ("max_new_tokens", "top_k", "min_new_tokens", "n", "stream_interval", "sampling_seed", "beam_width")
+_GENERATE_FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
+_GENERATE_BOOLS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
 
 # Fields SGLang implements and this engine does not, with the values that mean "off" (None always does). A field
 # present with any other value is a 400 naming it: a request is never answered as if the field were not there.
@@ -136,18 +167,61 @@ def _require_object(body: Any, what: str = "request body") -> Mapping[str, Any]:
     return body
 
 
+# What SGLang's pydantic request models take for a number or a boolean (pydantic's lax mode, which FastAPI
+# validates with): JSON numbers and booleans, and strings that spell one.
+_INT_TEXT = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?")
+_TRUE_TEXT = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE_TEXT = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def lax_int(v: Any) -> int | None:
+    """pydantic's int: an int, a bool, a finite float with no fraction, or such a string ("7", " 7 ", "1_000",
+    "7.00"); None if it is none of these."""
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return int(v) if math.isfinite(v) and v.is_integer() else None
+    if isinstance(v, str):
+        text = v.strip()
+        if text.isascii() and _INT_TEXT.fullmatch(text):
+            return int(text.split(".")[0])
+    return None
+
+
+def lax_float(v: Any) -> float | None:
+    """pydantic's float: a number, a bool, or a string Python's float() reads (ASCII: "0.5", " 1e3 ", "inf")."""
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str) and v.isascii():
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None
+
+
+def lax_bool(v: Any) -> bool | None:
+    """pydantic's bool: a bool, 0 or 1 (int or float), or "true"/"false", "yes"/"no", "on"/"off", "1"/"0", ...
+    in any case; None if it is none of these."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int | float) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.lower() in _TRUE_TEXT | _FALSE_TEXT:
+        return v.lower() in _TRUE_TEXT
+    return None
+
+
 def _opt_int(body: Mapping[str, Any], key: str, lo: int | None = None) -> int | None:
     v = body.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        else:
-            raise RequestError(f"{key} must be an integer, got {v!r}", key)
-    if lo is not None and v < lo:
-        raise RequestError(f"{key} must be >= {lo}, got {v}", key)
-    return v
+    n = lax_int(v)
+    if n is None:
+        raise RequestError(f"{key} must be an integer, got {v!r}"[:160], key)
+    if lo is not None and n < lo:
+        raise RequestError(f"{key} must be >= {lo}, got {n}"[:160], key)
+    return n
 
 
 def _refuse_unsupported(body: Mapping[str, Any], table: Mapping[str, tuple[Any, ...]], prefix: str = "") -> None:
@@ -170,19 +244,33 @@ def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
     for key, value in raw.items():
         if not isinstance(key, str) or not key.isascii() or not key.isdigit() or len(key) > 9:
             raise RequestError(f"logit_bias keys must be token ids, got {key[:20]!r}", "logit_bias")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
-            raise RequestError(f"logit_bias values must be numbers in [-100, 100], got {value!r}"[:120], "logit_bias")
-        bias[int(key)] = float(value)
+        # SGLang bounds no bias value; a non-finite one (1e400) would turn every logit into nan here
+        bias_value = lax_float(value)
+        if bias_value is None or not math.isfinite(bias_value):
+            raise RequestError(f"logit_bias values must be finite numbers, got {value!r}"[:120], "logit_bias")
+        bias[int(key)] = bias_value
     return tuple(sorted(bias.items()))
 
 
-def _top_k(body: Mapping[str, Any]) -> int:
-    """SGLang's top_k: -1 (or 0, OpenAI clients' "off") for the whole vocabulary, else at least 1."""
-    top_k = _opt_int(body, "top_k", lo=-1)
-    return -1 if top_k in (None, 0) else top_k
+def _top_k(body: Mapping[str, Any], temperature: float) -> int:
+    """SGLang's top_k: -1 (or absent) for the whole vocabulary, else at least 1 and, with the DDTREE plugin, at most
+    2**31 - 1. A greedy request's top_k is not checked: SGLang replaces it with 1 first (`__post_init__`)."""
+    top_k = _opt_int(body, "top_k")
+    if temperature < GREEDY_BELOW:
+        return -1
+    if top_k is None or top_k == -1:
+        return -1
+    if top_k < 1:
+        raise RequestError(f"top_k must be -1 (disable) or at least 1, got {top_k}.", "top_k")
+    refusal = top_k_refusal(top_k)
+    if refusal is not None:
+        raise RequestError(refusal, "top_k")
+    return top_k
 
 
-def _decoding_fields(body: Mapping[str, Any], min_tokens_key: str) -> dict[str, Any]:
+def _decoding_fields(
+    body: Mapping[str, Any], min_tokens_key: str, temperature: float, max_tokens: int | None
+) -> dict[str, Any]:
     """top-k, top-p, min-p, the three penalties, the minimum length and logit_bias, validated as SGLang does."""
     top_p = _opt_float(body, "top_p", 0.0, 1.0)
     if top_p == 0.0:
@@ -190,14 +278,19 @@ def _decoding_fields(body: Mapping[str, Any], min_tokens_key: str) -> dict[str, 
     repetition = _opt_float(body, "repetition_penalty", 0.0, 2.0)
     if repetition == 0.0:
         raise RequestError("repetition_penalty must be in (0, 2], got 0", "repetition_penalty")
+    min_tokens = _opt_int(body, min_tokens_key, lo=0) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise RequestError(
+            f"min_new_tokens must be in [0, max_new_tokens({max_tokens})], got {min_tokens}.", min_tokens_key
+        )
     fields: dict[str, Any] = {
-        "top_k": _top_k(body),
+        "top_k": _top_k(body, temperature),
         "top_p": 1.0 if top_p is None else top_p,
         "min_p": _opt_float(body, "min_p", 0.0, 1.0) or 0.0,
         "frequency_penalty": _opt_float(body, "frequency_penalty", -2.0, 2.0) or 0.0,
         "presence_penalty": _opt_float(body, "presence_penalty", -2.0, 2.0) or 0.0,
         "repetition_penalty": 1.0 if repetition is None else repetition,
-        "min_tokens": _opt_int(body, min_tokens_key, lo=0) or 0,
+        "min_tokens": min_tokens,
         "logit_bias": _logit_bias(body),
     }
     return fields
@@ -214,20 +307,40 @@ def _opt_float(body: Mapping[str, Any], key: str, lo: float, hi: float) -> float
     v = body.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise RequestError(f"{key} must be a number, got {v!r}", key)
-    if not lo <= v <= hi:
-        raise RequestError(f"{key} must be in [{lo}, {hi}], got {v}", key)
-    return float(v)
+    x = lax_float(v)
+    if x is None or not math.isfinite(x):
+        raise RequestError(f"{key} must be a number, got {v!r}"[:160], key)
+    if not lo <= x <= hi:
+        raise RequestError(f"{key} must be in [{lo}, {hi}], got {x}", key)
+    return x
+
+
+def _temperature(body: Mapping[str, Any]) -> float | None:
+    """SGLang's check: a non-negative finite number (no upper bound)."""
+    v = body.get("temperature")
+    if v is None:
+        return None
+    x = lax_float(v)
+    if x is None or not math.isfinite(x) or x < 0:
+        raise RequestError(f"temperature must be a non-negative finite number, got {v!r}."[:120], "temperature")
+    return x
+
+
+def _refuse_null(body: Mapping[str, Any], keys: tuple[str, ...]) -> None:
+    """Fields SGLang's pydantic model declares without Optional: an explicit null is a 400 there."""
+    for key in keys:
+        if key in body and body[key] is None:
+            raise RequestError(f"{key}: Input should not be null", key)
 
 
 def _opt_bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
     v = body.get(key, default)
     if v is None:
         return default
-    if not isinstance(v, bool):
-        raise RequestError(f"{key} must be true or false, got {v!r}", key)
-    return v
+    b = lax_bool(v)
+    if b is None:
+        raise RequestError(f"{key} must be true or false, got {v!r}"[:160], key)
+    return b
 
 
 def token_ids(v: Any, key: str) -> tuple[int, ...]:
@@ -238,6 +351,17 @@ def token_ids(v: Any, key: str) -> tuple[int, ...]:
     return tuple(v)
 
 
+def _stop_token_ids(v: Any) -> tuple[int, ...]:
+    """stop_token_ids: a list of integers (OpenAI endpoints: pydantic's List[int], each as `lax_int` reads it). SGLang
+    checks no range: a negative id or one beyond the vocabulary is kept and never matches."""
+    if not v:
+        return ()
+    ids = [lax_int(t) for t in v] if isinstance(v, list) else [None]
+    if any(t is None for t in ids):
+        raise RequestError("stop_token_ids must be a list of integer token ids", "stop_token_ids")
+    return tuple(t for t in ids if t is not None)
+
+
 def _stop(v: Any) -> tuple[str, ...]:
     if v is None:
         return ()
@@ -245,6 +369,8 @@ def _stop(v: Any) -> tuple[str, ...]:
         v = [v]
     if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
         raise RequestError("stop must be a string or a list of strings", "stop")
+    if len(v) > MAX_STOP_COUNT:
+        raise RequestError(f"at most {MAX_STOP_COUNT} stop strings are allowed, got {len(v)}", "stop")
     if any(s == "" for s in v):
         raise RequestError("stop strings must not be empty", "stop")
     return tuple(v)
@@ -272,23 +398,25 @@ def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def _openai_sampling(body: Mapping[str, Any], max_key_names: tuple[str, ...]) -> Sampling:
-    max_tokens = None
-    for key in max_key_names:
-        v = _opt_int(body, key, lo=0)  # 0: SGLang answers with no tokens, finish_reason "length"
-        if v is not None:
-            max_tokens = v
-            break
-    temperature = _opt_float(body, "temperature", 0.0, 2.0)
+def _openai_sampling(body: Mapping[str, Any], max_key_names: tuple[str, ...], default_max: int | None) -> Sampling:
+    # chat: `max_completion_tokens or max_tokens`, as SGLang's to_sampling_params (a 0 falls through to the other)
+    limits = [_opt_int(body, key, lo=0) for key in max_key_names]
+    max_tokens = limits[0]
+    for later in limits[1:]:
+        max_tokens = max_tokens or later
+    if max_tokens is None:
+        max_tokens = default_max
+    given = _temperature(body)
+    temperature = 1.0 if given is None else given
     return Sampling(
         max_tokens=max_tokens,
-        temperature=1.0 if temperature is None else temperature,
+        temperature=temperature,
         seed=_seed(body, "seed"),
         stop=_stop(body.get("stop")),
-        stop_token_ids=token_ids(body["stop_token_ids"], "stop_token_ids") if body.get("stop_token_ids") else (),
+        stop_token_ids=_stop_token_ids(body.get("stop_token_ids")),
         ignore_eos=_opt_bool(body, "ignore_eos"),
         no_stop_trim=_opt_bool(body, "no_stop_trim"),
-        **_decoding_fields(body, "min_tokens"),
+        **_decoding_fields(body, "min_tokens", temperature, max_tokens),
     )
 
 
@@ -319,6 +447,7 @@ def parse_chat(body: Any) -> ChatRequest:
     if not isinstance(msgs, list) or not msgs:
         raise RequestError("messages must be a non-empty list", "messages")
     _n(body)
+    _refuse_null(body, _CHAT_NOT_NULL)
     _refuse_unsupported(body, CHAT_UNSUPPORTED)
     raw_kwargs = body.get("chat_template_kwargs")
     kwargs = {} if raw_kwargs is None else dict(_require_object(raw_kwargs, "chat_template_kwargs"))
@@ -326,7 +455,7 @@ def parse_chat(body: Any) -> ChatRequest:
     return ChatRequest(
         model=_model(body),
         messages=tuple(_message(m, i) for i, m in enumerate(msgs)),
-        sampling=_openai_sampling(body, ("max_completion_tokens", "max_tokens")),
+        sampling=_openai_sampling(body, ("max_completion_tokens", "max_tokens"), None),
         stream=stream,
         include_usage=include_usage,
         chat_template_kwargs=kwargs,
@@ -354,11 +483,12 @@ def parse_completion(body: Any) -> CompletionRequest:
     _n(body)
     if body.get("echo"):
         raise RequestError("echo is not supported", "echo")
+    _refuse_null(body, _COMPLETION_NOT_NULL)
     _refuse_unsupported(body, COMPLETION_UNSUPPORTED)
     stream, include_usage = _stream(body)
-    sampling = _openai_sampling(body, ("max_tokens",))
-    if sampling.max_tokens is None:
-        sampling = _replace_max(sampling, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    if _opt_int(body, "max_tokens") == 0:  # SGLang's CompletionRequest validator (chat allows 0)
+        raise RequestError("max_tokens must be positive", "max_tokens")
+    sampling = _openai_sampling(body, ("max_tokens",), COMPLETIONS_DEFAULT_MAX_TOKENS)
     return CompletionRequest(
         model=_model(body),
         prompt=parsed,
@@ -381,26 +511,87 @@ def parse_generate(body: Any) -> GenerateRequest:
     if input_ids is not None and not input_ids:
         raise RequestError("input_ids must not be empty", "input_ids")
     sp = _require_object(body.get("sampling_params") or {}, "sampling_params")
-    _refuse_unsupported(sp, GENERATE_UNSUPPORTED, "sampling_params.")
+    _refuse_unsupported(sp, GENERATE_UNSUPPORTED, "sampling_params.")  # fields SGLang has: no SGLang shape to keep
+    _generate_contract(sp)
+    try:
+        sampling = _generate_sampling(sp)
+    except RequestError as exc:
+        raise exc.native() from None
     _refuse_unsupported(body, GENERATE_TOP_UNSUPPORTED)
-    max_new = _opt_int(sp, "max_new_tokens", lo=0)
-    temperature = _opt_float(sp, "temperature", 0.0, 2.0)
-    sampling = Sampling(
-        max_tokens=GENERATE_DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new,
-        temperature=1.0 if temperature is None else temperature,
-        seed=_seed(sp, "seed") if sp.get("seed") is not None else _seed(sp, "sampling_seed"),
-        stop=_stop(sp.get("stop")),
-        stop_token_ids=token_ids(sp["stop_token_ids"], "stop_token_ids") if sp.get("stop_token_ids") else (),
-        ignore_eos=_opt_bool(sp, "ignore_eos"),
-        no_stop_trim=_opt_bool(sp, "no_stop_trim"),
-        **_decoding_fields(sp, "min_new_tokens"),
-    )
     return GenerateRequest(
         text=text,
         input_ids=input_ids,
         sampling=sampling,
-        stream=_opt_bool(body, "stream"),
+        stream=_generate_stream(body),
         lora_path=body.get("lora_path"),
+    )
+
+
+def _generate_stream(body: Mapping[str, Any]) -> bool:
+    v = body.get("stream")
+    if v is not None and not isinstance(v, bool):  # SGLang's contract: a JSON boolean
+        raise RequestError(f"invalid type: {_unexpected(v)}, expected a boolean", "stream", shape="contract")
+    return bool(v)
+
+
+def _generate_contract(sp: Mapping[str, Any]) -> None:
+    """SGLang's /generate JSON contract for sampling_params (`decode_SamplingParams`): known keys only, integers
+    that are JSON integers (5.0 is not), numbers, booleans; a 400 `{"error": "<serde's text>"}`."""
+    for key, v in sp.items():
+        if key not in GENERATE_SAMPLING_FIELDS:
+            listed = ", ".join(f"`{f}`" for f in GENERATE_SAMPLING_FIELDS)
+            raise RequestError(f"unknown field `{key}`, expected one of {listed}"[:2000], key, shape="contract")
+        if v is None:
+            continue
+        if key in _GENERATE_INTS and (isinstance(v, bool) or not isinstance(v, int)):
+            raise RequestError(f"invalid type: {_unexpected(v)}, expected i64", key, shape="contract")
+        if key in _GENERATE_FLOATS and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise RequestError(f"invalid type: {_unexpected(v)}, expected f64", key, shape="contract")
+        if key in _GENERATE_BOOLS and not isinstance(v, bool):
+            raise RequestError(f"invalid type: {_unexpected(v)}, expected a boolean", key, shape="contract")
+        if key == "stop_token_ids":
+            if not isinstance(v, list):
+                raise RequestError(f"invalid type: {_unexpected(v)}, expected a sequence", key, shape="contract")
+            for t in v:
+                if isinstance(t, bool) or not isinstance(t, int):
+                    raise RequestError(f"invalid type: {_unexpected(t)}, expected i64", key, shape="contract")
+        if key == "logit_bias":
+            if not isinstance(v, dict):
+                raise RequestError(f"invalid type: {_unexpected(v)}, expected a map", key, shape="contract")
+            for b in v.values():
+                if isinstance(b, bool) or not isinstance(b, int | float):
+                    raise RequestError(f"invalid type: {_unexpected(b)}, expected f64", key, shape="contract")
+
+
+def _unexpected(v: Any) -> str:
+    """serde's `Unexpected` display, as SGLang's contract error words a value."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"boolean `{'true' if v else 'false'}`"
+    if isinstance(v, int):
+        return f"integer `{v}`"
+    if isinstance(v, float):
+        return f"floating point `{v}`"
+    if isinstance(v, str):
+        return f'string "{v[:40]}"'
+    return "sequence" if isinstance(v, list) else "map" if isinstance(v, dict) else type(v).__name__
+
+
+def _generate_sampling(sp: Mapping[str, Any]) -> Sampling:
+    max_new = _opt_int(sp, "max_new_tokens", lo=0)
+    max_tokens = GENERATE_DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new
+    given = _temperature(sp)
+    temperature = 1.0 if given is None else given
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        seed=_seed(sp, "sampling_seed"),
+        stop=_stop(sp.get("stop")),
+        stop_token_ids=_stop_token_ids(sp.get("stop_token_ids")),
+        ignore_eos=_opt_bool(sp, "ignore_eos"),
+        no_stop_trim=_opt_bool(sp, "no_stop_trim"),
+        **_decoding_fields(sp, "min_new_tokens", temperature, max_tokens),
     )
 
 

@@ -14,6 +14,9 @@ What `register()` adds, all through SGLang's public extension points:
 - `register_resolution_hook("handle_speculative_decoding")`: after SGLang's own step, a DDTREE server gets
   DFLASH's argument resolution (`_handle_dflash`: block size, num_steps/topk = 1, draft attention backend),
   because DDTREE drafts exactly like DFLASH.
+- a BEFORE hook on `SamplingParams.verify` (`HookRegistry`, applied by `load_plugins`): a request with `top_k`
+  beyond int32 gets a 400 instead of ending the server (`ddtree.sglang.sampling_guard`). It is registered in
+  every server that loads the plugin, whatever its mode (baseline and DFLASH services included).
 
 sglang is imported inside functions only: `import ddtree.sglang.plugin` works without it.
 """
@@ -31,6 +34,7 @@ from ddtree.prom import install_default
 from ddtree.sglang import compat
 from ddtree.sglang.gates import ServerFacts, check_server
 from ddtree.sglang.prom_glue import sglang_sink
+from ddtree.sglang.sampling_guard import VERIFY_TARGET, refuse_wide_top_k
 
 ALGORITHM = "DDTREE"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -112,6 +116,10 @@ def register() -> None:
     if is_registered():
         return
     from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    # every mode: a baseline or DFLASH server dies of a wide top_k as a DDTREE one would
+    HookRegistry.register(VERIFY_TARGET, refuse_wide_top_k, HookType.BEFORE)
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     from ddtree.sglang.spec_algo import DDTreeSpecAlgo
