@@ -48,6 +48,10 @@ BACKOFF_S = 0.5  # first retry delay; doubles per attempt
 BACKOFF_MAX_S = 8.0
 SESSION_REFUSED_WAIT_S = 30.0  # how long a session sshd refuses (MaxSessions reached) is retried
 MAX_SESSIONS = 8  # concurrent commands per connection; sshd's default MaxSessions is 10 (one spare for kills)
+# A host found dead (keepalive unanswered) is not connected to again for this many keepalive intervals: the calls
+# that follow at once (a lock release, a journal tail) would each spend connect_timeout x connect_retries on it
+# (17 s in the lab after the 30 s of detection) before saying what is already known.
+DEAD_HOLD_KEEPALIVES = 2
 _KNOWN_HOSTS_LOCK = threading.Lock()  # one writer of known_hosts files per process
 
 
@@ -96,6 +100,7 @@ class SshHost:
         self._jump_client: paramiko.SSHClient | None = None
         self._sessions = threading.BoundedSemaphore(MAX_SESSIONS)
         self._watch: PeerWatch | None = None  # the current connection's dead-peer detection
+        self._dead: tuple[float, str] | None = None  # (when, why) the host was found dead on a connection
 
     # -- connection ------------------------------------------------------------------------------------
 
@@ -115,11 +120,27 @@ class SshHost:
                 if transport is not None and transport.is_active():
                     return transport
                 self._close_clients()
+            self._refuse_if_dead()
             self._client = self._connect_with_retries()
+            self._dead = None
             transport = self._client.get_transport()
             assert transport is not None  # connect() succeeded
             self._watch = PeerWatch(transport, self.config.keepalive) if self.config.keepalive > 0 else None
             return transport
+
+    def _refuse_if_dead(self) -> None:
+        """A host found dead moments ago is reported at once, not after a silent reconnect with retries; once
+        DEAD_HOLD_KEEPALIVES intervals have passed, a call connects again (a host that came back works)."""
+        if self._dead is None:
+            return
+        when, why = self._dead
+        age = time.monotonic() - when
+        if age < DEAD_HOLD_KEEPALIVES * self.config.keepalive:
+            raise UnreachableError(
+                self.name,
+                f"{why} {age:.0f} s ago; not reconnecting yet",
+                "the host is down or hung, or the network to it is cut; check it, then run the same command again",
+            )
 
     def _connect_with_retries(self) -> paramiko.SSHClient:
         attempts = max(1, self.config.connect_retries)
@@ -323,7 +344,9 @@ class SshHost:
                 raise CommandTimeout(self.name, display, 0)
             silence = watch.silent_for() if watch is not None else None
             if silence is not None:
-                self.close()  # the next call connects afresh (and fails fast while the host stays away)
+                with self._lock:  # the next call is refused at once for a while, then connects afresh
+                    self._dead = (now, f"found dead (no answer for {silence:.0f} s, SSH keepalive unanswered)")
+                    self._close_clients()
                 raise UnreachableError(
                     self.name,
                     f"no answer for {silence:.0f} s during `{display}` (SSH keepalive unanswered)",

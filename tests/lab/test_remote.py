@@ -334,7 +334,7 @@ def test_silent_host_is_unreachable_within_two_keepalives(lab_inventory: Invento
     """A host that stops answering mid-command without closing the connection (its network cut: no RST, as a
     hung host or a partition) is reported unreachable two keepalive intervals later, not at the command's
     timeout; a command that prints nothing for longer on a live host is not."""
-    host = _with_ssh(lab_inventory.host("lab2"), keepalive=3, connect_retries=1, connect_timeout=3.0)
+    host = _with_ssh(lab_inventory.host("lab2"), keepalive=3, connect_retries=3, connect_timeout=3.0)
     with connect(host) as remote:
         assert remote.run(sh("sleep 8; echo done"), timeout=30).stdout == "done\n"  # silent, alive: probes answered
         cutter = threading.Timer(1.0, cut_host, args=(lab_config, "lab2"))
@@ -344,10 +344,17 @@ def test_silent_host_is_unreachable_within_two_keepalives(lab_inventory: Invento
             with pytest.raises(UnreachableError, match=r"no answer for [0-9]+ s during `sleep 60`") as caught:
                 remote.run(Cmd.of("sleep", "60"), timeout=120)
             took = time.monotonic() - started
+            # the call that follows at once (a deploy releasing its lock) is told at once, not after a silent
+            # reconnect with retries (3 x 3 s here; 17 s in the lab's inventory, after 30 s of detection)
+            again = time.monotonic()
+            with pytest.raises(UnreachableError, match=r"found dead \(no answer for [0-9]+ s.*not reconnecting yet"):
+                remote.run(Cmd.of("true"))
+            followed = time.monotonic() - again
         finally:
             cutter.join()
             cut_host(lab_config, "lab2", cut=False)
     assert took < 12, f"reported after {took:.1f} s"  # cut at 1 s; probe at ~3 s; gone at ~6 s
+    assert followed < 1, f"the next call was told after {followed:.1f} s"
     assert "network to it is cut" in (caught.value.hint or "")
     with connect(lab_inventory.host("lab2")) as remote:  # the link back: a new connection works
         assert remote.run(Cmd.of("hostname")).stdout.strip() == "lab2"
