@@ -337,6 +337,11 @@ def chat_input_ids(
     return None
 
 
+def generate_sampling(prompt: Prompt) -> dict[str, Any]:
+    """The `sampling_params` /generate gets for a prompt: greedy unless the prompt's `sampling:` says otherwise."""
+    return {"temperature": 0, "max_new_tokens": prompt.max_tokens, **dict(prompt.sampling)}
+
+
 def generate(
     client: httpx.Client,
     base: str,
@@ -346,8 +351,7 @@ def generate(
     timeout: float = 300.0,
 ) -> Generation:
     """Generation through SGLang's native /generate (token ids out): greedy unless the prompt says otherwise."""
-    sampling: dict[str, Any] = {"temperature": 0, "max_new_tokens": prompt.max_tokens, **dict(prompt.sampling)}
-    body: dict[str, Any] = {"sampling_params": sampling}
+    body: dict[str, Any] = {"sampling_params": generate_sampling(prompt)}
     if input_ids is not None:
         body["input_ids"] = input_ids
     else:

@@ -17,8 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from ddtree.serve.protocol import RequestError, parse_chat, parse_completion, parse_generate
 from ddtree.sglang.sampling_guard import TOP_K_MAX
+
+from opsctl import smoke
+from opsctl.errors import SmokeError
 
 pytestmark = pytest.mark.runtime
 
@@ -86,6 +90,29 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+# `opsctl smoke`'s prompt loader (opsctl/smoke.py, `sampling:`): every value it takes must be one SGLang takes
+LOADER_VALUES: list[Any] = [-2, -1, 0, 1, 1.5, 2, 2.5, 12, 20, 2**20, 2**31, 2**63, 0.5, 1e-7, True, "1", None]
+LOADER_CONTEXTS: list[dict[str, Any]] = [{}, {"temperature": 0.7, "sampling_seed": 5}, {"temperature": 0}]
+
+
+def loader_cases(tmp: Path) -> list[tuple[bool, dict[str, Any]]]:
+    """(the loader took it, the /generate body it sends or would send) for each generated prompt's sampling."""
+    out = []
+    for i, (key, value, context) in enumerate(itertools.product(smoke.SAMPLING_KEYS, LOADER_VALUES, LOADER_CONTEXTS)):
+        sampling = {**context, key: value}
+        path = tmp / f"p{i}.yaml"
+        path.write_text(
+            yaml.safe_dump({"prompts": [{"id": "p", "prompt": "hi", "max_tokens": 16, "sampling": sampling}]})
+        )
+        try:
+            (prompt,) = smoke.load_prompts(path)
+        except SmokeError:
+            out.append((False, {"text": "hi", "sampling_params": {"temperature": 0, "max_new_tokens": 16, **sampling}}))
+            continue
+        out.append((True, {"text": "hi", "sampling_params": smoke.generate_sampling(prompt)}))
+    return out
+
+
 _PROBE = r"""
 import json, sys
 from pydantic import ValidationError
@@ -139,6 +166,7 @@ for k, t in req["top_k"]:
         top_k[f"{k}@{t}"] = str(e)
 print(json.dumps({
     "verdicts": [verdict(e, b) for e, b in req["cases"]],
+    "loader": [verdict("generate", b) for _, b in req["loader"]],
     "top_k": top_k,
     "hooked": hasattr(SamplingParams.verify, "__wrapped__"),
 }))
@@ -148,7 +176,9 @@ TOP_K_PROBES = [(TOP_K_MAX, 1.0), (TOP_K_MAX + 1, 1.0), (2**40, 0.7), (-1, 1.0),
 
 
 def sglang_probe(tmp: Path) -> Probe:
-    request = {"cases": cases(), "vocab": VOCAB, "top_k": TOP_K_PROBES}
+    (tmp / "loader").mkdir()
+    request = {"cases": cases(), "vocab": VOCAB, "top_k": TOP_K_PROBES, "loader": loader_cases(tmp / "loader")}
+    (tmp / "loader.json").write_text(json.dumps(request["loader"]))
     (tmp / "request.json").write_text(json.dumps(request))
     return Probe(_PROBE, (str(tmp / "request.json"),))
 
@@ -193,3 +223,30 @@ def test_the_reference_server_refuses_and_accepts_what_sglang_does(probe: dict[s
     refused = sum(v[0] == 400 for v in verdicts)
     assert refused > 100 and len(verdicts) - refused > 100  # the table exercises both answers
     assert not differ, f"{len(differ)} of {len(table)} differ:\n" + "\n".join(differ[:40])
+
+
+def test_the_smoke_prompt_loader_takes_only_what_sglang_takes(probe: dict[str, Any], tmp_path: Path) -> None:
+    """Every `sampling:` the loader accepts is a /generate request SGLang accepts (a prompt file can never fail on
+    a service it passed on the reference engine); SGLang's refusals the loader must have made itself."""
+    table = loader_cases(tmp_path)
+    verdicts = probe["loader"]
+    assert len(verdicts) == len(table)
+    wrong = [
+        f"{json.dumps(body['sampling_params'])}: SGLang {v[0]} ({v[2][:80]})"
+        for (took, body), v in zip(table, verdicts, strict=True)
+        if took and v[0] != 200
+    ]
+    assert not wrong, "the loader takes what SGLang refuses:\n" + "\n".join(wrong[:30])
+    named = [  # SGLang 0.5.23's refusals the loader once took
+        {"temperature": 0.7, "sampling_seed": 1.5},
+        {"temperature": 0.7, "sampling_seed": 5, "top_k": 0},
+        {"min_new_tokens": 20},
+    ]
+    for sampling in named:
+        (took, _), verdict = next(
+            (t, v)
+            for t, v in zip(table, verdicts, strict=True)
+            if t[1]["sampling_params"] == {"temperature": 0, "max_new_tokens": 16, **sampling}
+        )
+        assert not took and verdict[0] == 400, (sampling, verdict)
+    assert sum(took for took, _ in table) > 50  # the loader's own range is exercised too
