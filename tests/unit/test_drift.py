@@ -140,8 +140,12 @@ def test_deploy_repairs_drift_without_force_and_rollback_says_a_target_drifted(c
     box.current = again.release
     box.releases[again.release] = 0
     assert box.bad == {first.release}
-    # rolling back to it by name: done, and said
-    back = flow.rollback_service(ctx, replace(SETTINGS, allow_old_secrets=True), to=first.release)
+    # rolling back to it by name: it is BAD now, so only with --force; done, and said
+    from opsctl.errors import DeployError
+
+    with pytest.raises(DeployError, match=f"release {first.release} is marked BAD"):
+        flow.rollback_service(ctx, replace(SETTINGS, allow_old_secrets=True), to=first.release)
+    back = flow.rollback_service(ctx, replace(SETTINGS, allow_old_secrets=True, force=True), to=first.release)
     assert back.outcome is Outcome.REVERTED and "its files changed on the host since its deploy" in back.message
     assert any(line.startswith("rollback target drifted: release ") for line in said)
 
