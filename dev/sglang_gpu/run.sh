@@ -76,6 +76,10 @@ if [ "${1:-}" = kinds ]; then  # issue 41: every request kind, tree vs baseline,
     shift
     exec "$PY" dev/sglang_gpu/kinds_gpu.py --json "$RESULTS/kinds_gpu.json" --log-dir "$RESULTS/kinds_gpu_logs" "$@"
 fi
+if [ "${1:-}" = sampling ]; then  # does DFLASH sample (the stand-in's G6 sampling verify)? dflash_sampling_check.py
+    shift
+    exec "$PY" dev/sglang_gpu/dflash_sampling_check.py "$@"
+fi
 if [ "${1:-}" = mixed ]; then  # greedy requests batched with a sampling one on a tree server with graphs
     shift
     exec "$PY" dev/sglang_gpu/mixed_batch.py "$@"

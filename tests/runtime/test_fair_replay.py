@@ -200,7 +200,7 @@ def round_of(obj, rids):
 
 main = worker(w.DFlashWorkerV2)
 rids = ["replay-1-a", "replay-0-b", "plain"]
-rounds = [round_of(main, rids) for _ in range(8)]  # the recorder writes every 8 rounds
+rounds = [round_of(main, rids) for _ in range(8)]  # the recorder writes the file every round
 Sub = type("Sub", (w.DFlashWorkerV2,), {})  # as DDTREE's tree worker: a subclass keeps SGLang's acceptance
 print("R1 " + json.dumps({"applied": gpu_patches.APPLIED, "rounds": rounds, "sub": round_of(worker(Sub), rids),
                           "argmax": logits.argmax(-1).view(3, 4).tolist()}))

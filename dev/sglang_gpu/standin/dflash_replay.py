@@ -55,7 +55,7 @@ def patch_worker_class(module: Any) -> None:
 
     cls = module.DFlashWorkerV2
     recorder = (
-        AcceptRecorder(os.environ[RECORD], "DFLASH (dev/sglang_gpu R1)", every=8) if os.environ.get(RECORD) else None
+        AcceptRecorder(os.environ[RECORD], "DFLASH (dev/sglang_gpu R1)", every=1) if os.environ.get(RECORD) else None
     )
     replay = LengthReplay.from_file(os.environ[REPLAY], REPLAY) if os.environ.get(REPLAY) else None
     round_fn = cls.forward_batch_generation
