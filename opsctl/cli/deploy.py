@@ -110,7 +110,8 @@ def print_report(
         else:
             for line in canary.table:
                 console.print(f"    {line}", markup=False)
-            console.print(f"canary behind router {canary.router}: {canary.phase}: {canary.message}", markup=False)
+            said = without_prefixes(canary.message, canary.phase)  # not "interrupted: interrupted: ..."
+            console.print(f"canary behind router {canary.router}: {canary.phase}: {said}", markup=False)
     if report.stopped_early:
         console.print("[bold red]rollout stopped:[/] failures exceeded --max-fail", markup=True)
     if report.interrupted:

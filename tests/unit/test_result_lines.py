@@ -65,3 +65,14 @@ def test_deploy_result_line_says_each_thing_once(
     deploy_cli._print_result(ServiceResult("lab2", "ref", outcome, "R2", "R1", message), plan=False)
     (line,) = capsys.readouterr().err.splitlines()
     assert line == want
+
+
+def test_an_interrupted_canary_says_interrupted_once(capsys: pytest.CaptureFixture[str]) -> None:
+    from opsctl.deploy.runner import RunReport
+    from opsctl.router.canary import CanaryReport
+
+    canary = CanaryReport("front", "interrupted", message="interrupted: canary rolled back, the old release serves")
+    deploy_cli.print_report(RunReport("deploy"), as_json=False, canary=canary)
+    err = capsys.readouterr().err
+    assert "canary behind router front: interrupted: canary rolled back, the old release serves" in err
+    assert "interrupted: interrupted:" not in err
