@@ -239,3 +239,54 @@ def test_r1_records_the_real_lengths_and_replays_the_recorded_ones_on_sglangs_cl
         assert [out[b][n[b]] for b in range(3)] == bonus
     # the subclass (DDTREE's worker) keeps SGLang's own acceptance
     assert got["sub"][0] == [0, 2, 3]
+
+
+def test_cost_bench_fair_batches_replay_every_recorded_request_by_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cost_bench's Engine child in --fair mode, its Engine a recording stand-in (the GPU is not here): per batch
+    size, batches of replay ids covering every recorded request, one timer segment per batch, and what the report
+    reads (indices, output lengths, verify rounds, accept lengths) in its result."""
+    import json
+    import types
+
+    from ddtree.sglang.replay import recorded_index
+
+    cb = _load("ddtree_dev_cost_bench", DEV / "cost_bench.py")
+    calls: list[tuple[int, list[str] | None]] = []
+
+    class Engine:
+        def __init__(self, **kwargs: object) -> None:
+            pass
+
+        def generate(self, input_ids: list[list[int]], sampling_params: dict[str, int], rid: object = None) -> list:
+            n = sampling_params["max_new_tokens"]
+            calls.append((n, rid if isinstance(rid, list) else None))
+            return [{"output_ids": [7] * n, "meta_info": {"spec_verify_ct": 3 + k, "spec_accept_length": n / (3 + k)}}
+                    for k in range(len(input_ids))]  # fmt: skip
+
+        def shutdown(self) -> None:
+            pass
+
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine))
+    job = {"engine": {}, "batches": [1, 4], "prefix": 3, "vocab": 5000, "seed": 1, "timer": str(tmp_path / "t.jsonl"),
+           "wait_s": 5, "repeats": 1, "sampling": {"temperature": 0.7, "max_new_tokens": 12, "ignore_eos": True},
+           "fair": 6, "fair_minimum": 8}  # fmt: skip
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    (tmp_path / "go").write_text("")
+    cb.engine_child(tmp_path / "job.json", tmp_path / "result.json")
+    result = json.loads((tmp_path / "result.json").read_text())
+    measured = [rid for n, rid in calls if n == 12]
+    assert all(rid is None for n, rid in calls if n == 8)  # warm-ups: no replay ids
+    for bs in (1, 4):
+        batches = [b for b in result["batches"] if b["bs"] == bs]
+        want = fr.level_requests(bs, 6, 8)
+        assert [b["indices"] for b in batches] == want
+        assert [b["verify_ct"] for b in batches] == [[3 + k for k in range(bs)] for _ in want]
+        assert all(b["out_lens"] == [12] * bs for b in batches)
+        ids = [rids for rids in measured if rids is not None and len(rids) == bs]
+        assert [[recorded_index(r) for r in rids] for rids in ids] == want
+        assert len({r for rids in ids for r in rids}) == sum(map(len, want))  # every request id its own
+    markers = [json.loads(x)["marker"] for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert markers.count("measure 1") == len(fr.level_requests(1, 6, 8)) == 8
+    assert markers.count("measure 4") == markers.count("done 4") == 2
