@@ -61,6 +61,7 @@ class EngineHost:
         env: dict[str, str] | None = None,
         overrides: dict[str, list[dict[str, Any]]] | None = None,
         top_logprobs: int | None = None,
+        refusals: list[dict[str, Any]] | None = None,
     ) -> Run:
         spec: dict[str, Any] = {
             "engine": engine,
@@ -70,6 +71,8 @@ class EngineHost:
         }
         if top_logprobs is not None:  # every request returns its log-probs and its top K (driver.py)
             spec["top_logprobs"] = top_logprobs
+        if refusals:  # requests sent alone before the batches, their errors kept (driver.py)
+            spec["refusals"] = refusals
         key = json.dumps({"spec": spec, "env": env or {}}, sort_keys=True)
         if key not in self._done:
             run_dir = self.workdir / f"{label}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"

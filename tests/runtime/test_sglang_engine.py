@@ -176,14 +176,32 @@ Launcher = Callable[[str], tuple[dict[str, Any], str]]
 ModeSpec = tuple[dict[str, Any], list[list[list[int]]], int, dict[str, str], dict[str, list[dict[str, Any]]]]
 
 
-def launcher(label: str, engine: dict[str, Any], modes: dict[str, ModeSpec], host: EngineHost) -> Launcher:
-    """mode -> (result, log) of that mode's Engine run, launched once on first use (the host memoises it)."""
+def launcher(
+    label: str,
+    engine: dict[str, Any],
+    modes: dict[str, ModeSpec],
+    host: EngineHost,
+    refusals: dict[str, list[dict[str, Any]]] | None = None,
+) -> Launcher:
+    """mode -> (result, log) of that mode's Engine run, launched once on first use (the host memoises it).
+    `refusals`: per mode, requests sent alone before its batches (driver.py), their errors in result["refusals"]."""
 
     def get(mode: str) -> tuple[dict[str, Any], str]:
         extra, batches, new_tokens, env, overrides = modes[mode]
-        return host.run(f"{label}{mode}", {**engine, **extra}, batches, new_tokens, env, overrides)
+        wanted = (refusals or {}).get(mode)
+        return host.run(f"{label}{mode}", {**engine, **extra}, batches, new_tokens, env, overrides, refusals=wanted)
 
     return get
+
+
+# Before the baseline's batches: a top_k SGLang's scheduler cannot hold (int32) ended the whole server; the DDTREE
+# plugin, loaded by every SGLang process whatever the mode, makes it the ValueError of a 400; the largest top_k that
+# fits is served. The baseline's batches, decoded after both, are then compared with transformers as ever.
+TOP_K_MAX = 2**31 - 1
+REFUSALS = [
+    {"temperature": 1.0, "top_k": TOP_K_MAX + 1, "max_new_tokens": 2},
+    {"temperature": 1.0, "top_k": TOP_K_MAX, "max_new_tokens": 2, "sampling_seed": 3},
+]
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +238,7 @@ def engine_runs(tiny_dense: Path, dense_reference: Reference, sglang_engine: Eng
             {},
         ),
     }
-    return launcher("", engine_kwargs(tiny_dense / "target"), modes, sglang_engine)
+    return launcher("", engine_kwargs(tiny_dense / "target"), modes, sglang_engine, {"baseline": REFUSALS})
 
 
 @pytest.fixture(scope="module")
@@ -381,6 +399,19 @@ def test_baseline_engine_matches_transformers(engine_runs: Launcher, dense_refer
     result, _ = engine_runs("baseline")
     (batched,) = result["batches"]
     assert_matches_reference(batched, dense_reference, BASELINE_TOKENS)
+
+
+@needs_sglang
+def test_a_top_k_beyond_int32_is_refused_and_the_engine_serves_on(engine_runs: Launcher) -> None:
+    """SGLang's baseline Engine with the plugin installed (no DDTREE algorithm asked for): top_k 2**31 is a
+    ValueError before the scheduler sees it (SGLang's HTTP server answers it with a 400), 2**31 - 1 is served, and
+    the batch decoded after both is the baseline's (test_baseline_engine_matches_transformers)."""
+    result, _ = engine_runs("baseline")
+    refused, served = result["refusals"]
+    assert refused.get("error", "").startswith(f"top_k must be -1 (disable) or in [1, {TOP_K_MAX}]"), refused
+    assert len(served.get("output_ids", [])) == 2, served
+    (batched,) = result["batches"]
+    assert all(len(out["output_ids"]) == BASELINE_TOKENS for out in batched)
 
 
 @needs_sglang

@@ -6,7 +6,9 @@ in CI").
 
 JOB: {"engine": {ServerArgs keyword arguments}, "batches": [[input_ids, ...], ...], "max_new_tokens": N,
 "overrides": {"<batch index>": [{sampling params of request i}, ...]}, "top_logprobs": K} ("overrides" optional;
-"top_logprobs", optional: every request returns its output log-probs and its top K, SGLang's return_logprob).
+"top_logprobs", optional: every request returns its output log-probs and its top K, SGLang's return_logprob;
+"refusals", optional: [{sampling params}, ...], each sent alone with the first batch's first prompt before the
+batches, its ValueError (what SGLang's HTTP server answers with a 400) or its output kept in order).
 Each batch is one `Engine.generate` call (several requests in one call run batched in the scheduler), greedy,
 `ignore_eos`, unless overridden per request. RESULT: {"startup_s", "generate_s", "batch_s": [seconds of each
 generate call], "batches": [[{"prompt_ids", "output_ids", "meta_info"}, ...], ...]}; with `enable_metrics` in
@@ -51,7 +53,14 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     batches: list[list[dict[str, Any]]] = []
     batch_s: list[float] = []
     metrics: str | None = None
+    refusals: list[dict[str, Any]] = []
     try:
+        for refused in job.get("refusals", []):
+            try:
+                out = engine.generate(input_ids=job["batches"][0][0], sampling_params={**params, **refused})
+                refusals.append({"output_ids": out["output_ids"]})
+            except ValueError as exc:
+                refusals.append({"error": str(exc)})
         started = time.monotonic()
         for index, batch in enumerate(job["batches"]):
             batch_started = time.monotonic()
@@ -74,6 +83,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     finally:
         engine.shutdown()
     result = {"startup_s": startup_s, "generate_s": generate_s, "batch_s": batch_s, "batches": batches}
+    if job.get("refusals"):
+        result["refusals"] = refusals
     return result if metrics is None else {**result, "metrics": metrics}
 
 
