@@ -26,7 +26,7 @@ import yaml
 
 from opsctl import layout
 from opsctl.errors import InventoryError
-from opsctl.inventory.model import Engine, Host, Mode, PolicyMode, Service
+from opsctl.inventory.model import Engine, Host, PolicyMode, Service
 from opsctl.inventory.rules import TEST_HOOK_ENV, TEST_HOOK_HINT, excerpt
 from opsctl.secrets import MASK
 from opsctl.systemd import SystemdSyntaxError, check_env_file, check_unit, escape_specifiers, quote_env, quote_exec
@@ -125,9 +125,8 @@ def server_options(host: Host, service: Service, secrets: Secrets = Secrets.MASK
         options.append(("device", service.device))
     if service.mode.speculative:
         assert service.draft_model is not None  # guaranteed by the inventory loader
-        algorithm = "DFLASH" if service.mode is Mode.LINEAR else "DDTREE"
         options += [
-            ("speculative-algorithm", algorithm),
+            ("speculative-algorithm", service.mode.spec.algorithm),
             ("speculative-draft-model-path", service.draft_model.path),
         ]
     if service.mode.ddtree:
@@ -149,7 +148,7 @@ def _tree_without_chain_rounds(service: Service) -> bool:
     `chain` the chain rounds read DFLASH's greedy head: folded into the drafter's graph, as in the H200 run where
     the policy came within 1.4% of the best shape at every batch size (dev/sglang_gpu/cost_bench.py renders no
     eager sampler); eager, the chain rounds run it outside the graph."""
-    if service.mode is not Mode.TREE:
+    if not service.mode.spec.verifies_tree:
         return False
     policy = service.ddtree.policy
     return policy.mode is PolicyMode.OFF or (policy.mode is PolicyMode.PINNED and bool(policy.pinned_budget))
@@ -168,7 +167,8 @@ def server_env(host: Host, service: Service, release_dir: str) -> list[tuple[str
         ("SGLANG_CACHE_DIR", f"{layout.SGLANG_CACHE_ROOT}/{service.name}"),
         ("HF_HUB_OFFLINE", "1"),
     ]
-    if service.engine is Engine.SGLANG and (service.mode is Mode.SHADOW or _tree_without_chain_rounds(service)):
+    eager_head = service.mode.spec.eager_draft_head or _tree_without_chain_rounds(service)
+    if service.engine is Engine.SGLANG and eager_head:
         # Shadow reads DFLASH's per-position draft distributions, which SGLang only keeps with the eager draft
         # sampler. Tree builds its trees from the drafter's hidden states: a drafter CUDA graph with DFLASH's
         # greedy head folded in computes that head every round for nothing (0.6-0.8 ms per round on an H200,
@@ -187,7 +187,7 @@ def server_env(host: Host, service: Service, release_dir: str) -> list[tuple[str
             env.append(("DDTREE_SELFCHECK_EVERY", str(knobs.selfcheck_every)))
         if knobs.round_graphs_max_bs is not None and service.sglang_tree:
             env.append(("DDTREE_ROUND_GRAPHS_MAX_BS", str(knobs.round_graphs_max_bs)))
-        if knobs.policy.mode is not PolicyMode.OFF and service.mode is Mode.TREE:  # off: the runtime's default
+        if knobs.policy.mode is not PolicyMode.OFF and service.mode.spec.verifies_tree:  # off: the runtime's default
             env.append(("DDTREE_POLICY", knobs.policy.text))
     env += list(service.extra_env)
     for key, _value in env:  # the inventory refuses them; a Service built in code must not slip one through

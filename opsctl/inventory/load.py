@@ -522,7 +522,7 @@ def _service(
                 f"{path}.ddtree.{key} has no effect: {why} "
                 f"(this service: engine {service.engine.value}, mode {service.mode.value})"
             )
-    if knobs.policy.mode is not PolicyMode.OFF and service.mode is not Mode.TREE:
+    if knobs.policy.mode is not PolicyMode.OFF and not service.mode.spec.verifies_tree:
         warnings.append(
             f"{path}.ddtree.policy has no effect: it chooses tree mode's round shapes "
             f"(this service: mode {service.mode.value})"
@@ -564,6 +564,10 @@ def _extra_env(value: Any, path: str) -> tuple[tuple[str, str], ...]:
             raise InventoryError(key_path, f"is a benchmark test hook ({TEST_HOOK_ENV[key]})", TEST_HOOK_HINT)
         if key in RESERVED_ENV or key.startswith("DDTREE_"):
             raise InventoryError(key_path, "is set by opsctl itself", "use the matching inventory key instead")
+        if key == "SGLANG_PLUGINS" and "ddtree" not in {n.strip() for n in str(raw).split(",")}:
+            # SGLang loads only the plugins this lists; without ddtree one request with top_k >= 2**31 ends the
+            # server (docs/sglang.md, "A request check SGLang lacks"), whatever the service's mode
+            raise InventoryError(key_path, "leaves out the ddtree plugin", "add ddtree to the list, or drop the key")
         if raw == "":
             items.append((key, ""))
             continue

@@ -10,22 +10,8 @@ from enum import StrEnum
 
 from opsctl import layout
 from opsctl.inventory.monitoring import MonitoringConfig
+from opsctl.modes import Mode as Mode  # the table of modes (opsctl.modes); re-exported as the field's type
 from opsctl.secrets import SecretRef
-
-
-class Mode(StrEnum):
-    BASELINE = "baseline"  # no speculation: throughput floor and the greedy reference
-    LINEAR = "linear"  # SGLang's built-in DFLASH chain verify
-    SHADOW = "shadow"  # DDTREE builds and logs the tree, verifies only the spine
-    TREE = "tree"  # DDTREE verifies the whole tree in one forward
-
-    @property
-    def speculative(self) -> bool:
-        return self is not Mode.BASELINE
-
-    @property
-    def ddtree(self) -> bool:
-        return self in (Mode.SHADOW, Mode.TREE)
 
 
 class Engine(StrEnum):
@@ -178,7 +164,7 @@ class Service:
         worker is exact on hybrid targets whenever opsctl renders it (CUDA graphs off), so never unsafe."""
         return (
             self.engine is Engine.REFERENCE
-            and self.mode is Mode.TREE
+            and self.mode.spec.verifies_tree
             and self.model.hybrid
             and self.ddtree.allow_hybrid_unsafe
         )
@@ -186,7 +172,7 @@ class Service:
     @property
     def sglang_tree(self) -> bool:
         """SGLang's tree worker verifies trees: what the self-check and the round graphs belong to."""
-        return self.engine is Engine.SGLANG and self.mode is Mode.TREE
+        return self.engine is Engine.SGLANG and self.mode.spec.verifies_tree
 
     @property
     def sglang_hybrid_tree(self) -> bool:
@@ -206,9 +192,7 @@ class Service:
         (the plugin refuses them with graphs), and a backend other than triton, the one whose graphs the plugin
         captures reading the tree mask (ddtree.sglang.graph_masks; docs/sglang.md, "CUDA graphs"). Hybrid trees
         keep their graphs: measured exact on the H200 (docs/sglang.md, "Hybrid targets under CUDA graphs")."""
-        return self.sglang_wide_tree or (
-            self.engine is Engine.SGLANG and self.mode is Mode.TREE and self.attention_backend != "triton"
-        )
+        return self.sglang_wide_tree or (self.sglang_tree and self.attention_backend != "triton")
 
 
 @dataclass(frozen=True)

@@ -45,21 +45,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
 
+from ddtree.modes import Mode, tree_modes
 from ddtree.policy import PolicySetting
-
-
-class Mode(StrEnum):
-    """A service's decoding mode (the same four names as opsctl's inventory)."""
-
-    BASELINE = "baseline"  # target only, one token per forward
-    LINEAR = "linear"  # DFlash: verify the drafted chain
-    SHADOW = "shadow"  # linear's tokens, plus the DDTree tree built and logged on the side
-    TREE = "tree"  # DDTree: verify the whole tree in one forward
-
-
-class VerifyMode(StrEnum):
-    SHADOW = "shadow"  # build the tree and log its statistics, verify the spine (output == linear)
-    TREE = "tree"  # verify the whole tree in one target forward with an ancestor-only mask
 
 
 class HybridMode(StrEnum):
@@ -83,7 +70,7 @@ TEST_POLICIES = ("", "phased")  # DDTREE_TEST_POLICY: unset, or the shape policy
 
 @dataclass(frozen=True)
 class DDTreeConfig:
-    verify: VerifyMode = VerifyMode.TREE
+    verify: Mode = Mode.TREE  # one of the modes that build trees (ddtree.modes.tree_modes)
     budget: int = 32
     topk: int = 8
     allow_hybrid_unsafe: bool = False
@@ -103,7 +90,7 @@ class DDTreeConfig:
             least = 0 if name in ("selfcheck_every", "round_graphs_max_bs") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"DDTreeConfig.{name} must be an int >= {least}, got {value!r}")
-        if not isinstance(self.verify, VerifyMode):
+        if not isinstance(self.verify, Mode) or self.verify not in tree_modes():
             object.__setattr__(self, "verify", _parse_verify("DDTreeConfig.verify", str(self.verify)))
         if not isinstance(self.fused_build, FusedBuild):
             object.__setattr__(self, "fused_build", _parse_fused("DDTreeConfig.fused_build", str(self.fused_build)))
@@ -182,12 +169,12 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _parse_verify(key: str, raw: str) -> VerifyMode:
-    try:
-        return VerifyMode(raw.lower())
-    except ValueError:
-        choices = ", ".join(m.value for m in VerifyMode)
-        raise ValueError(f"{key}={raw!r}: expected one of {choices}") from None
+def _parse_verify(key: str, raw: str) -> Mode:
+    modes = tree_modes()
+    for mode in modes:
+        if mode.value == raw.lower():
+            return mode
+    raise ValueError(f"{key}={raw!r}: expected one of {', '.join(m.value for m in modes)}")
 
 
 def _parse_fused(key: str, raw: str) -> FusedBuild:

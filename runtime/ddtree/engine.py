@@ -25,8 +25,9 @@ from torch import Tensor, nn
 
 from ddtree import tree as dtree
 from ddtree.acceptance import Decoding, SamplerRules, choose_token
-from ddtree.config import DDTreeConfig, HybridMode, Mode, VerifyMode
+from ddtree.config import DDTreeConfig, HybridMode
 from ddtree.metrics import MetricsLog
+from ddtree.modes import Mode
 from ddtree.policy import (
     CHAIN,
     Decision,
@@ -203,12 +204,12 @@ class ReferenceEngine:
         self.model = model.eval()
         self.mode = Mode(mode)
         self.tokenizer = tokenizer
-        if self.mode is not Mode.BASELINE and drafter is None:
+        if self.mode.spec.drafts and drafter is None:
             raise ValueError(f"mode {self.mode.value} needs a drafter")
         self.drafter = drafter
         self.ddtree = _ddtree_config(self.mode, ddtree)
         has_gdn = TargetRunner(model).gdn_layers != []
-        unsafe = self.mode is Mode.TREE and self.ddtree is not None and self.ddtree.allow_hybrid_unsafe
+        unsafe = self.mode.spec.verifies_tree and self.ddtree is not None and self.ddtree.allow_hybrid_unsafe
         self.hybrid: str = (HybridMode.NONE if not has_gdn else HybridMode.UNSAFE if unsafe else HybridMode.EXACT).value
         self.runner = TargetRunner(
             model,
@@ -219,7 +220,7 @@ class ReferenceEngine:
         self.policy = policy if policy is not None else _default_policy(self.mode, self.ddtree)
         self.last_shapes: list[Shape] = []  # per-round shape of the latest generation (tree mode with a policy)
         self.metrics: MetricsLog | None = None
-        if self.mode in (Mode.SHADOW, Mode.TREE) and self.ddtree is not None and drafter is not None:
+        if self.mode.spec.builds_tree and self.ddtree is not None and drafter is not None:
             self.metrics = MetricsLog(self.ddtree, drafter.block_size, self.hybrid, policy=self.policy)
             self.metrics.start()
 
@@ -242,7 +243,7 @@ class ReferenceEngine:
         model = model.to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or target_path, local_files_only=True)
         drafter: Drafter | None = None
-        if Mode(mode) is not Mode.BASELINE:
+        if Mode(mode).spec.drafts:
             if draft_path is None:
                 raise ValueError(f"mode {mode} needs a draft model path")
             from ddtree.drafter import load_drafter
@@ -307,7 +308,7 @@ class ReferenceEngine:
         yield first
         if out.finish:
             return
-        if self.mode is Mode.BASELINE:
+        if not self.mode.spec.drafts:
             rounds = self._baseline_rounds(bonus, decoding, gen)
         else:
             assert self.drafter is not None
@@ -375,13 +376,13 @@ class ReferenceEngine:
         self, lp: Tensor, bonus: int, depth: int, shape: Shape | None = None
     ) -> tuple[dtree.DraftTree, dtree.DraftTree]:
         """(tree to verify, tree whose shape is reported). `shape`: the policy's choice (tree mode)."""
-        if self.mode is Mode.LINEAR or shape == CHAIN:
+        if not self.mode.spec.builds_tree or shape == CHAIN:
             spine = dtree.spine_tree(lp, bonus, depth)
             return spine, spine
         assert self.ddtree is not None
         budget = shape.budget if shape is not None else self.ddtree.budget
         full = dtree.build_tree(lp, bonus, budget, self.ddtree.topk)
-        if self.mode is Mode.SHADOW:
+        if not self.mode.spec.verifies_tree:  # shadow: the spine is verified, the tree reported
             return dtree.spine_tree(lp, bonus, depth), full
         return full, full
 
@@ -460,16 +461,15 @@ def policy_shapes(config: DDTreeConfig) -> tuple[Shape, ...]:
 
 def _default_policy(mode: Mode, ddtree: DDTreeConfig | None) -> ShapePolicy | None:
     """The tree mode's policy from `ddtree.policy`; None when off (and in every other mode)."""
-    if mode is not Mode.TREE or ddtree is None or ddtree.policy.mode is PolicyMode.OFF:
+    if not mode.spec.verifies_tree or ddtree is None or ddtree.policy.mode is PolicyMode.OFF:
         return None
     return ShapePolicy(PolicyConfig(shapes=policy_shapes(ddtree)), ddtree.policy)
 
 
 def _ddtree_config(mode: Mode, ddtree: DDTreeConfig | None) -> DDTreeConfig | None:
-    """shadow/tree always have a config whose `verify` matches the mode; linear/baseline use none."""
-    if mode not in (Mode.SHADOW, Mode.TREE):
+    """A mode that builds trees (shadow, tree) always has a config whose `verify` is the mode; the others none."""
+    if not mode.spec.builds_tree:
         return None
-    verify = VerifyMode(mode.value)
     if ddtree is None:
-        return DDTreeConfig(verify=verify)
-    return dataclasses.replace(ddtree, verify=verify)
+        return DDTreeConfig(verify=mode)
+    return dataclasses.replace(ddtree, verify=mode)

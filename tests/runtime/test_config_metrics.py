@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from ddtree import __version__
-from ddtree.config import DDTreeConfig, FusedBuild, HybridMode, VerifyMode
+from ddtree.config import DDTreeConfig, FusedBuild, HybridMode
 from ddtree.metrics import MetricsLog, RoundStats, format_metrics, summarize
+from ddtree.modes import Mode
 
 pytestmark = pytest.mark.runtime
 
@@ -16,7 +18,7 @@ pytestmark = pytest.mark.runtime
 
 def test_defaults_from_an_empty_environment():
     config = DDTreeConfig.from_env({"PATH": "/usr/bin"})
-    assert config == DDTreeConfig(verify=VerifyMode.TREE, budget=32, topk=8, allow_hybrid_unsafe=False, log_interval=50)
+    assert config == DDTreeConfig(verify=Mode.TREE, budget=32, topk=8, allow_hybrid_unsafe=False, log_interval=50)
     assert config.verify == "tree"
 
 
@@ -29,9 +31,7 @@ def test_good_values():
         "DDTREE_LOG_INTERVAL": "10",
     }
     config = DDTreeConfig.from_env(env)
-    assert config == DDTreeConfig(
-        verify=VerifyMode.SHADOW, budget=64, topk=4, allow_hybrid_unsafe=True, log_interval=10
-    )
+    assert config == DDTreeConfig(verify=Mode.SHADOW, budget=64, topk=4, allow_hybrid_unsafe=True, log_interval=10)
     assert DDTreeConfig.from_env(config.to_env()) == config
 
 
@@ -50,6 +50,8 @@ def test_empty_values_take_the_default():
         ("DDTREE_TOPK", "1.5", "DDTREE_TOPK='1.5': expected an integer >= 1"),
         ("DDTREE_ALLOW_HYBRID_UNSAFE", "yes", "DDTREE_ALLOW_HYBRID_UNSAFE='yes': expected 0 or 1"),
         ("DDTREE_LOG_INTERVAL", "0", "DDTREE_LOG_INTERVAL='0': expected an integer >= 1"),
+        ("DDTREE_VERIFY", "baseline", "DDTREE_VERIFY='baseline': expected one of shadow, tree"),
+        ("DDTREE_TEST_POLICY", "fast", "DDTREE_TEST_POLICY='fast': expected phased (or unset)"),
     ],
 )
 def test_bad_values_raise_one_line(key: str, value: str, expected: str):
@@ -61,7 +63,18 @@ def test_bad_values_raise_one_line(key: str, value: str, expected: str):
 def test_direct_construction_is_validated():
     with pytest.raises(ValueError, match="budget"):
         DDTreeConfig(budget=0)
-    assert DDTreeConfig(verify="shadow").verify is VerifyMode.SHADOW  # type: ignore[arg-type]
+    assert DDTreeConfig(verify="shadow").verify is Mode.SHADOW  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"DDTreeConfig\.verify='linear': expected one of shadow, tree"):
+        DDTreeConfig(verify=Mode.LINEAR)  # a mode that builds no tree
+
+
+def test_test_hooks_are_config_fields_read_once_with_the_rest(tmp_path: Path) -> None:
+    rounds = str(tmp_path / "rounds.jsonl")
+    env = {"DDTREE_TEST_POLICY": "phased", "DDTREE_RECORD_ROUNDS": rounds, "DDTREE_POLICY": "auto"}
+    config = DDTreeConfig.from_env(env)
+    assert (config.test_policy, config.record_rounds) == ("phased", rounds)
+    assert DDTreeConfig.from_env(config.to_env()) == config
+    assert "DDTREE_TEST_POLICY" not in DDTreeConfig().to_env()  # production renders no hook
 
 
 # --------------------------------------------------------------------------------------- metrics
@@ -128,7 +141,7 @@ def test_log_lines_exact(caplog: pytest.LogCaptureFixture):
 
 def test_unsafe_marks_every_metrics_line(caplog: pytest.LogCaptureFixture):
     caplog.set_level(logging.INFO, logger="ddtree")
-    log = MetricsLog(DDTreeConfig(verify=VerifyMode.SHADOW, log_interval=1), 16, HybridMode.UNSAFE)
+    log = MetricsLog(DDTreeConfig(verify=Mode.SHADOW, log_interval=1), 16, HybridMode.UNSAFE)
     log.start()
     log.record(R1)
     log.record(R2)

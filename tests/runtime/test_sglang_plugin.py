@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-from ddtree.config import DDTreeConfig, HybridMode, VerifyMode
+from ddtree.config import DDTreeConfig, HybridMode
+from ddtree.modes import Mode
 from ddtree.sglang import compat
 from ddtree.sglang.gates import GateError, ServerFacts, check_server, hybrid_mode
 from ddtree.sglang.shadow import DraftObservation, observe_draft
@@ -43,8 +44,8 @@ GOOD = ServerFacts(
     accept_threshold_acc=1.0,
     draft_model_path="/dev/shm/draft",
 )
-SHADOW = DDTreeConfig(verify=VerifyMode.SHADOW)
-TREE = DDTreeConfig(verify=VerifyMode.TREE)
+SHADOW = DDTreeConfig(verify=Mode.SHADOW)
+TREE = DDTreeConfig(verify=Mode.TREE)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -85,7 +86,7 @@ def test_tree_mode_passes_the_start_gates_and_shadow_needs_the_eager_head() -> N
 
 
 def test_hybrid_mode() -> None:
-    unsafe_ok = DDTreeConfig(verify=VerifyMode.TREE, allow_hybrid_unsafe=True)
+    unsafe_ok = DDTreeConfig(verify=Mode.TREE, allow_hybrid_unsafe=True)
     assert hybrid_mode(TREE, is_hybrid=False, exact_tree_path=False) is HybridMode.NONE
     assert hybrid_mode(SHADOW, is_hybrid=True, exact_tree_path=False) is HybridMode.EXACT
     assert hybrid_mode(TREE, is_hybrid=True, exact_tree_path=True) is HybridMode.EXACT
@@ -102,7 +103,7 @@ def test_hybrid_mode() -> None:
 def test_observe_draft_builds_the_same_trees_as_ddtree() -> None:
     g = torch.Generator().manual_seed(0)
     bs, block, hidden, vocab = 3, 6, 16, 40
-    config = DDTreeConfig(verify=VerifyMode.SHADOW, budget=9, topk=3)
+    config = DDTreeConfig(verify=Mode.SHADOW, budget=9, topk=3)
     hs = torch.randn(bs * (block - 1), hidden, generator=g)  # [bs * rows, H]
     weight = torch.randn(vocab, hidden, generator=g)  # [V, H]
     argmax = (hs @ weight.T).argmax(-1)  # what DFLASH's head returns

@@ -17,7 +17,7 @@ from ddtree.config import DDTreeConfig
 from ddtree.policy import CHAIN, PolicySetting, Shape, counterfactual_accepts
 from ddtree.sglang.batch_round import commit_batch, plan_batch
 from ddtree.sglang.devcheck import random_path_verify
-from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger, RoundReport, round_accepts
+from ddtree.sglang.policy_glue import PolicyGlue, RoundLedger, RoundRecorder, RoundReport, round_accepts
 from ddtree.sglang.tree_round import commit_round, plan_round
 from test_batch_tree import KINDS
 from test_sglang_batch_round import random_round
@@ -205,6 +205,17 @@ def test_the_phased_test_policy_leaves_the_tree_for_the_chain_and_comes_back() -
     assert _phased(12, bs=2, clock_ms=[9.0] * 12)[0] == shapes
     with pytest.raises(ValueError, match="DDTREE_TEST_POLICY='fast': expected phased"):
         PolicyGlue(_cfg("auto"), test="fast")
+
+
+def test_the_glue_takes_its_test_hooks_from_the_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "rounds.jsonl"
+    opened: list[str] = []  # the file a recorder would append to (kept open for the process's life)
+    monkeypatch.setattr(RoundRecorder, "to_file", classmethod(lambda cls, name: opened.append(name) or cls(print)))
+    env = {"DDTREE_POLICY": "auto", "DDTREE_TEST_POLICY": "phased", "DDTREE_RECORD_ROUNDS": str(path)}
+    glue = PolicyGlue.from_config(DDTreeConfig.from_env(env))
+    assert glue.phased and glue.recorder is not None and opened == [str(path)]
+    plain = PolicyGlue.from_config(DDTreeConfig.from_env({"DDTREE_POLICY": "auto"}))
+    assert not plain.phased and plain.recorder is None
 
 
 def test_smaller_budgets_and_notes() -> None:

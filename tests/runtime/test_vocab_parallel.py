@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import torch
 from ddtree.batch_tree import batch_row_topk, build_trees_batched, build_trees_from_topk
-from ddtree.config import DDTreeConfig, VerifyMode
+from ddtree.config import DDTreeConfig
+from ddtree.modes import Mode
+from ddtree.sglang.shadow import observe_draft, observe_draft_sharded
 from ddtree.sglang.vocab_parallel import Gather, HeadShard, merge_topk, shard_logprobs, shard_topk
-from ddtree.sglang.worker import observe_draft, observe_draft_sharded
 from ddtree.tree import row_topk
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -197,7 +198,7 @@ def test_shadow_statistics_from_a_sharded_head_equal_the_unsharded_ones() -> Non
     head, on every rank; the spine check compares with DFLASH's argmax."""
     g = torch.Generator().manual_seed(1)
     bs, block, hidden, vocab = 3, 6, 8, 37
-    config = DDTreeConfig(verify=VerifyMode.SHADOW, budget=9, topk=3)
+    config = DDTreeConfig(verify=Mode.SHADOW, budget=9, topk=3)
     weight = torch.randint(-2, 3, (vocab, hidden), generator=g).float()  # integer logits: exact, with ties
     states = torch.randint(-1, 2, (bs * (block - 1), hidden), generator=g).float()
     argmax = (states @ weight.T).argmax(-1)  # DFLASH's tokens (first maximum: the smallest id)

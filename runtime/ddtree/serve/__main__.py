@@ -18,7 +18,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from ddtree.config import Mode
+from ddtree.modes import Mode
 from ddtree.serve.args import ServerArgs, parse_args, resolve_device, resolve_dtype, resolve_mode
 from ddtree.serve.loader import read_model_info
 from ddtree.serve.logs import setup_logging

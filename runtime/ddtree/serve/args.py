@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddtree.config import Mode
+from ddtree.modes import Mode, mode_of
 from ddtree.serve.configfile import merge_config
 
 API_KEY_ENV = "SGLANG_API_KEY"
@@ -241,14 +241,9 @@ def resolve_api_key(flag: str | None, path: str | None, environ: Mapping[str, st
 
 
 def resolve_mode(algo: SpecAlgorithm | None, ddtree_verify: str | None) -> Mode:
-    """Mode from flags: no algorithm = baseline, DFLASH = linear, DDTREE = $DDTREE_VERIFY (shadow|tree)."""
-    if algo is None:
-        return Mode.BASELINE
-    if algo is SpecAlgorithm.DFLASH:
-        return Mode.LINEAR
-    if ddtree_verify not in ("shadow", "tree"):
-        raise ValueError(f"DDTREE_VERIFY={ddtree_verify!r}: expected shadow or tree")
-    return Mode(ddtree_verify)
+    """Mode from flags: the mode table's row for the speculative algorithm (none: baseline, DFLASH: linear), and
+    where several rows share it (DDTREE) the one $DDTREE_VERIFY names (`ddtree.modes.mode_of`)."""
+    return mode_of(algo.value if algo is not None else "", ddtree_verify)
 
 
 def resolve_device(device: str, cuda_available: bool) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddtree.config import Mode
+from ddtree.modes import Mode
 
 log = logging.getLogger("ddtree.serve")
 DEFAULT_CONTEXT_LEN = 4096
@@ -82,7 +82,7 @@ def load_engine(
 
     return ReferenceEngine.load(
         model_path,
-        draft_path if mode is not Mode.BASELINE else None,
+        draft_path if mode.spec.drafts else None,
         mode.value,
         ddtree=ddtree,
         device=device,

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
-from ddtree.config import Mode
+from ddtree.modes import Mode
 from ddtree.prom import DDTreeProm, RoundKind
 from ddtree.serve import faults
 from ddtree.serve.args import HOLD_LOADING_ENV, ServerArgs
@@ -68,7 +68,7 @@ class AppState:
         self.stats = ServerStats(
             model_name=args.served_model_name,
             context_len=info.context_len,
-            speculative=mode is not Mode.BASELINE,
+            speculative=mode.spec.drafts,
             draft_tokens_per_round=_draft_tokens(mode, info),
             log_every=args.decode_log_interval,
             emit=log.info,
@@ -148,7 +148,7 @@ class AppState:
 def _draft_tokens(mode: Mode, info: ModelInfo) -> int | None:
     """Drafted tokens per round, the denominator of SGLang's accept rate: the chain for linear/shadow (spine
     verify), the deepest possible path for tree (a tree's accepted path is at most block_size - 1 long)."""
-    if mode is Mode.BASELINE or info.block_size is None:
+    if not mode.spec.drafts or info.block_size is None:
         return None
     return max(info.block_size - 1, 1)
 

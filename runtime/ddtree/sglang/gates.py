@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddtree.config import DDTreeConfig, HybridMode, VerifyMode
+from ddtree.config import DDTreeConfig, HybridMode
 
 # Attention backends whose SGLang 0.5.23 target-verify path reads `spec_info.custom_mask` (the flattened
 # FULL_MASK tree mask, mask_indptr = cumsum(N * (seq_len + N))): triton_backend.py, flashinfer_backend.py.
@@ -72,7 +72,7 @@ def check_server(facts: ServerFacts, config: DDTreeConfig, environ: Mapping[str,
         raise GateError("pass --speculative-draft-model-path: DDTREE drafts with a DFlash drafter")
     # DDTREE_VERIFY=tree passes here: its worker (tree_worker.py) refuses budgets beyond the DFLASH block, the
     # draft heads it cannot read, and hybrid targets without the exact GDN tree path (docs/sglang.md).
-    if config.verify is VerifyMode.SHADOW and environ.get(EAGER_DRAFT_SAMPLER_ENV, "").strip() != "1":
+    if config.verify.spec.eager_draft_head and environ.get(EAGER_DRAFT_SAMPLER_ENV, "").strip() != "1":
         raise GateError(
             f"set {EAGER_DRAFT_SAMPLER_ENV}=1: shadow mode builds its tree from DFLASH's eager draft head "
             "(the CUDA-graph sampler returns tokens only)"
@@ -85,7 +85,7 @@ def hybrid_mode(config: DDTreeConfig, is_hybrid: bool, exact_tree_path: bool) ->
     parent). Shadow verifies the spine, a chain, which SGLang's chain path handles exactly."""
     if not is_hybrid:
         return HybridMode.NONE
-    if config.verify is VerifyMode.SHADOW or exact_tree_path:
+    if not config.verify.spec.verifies_tree or exact_tree_path:  # a chain verify is exact on SGLang's chain path
         return HybridMode.EXACT
     if config.allow_hybrid_unsafe:
         return HybridMode.UNSAFE

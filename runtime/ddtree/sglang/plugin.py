@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ddtree.config import DDTreeConfig, VerifyMode, process_config
+from ddtree.config import DDTreeConfig, process_config
 from ddtree.policy import PolicyMode
 from ddtree.prom import install_default
 from ddtree.sglang import compat
@@ -90,9 +90,10 @@ def worker_factory(server_args: Any) -> type:
     refusal = compat.drift_refusal(compat.installed_version(), compat.drift())
     if refusal:
         raise ValueError(refusal)
-    if config.policy.mode is not PolicyMode.OFF and config.verify is not VerifyMode.TREE:
+    verifies_tree = config.verify.spec.verifies_tree  # ddtree.modes: the tree worker, else the shadow worker
+    if config.policy.mode is not PolicyMode.OFF and not verifies_tree:
         logger.warning("DDTREE_POLICY=%s has no effect: the shape policy picks tree rounds' shapes", config.policy.text)
-    if config.verify is VerifyMode.TREE:
+    if verifies_tree:
         from ddtree.sglang.tree_worker import DDTreeTreeWorker
 
         return DDTreeTreeWorker
