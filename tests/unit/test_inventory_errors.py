@@ -134,6 +134,11 @@ CASES: list[tuple[str, str | None, str]] = [
         "is set by opsctl itself",
     ),
     (
+        "sglang-plugins-without-ddtree",
+        host(svc(body=with_key(GOOD_SERVICE, "extra_env: {SGLANG_PLUGINS: 'other, more'}"))),
+        "extra_env.SGLANG_PLUGINS: leaves out the ddtree plugin",
+    ),
+    (
         "test-hook-in-ddtree",
         host(svc(body=with_key(GOOD_SERVICE.replace("linear", "tree"), "ddtree: {replay_acceptance: /tmp/p.json}"))),
         "services.s1.ddtree.replay_acceptance: is a benchmark test hook (commits recorded paths",
@@ -209,6 +214,14 @@ def test_good_two_service_inventory_loads(tmp_path: Path) -> None:
     inv = load_inventory(file)
     assert [s.port for s in inv.hosts[0].services] == [30000, 30001]
     assert inv.hosts[0].services[1].gpus == (1,)
+
+
+def test_sglang_plugins_that_list_ddtree_are_kept(tmp_path: Path) -> None:
+    from opsctl.inventory.load import load_inventory
+
+    file = tmp_path / "inv.yaml"
+    file.write_text(host(svc(body=with_key(GOOD_SERVICE, "extra_env: {SGLANG_PLUGINS: 'other, ddtree'}"))))
+    assert load_inventory(file).hosts[0].services[0].extra_env == (("SGLANG_PLUGINS", "other, ddtree"),)
 
 
 def test_reference_engine_tree_on_hybrid_is_exact_and_flat_only_when_asked(tmp_path: Path) -> None:
