@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from opsctl.deploy.lock import LockInfo
 from opsctl.errors import DeployError, RemoteError
@@ -798,3 +800,35 @@ def test_router_status_does_not_fail_on_a_worker_out_for_a_running_deploy() -> N
     assert line.startswith(f"h1/ref (by op@{socket.gethostname()} pid {os.getpid()} (deploy h1/ref) since 2026-12-05T")
     bare = collect_router(FakeHost("h1", handler=handler(kept_out_json([W1]))), inv, inv.router("front"), http)
     assert not bare.healthy and bare.deploys == []
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+_LEASE = st.builds(
+    LockInfo,
+    st.text(min_size=1, max_size=12),
+    st.text(max_size=12),
+    st.integers(0, 2**31),
+    st.text(max_size=20),
+    st.text(max_size=20),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_JSON)
+def test_any_membership_file_parses_to_a_value_and_never_raises(data: Any) -> None:
+    """The file is read by every take-out (and by the router's launcher): whatever a hand edit or a half-written
+    file holds, it is a Membership (what does not parse is left out), never an exception."""
+    for text in (json.dumps(data), json.dumps({"kept_out": data, "deploys": data}), json.dumps(data)[:7]):
+        state = parse_membership(text)
+        assert isinstance(state, Membership) and all(isinstance(u, str) for u in state.kept_out)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.frozensets(st.text(max_size=30), max_size=5), st.dictionaries(st.text(max_size=30), _LEASE, max_size=4))
+def test_membership_round_trips_through_its_file(kept: frozenset[str], leases: dict[str, LockInfo]) -> None:
+    state = Membership(kept, tuple(sorted(leases.items())))
+    assert parse_membership(state.to_json()) == state
