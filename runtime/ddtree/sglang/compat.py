@@ -52,6 +52,9 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     ),
     "sglang.srt.speculative.spec_registry:CustomSpecAlgo.create_worker": ("self", "server_args"),
     "sglang.srt.arg_groups.resolution_hooks:register_resolution_hook": ("name",),
+    # the top_k guard (ddtree.sglang.sampling_guard): a BEFORE hook on SamplingParams.verify, in every mode
+    "sglang.srt.plugins.hook_registry:HookRegistry.register": ("cls", "target", "hook", "hook_type", "source"),
+    "sglang.srt.sampling.sampling_params:SamplingParams.verify": ("self", "vocab_size"),
     "sglang.srt.arg_groups.resolution_hooks:run_hook": ("builtin", "server_args"),
     "sglang.srt.arg_groups.speculative_hook:handle_speculative_decoding": ("server_args",),
     "sglang.srt.arg_groups.speculative_hook:_handle_dflash": ("server_args",),  # private
@@ -253,6 +256,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
 
 # Dataclass / msgspec fields read or passed by name.
 FIELDS: dict[str, tuple[str, ...]] = {
+    "sglang.srt.sampling.sampling_params:SamplingParams": ("top_k", "temperature"),
     "sglang.srt.server_args:ServerArgs": (
         "page_size",
         "disable_overlap_schedule",
