@@ -364,7 +364,9 @@ def _unchanged(
         fix = (
             guards.missing_hint(ctx.host.name, missing, guards.failed_restores(ctx.conn, ctx.service, missing))
             if missing
-            else "`opsctl deploy --force` restarts it, `opsctl logs` shows why"
+            else f"`opsctl deploy -i INVENTORY --host {ctx.host.name} --service {ctx.service.name} --force` restarts "
+            f"it (a new release), `opsctl logs -i INVENTORY --host {ctx.host.name} --service {ctx.service.name}` "
+            "shows why"
         )
         result.message = f"unchanged config (release {facts.current}) but /health: {probe.describe()}; {fix}"
     if not settings.plan:

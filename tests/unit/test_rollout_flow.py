@@ -197,7 +197,7 @@ def test_unchanged_but_dead_fails_with_the_fix(ctx_for):
     box.active = "failed"
     ctx, fake = make(box, health_ok=lambda: False)
     again = flow.deploy_service(ctx, wheel, SETTINGS)
-    assert again.outcome is Outcome.FAILED and "opsctl deploy --force" in again.message
+    assert again.outcome is Outcome.FAILED and "--service ref-shadow --force` restarts it" in again.message
     assert _live_steps(fake) == []
 
 
@@ -513,3 +513,28 @@ def test_rollback_to_a_release_that_fails_restores_current_with_a_restoring_gate
     assert gates == [(30.0, True), (5.0, False)]
     assert target in box.bad and box.current == current
     assert f"rolling back {current} -> {target}" in said
+
+
+def test_an_unchanged_service_that_does_not_serve_names_the_command_that_restarts_it(ctx_for) -> None:
+    """Its hint was `opsctl deploy --force` (every selected service) with no inventory; now the printed command is
+    this service's, and running it restarts the service with a new release of the same configuration."""
+    make, wheel, _said = ctx_for
+    ctx, first_host = make(Box(None))
+    first = flow.deploy_service(ctx, wheel, SETTINGS)
+    box = Box(first.release)
+    box.active = "inactive"  # stopped: not still starting
+    serving = [False]
+    ctx, fake = make(box, health_ok=lambda: serving[0])
+    fake.files.update(first_host.files)
+    down = flow.deploy_service(ctx, wheel, SETTINGS)
+    assert down.outcome is Outcome.FAILED
+    h, s = ctx.host.name, ctx.service.name
+    assert down.message.endswith(
+        f"`opsctl deploy -i INVENTORY --host {h} --service {s} --force` restarts it (a new release), "
+        f"`opsctl logs -i INVENTORY --host {h} --service {s}` shows why"
+    ), down.message
+    serving[0] = True  # the command it names: --force, this host and service
+    box.active = "active"
+    forced = flow.deploy_service(ctx, wheel, replace(SETTINGS, force=True))
+    assert forced.outcome is Outcome.DEPLOYED and forced.release != first.release, forced.message
+    assert "systemctl restart" in _live_steps(fake)
