@@ -126,6 +126,7 @@ class Decision:
     verdict: Verdict
     reason: str = ""  # WAIT: what it waits for; REFUSE: the members as refuse_take_out describes them
     after: Membership | None = None  # TAKE
+    held_by: tuple[str, ...] = ()  # WAIT: the workers other deploys hold out (host/service where known)
 
 
 def live_leases(state: Membership, url: str) -> dict[str, LockInfo]:
@@ -153,15 +154,15 @@ def decide_take_out(
     held = "; ".join(
         f"{names.get(u, u)} out for a deploy by {info.describe(when)}" for u, info in sorted(others.items())
     )
+    held_by = tuple(names.get(u, u) for u in sorted(others))
     if len(others) >= max_unavailable:
-        return Decision(
-            Verdict.WAIT, f"{len(others)} worker(s) out already (max_unavailable {max_unavailable}): {held}"
-        )
+        reason = f"{len(others)} worker(s) out already (max_unavailable {max_unavailable}): {held}"
+        return Decision(Verdict.WAIT, reason, held_by=held_by)
     out = (state.kept_out | set(others) | set(kept_here)) - {url}
     refused = refuse_take_out([m for m in members if m.url not in out], url)
     if refused is not None:
         if others:
-            return Decision(Verdict.WAIT, f"no other worker serves until it is back: {held}")
+            return Decision(Verdict.WAIT, f"no other worker serves until it is back: {held}", held_by=held_by)
         return Decision(Verdict.REFUSE, refused)
     stale = [u for u, info in state.deploys if u != url and u not in others]
     after = state.keeping(url, True).leasing(url, lease)

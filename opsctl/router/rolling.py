@@ -205,6 +205,7 @@ class RouterGuard:
         names = worker_names(self.inventory, router)
         t0 = self.clock()
         said_at: float | None = None
+        lost = 0  # swaps lost in a row: another opsctl changed the file between this one's read and write
         while True:
             version, state = self._read(router)
             members = client.members()
@@ -213,7 +214,15 @@ class RouterGuard:
             decision = keptout.decide_take_out(state, members, url, lease, router.max_unavailable, kept, names)
             if decision.verdict is Verdict.TAKE and decision.after is not None:
                 if not self._swap(router, version, decision.after):
-                    continue  # another opsctl changed it since it was read: decide again on what is there now
+                    lost += 1  # another opsctl changed it since it was read: decide again on what is there now
+                    if lost >= keptout.SWAP_ATTEMPTS:
+                        raise DeployError(
+                            f"router {router.name}: its membership file on {router.host} changed under each of "
+                            f"{lost} attempts to take {name} out",
+                            f"nothing was switched; `opsctl status -i INVENTORY --router {router.name}` shows who "
+                            "holds it",
+                        )
+                    continue
                 if said_at is not None:
                     say(f"router {router.name}: free after {self.clock() - t0:.1f}s")
                 out = decision.after.kept_out | {u for u, _ in decision.after.deploys} | kept
@@ -229,10 +238,11 @@ class RouterGuard:
             if cancelled():
                 raise DeployError(f"interrupted while waiting for router {router.name}", "nothing was switched")
             if waited >= self.wait_s:
+                h, _, s = (decision.held_by[0] if decision.held_by else "H/S").partition("/")
                 raise DeployError(
                     f"router {router.name}: waited {waited:.0f}s to take {name} out: {decision.reason}",
-                    "nothing was switched; deploy again once that deploy ended (if its opsctl was killed, deploying "
-                    "that worker again, `opsctl deploy -i INVENTORY --host H --service S`, frees its place)",
+                    "nothing was switched; deploy again once that deploy ended (if its opsctl was killed, "
+                    f"`opsctl deploy -i INVENTORY --host {h} --service {s}` frees its worker's place)",
                 )
             if said_at is None or self.clock() - said_at >= WAIT_SAY_S:
                 say(

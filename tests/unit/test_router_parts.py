@@ -681,7 +681,8 @@ def test_a_wait_is_bounded_and_says_who_holds_the_router_in_one_line() -> None:
         second.take_out("h2", "ref", lambda _: None)
     assert info.value.message.startswith("router front: waited 60s to take h2/ref out: 1 worker(s) out already")
     assert (
-        "\n" not in info.value.one_line() and "opsctl deploy -i INVENTORY --host H --service S" in info.value.one_line()
+        "\n" not in info.value.one_line()
+        and "`opsctl deploy -i INVENTORY --host h1 --service ref` frees its worker's place" in info.value.one_line()
     )
     assert fake.calls == [f"remove {W1}"] and second._slots["front"].slots.acquire(blocking=False)
 
@@ -832,3 +833,23 @@ def test_any_membership_file_parses_to_a_value_and_never_raises(data: Any) -> No
 def test_membership_round_trips_through_its_file(kept: frozenset[str], leases: dict[str, LockInfo]) -> None:
     state = Membership(kept, tuple(sorted(leases.items())))
     assert parse_membership(state.to_json()) == state
+
+
+def test_a_swap_that_always_loses_is_bounded_and_one_line() -> None:
+    """A file that changes between every read and write (another opsctl in a loop, or a host that answers other
+    bytes than it stores) ends the take-out in one line, nothing switched, instead of looping for ever."""
+
+    class Losing(MemoryMembership):
+        def swap(self, router: Any, version: str, after: Membership) -> bool:
+            return False
+
+    fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
+    g = guard(fake, [0], [0.0])
+    g.kept_out = Losing()
+    with pytest.raises(DeployError) as info:
+        g.take_out("h1", "ref", lambda _: None)
+    assert (
+        info.value.message
+        == "router front: its membership file on h1 changed under each of 50 attempts to take h1/ref out"
+    )
+    assert fake.calls == [] and g._slots["front"].slots.acquire(blocking=False)
