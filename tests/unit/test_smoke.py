@@ -280,3 +280,65 @@ def test_the_shipped_prompts_have_greedy_plain_ones_for_dflash_services() -> Non
     plan = smoke.comparable(smoke.load_prompts(), "sglang", "linear", True)
     assert plan.prompts and all(p.plain for p in plan.prompts)
     assert sum(len(g.ids) for g in plan.left_out) == sum(not p.plain for p in smoke.load_prompts())
+
+
+def test_equivalence_cli_compares_each_service_on_what_its_mode_promises(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`smoke --equivalence`: an SGLang linear service gets the greedy plain prompts, an SGLang tree service every
+    kind; each run prints what it left out and why, and --json carries it."""
+    import json
+
+    from opsctl.cli.smoke import _equivalence
+    from opsctl.inventory.load import load_inventory
+
+    model = "model: {source: /data/m, source_on: host, path: /dev/shm/m, hybrid: false}"
+    draft = "draft_model: {source: /data/d, source_on: host, path: /dev/shm/d}"
+    deterministic = "extra_args: ['--enable-deterministic-inference']"
+    services = {
+        "base": f"gpus: [0], port: 30000, mode: baseline, {model}, {deterministic}",
+        "lin": f"gpus: [1], port: 30001, mode: linear, {model}, {draft}, {deterministic}",
+        "tree": f"gpus: [2], port: 30002, mode: tree, {model}, {draft}, {deterministic}",
+    }
+    listed = "\n".join(f"      {name}: {{{body}}}" for name, body in services.items())
+    inv_file = tmp_path / "inv.yaml"
+    inv_file.write_text(f"hosts:\n  h1:\n    address: 10.0.0.1\n    gpus: 4\n    services:\n{listed}\n")
+    inv = load_inventory(inv_file)
+    prompts = tmp_path / "p.yaml"
+    prompts.write_text(
+        yaml.safe_dump(
+            {
+                "prompts": [
+                    {"id": "plain", "prompt": "hi", "max_tokens": 4},
+                    {"id": "freq", "prompt": "hi", "max_tokens": 4, "sampling": {"frequency_penalty": 1.2}},
+                    {"id": "min_new", "prompt": "hi", "max_tokens": 16, "sampling": {"min_new_tokens": 12}},
+                    {"id": "seeded", "prompt": "hi", "sampling": {"temperature": 0.7, "sampling_seed": 3}},
+                ]
+            }
+        )
+    )
+    asked: dict[str, list[Any]] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        if request.url.path.endswith("tokenize"):
+            return httpx.Response(404)
+        asked.setdefault(str(request.url.port), []).append(json.loads(request.content)["sampling_params"])
+        return httpx.Response(200, json={"text": "x", "output_ids": [5], "meta_info": {}})
+
+    host = inv.hosts[0]
+    selection = [(host, s) for s in host.services]
+    with _client(handler) as client:
+        ok = _equivalence(client, inv, selection, "h1/base", prompts, 1.0, True)
+    captured = capsys.readouterr()
+    out, said = captured.out, " ".join((captured.out + captured.err).split())  # rich wraps long lines
+    assert ok
+    assert len(asked["30001"]) == 1 and len(asked["30002"]) == 4  # linear: only the plain prompt; tree: all four
+    assert "h1/lin vs h1/base (sglang linear): 1 prompts, greedy" in said
+    assert "3 left out (freq, min_new, seeded): sampled, penalized and min_new_tokens prompts: SGLang's DFLASH" in said
+    assert "h1/tree vs h1/base (sglang tree): 4 prompts" in said
+    reports = json.loads(out[out.index("[\n") :])
+    by_service = {r["service"]: r for r in reports}
+    assert [g["ids"] for g in by_service["h1/lin"]["left_out"]] == [["freq", "min_new", "seeded"]]
+    assert by_service["h1/tree"]["left_out"] == [] and len(by_service["h1/tree"]["prompts"]) == 4
