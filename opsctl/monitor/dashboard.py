@@ -7,8 +7,9 @@ read from the `up` series of the services' scrape job (`label_values`), multi-se
   sorted by tau), the share of requests aborted and KV cache usage per service;
 - routers: each router's healthy workers (its own view), answers per second by status, the 5xx share;
 - one row per selected `worker` (Grafana repeats it): SGLang's panels (tok/s, TTFT and ITL quantiles, running and
-  queued requests) beside the tree's (tau, tree shape, phase times, decode rounds by kind, off-spine share and
-  self-check, the policy's shape; empty for a service that runs no DDTREE).
+  queued requests) beside the tree's (tau, with SGLang's own accept length for `linear` services; tree shape,
+  phase times, decode rounds by kind, off-spine share and self-check, the policy's shape; empty for a service that
+  runs no DDTREE).
 
 Written as plain dicts: Grafana's `grafana-foundation-sdk` was weighed and not taken (docs/monitoring.md says
 why).
@@ -109,7 +110,10 @@ def service_panels() -> list[Panel]:
         Panel("TTFT", "s", (q("opsctl:ttft_seconds:p50", "p50"), q("opsctl:ttft_seconds:p95", "p95"))),
         Panel("inter-token latency", "s", (q("opsctl:itl_seconds:p50", "p50"), q("opsctl:itl_seconds:p95", "p95"))),
         Panel("requests", "short", (q("sglang:num_running_reqs", "running"), q("sglang:num_queue_reqs", "queued"))),
-        Panel("tau", "short", (q("opsctl:ddtree_tau:rate", "tau"), q("opsctl:ddtree_tau:baseline", "baseline"))),
+        Panel("tau", "short", (
+            q("opsctl:ddtree_tau:rate", "tau"), q("opsctl:ddtree_tau:baseline", "baseline"),
+            q("sglang:spec_accept_length", "SGLang accept length"),  # a `linear` service's tau: no ddtree_* series
+        )),
         Panel("tree shape", "short", tuple((mean(f"ddtree_tree_{k}"), k) for k in ("nodes", "depth", "width"))),
         Panel("round phases (ms per round)", "ms", (
             (f"1000 * sum by (phase) ({rate('ddtree_phase_seconds_total')}) / {rounds}", "{{phase}}"),
