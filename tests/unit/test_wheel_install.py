@@ -1,20 +1,13 @@
 """The opsctl wheel, installed (not editable) into a fresh venv and run from a directory outside the checkout: it
-carries its playbooks, locks and a ddtree-runtime wheel, and renders and plans like the checkout does.
-
-Offline and fast (~10 s): the wheel is built with --no-build-isolation from a copy of the sources, installed with
---no-deps --no-index, and the venv reaches opsctl's dependencies through a .pth line naming this interpreter's
-site-packages (a plain path entry: that directory's own .pth files, an editable opsctl's finder among them, are not
-processed, so `import opsctl` can only find the installed wheel).
+carries its playbooks, locks and a ddtree-runtime wheel, and renders and plans like the checkout does. Offline
+and fast (~10 s): tests/unit/installed_opsctl.py builds and installs it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -23,39 +16,13 @@ import yaml
 
 from opsctl import provision
 from opsctl.ops.locks import locks_dir
-
-ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "opsctl", "playbooks", "locks", "runtime")
-IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
-
-
-def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+from tests.unit.installed_opsctl import ROOT, bundled_wheel, installed_venv
+from tests.unit.installed_opsctl import run as _run
 
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
-    for name in SHIPPED:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=IGNORE)
-        else:
-            shutil.copy2(ROOT / name, src / name)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    built = _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp / "dist"), str(src)], tmp)
-    assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = (tmp / "dist").glob("opsctl-*.whl")
-    env = tmp / "venv"
-    assert _run([sys.executable, "-m", "venv", "--without-pip", str(env)], tmp).returncode == 0
-    python = env / "bin" / "python"
-    installed = _run([*pip, "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)], tmp)
-    assert installed.returncode == 0, installed.stderr[-2000:]
-    purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp)
-    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    (Path(purelib.stdout.strip()) / "opsctl-test-deps.pth").write_text("\n".join(sorted(deps)) + "\n")
-    return env
+    return installed_venv(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture()
@@ -82,7 +49,7 @@ def test_the_installed_opsctl_is_the_wheel_not_the_checkout(venv: Path, outside:
 def test_version_names_the_bundled_runtime_wheel_and_its_sha256(venv: Path, outside: Path) -> None:
     proc = _run([str(venv / "bin" / "opsctl"), "--version"], outside)
     assert proc.returncode == 0, proc.stderr
-    (wheel,) = venv.glob("lib/python*/site-packages/opsctl/data/runtime/ddtree_runtime-*.whl")
+    wheel = bundled_wheel(venv)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     assert proc.stdout.splitlines()[1] == f"ddtree-runtime 0.1.0 (bundled {wheel.name}, sha256 {digest})"
 
