@@ -19,12 +19,14 @@ repetition penalty; in the order `PENALTIES` documents), then the grammar mask, 
 applies temperature, top-k, top-p and min-p. SGLang counts output tokens only (not the prompt) for all three
 penalties.
 
-Pure tensor code: the SGLang worker and the reference engine both call it; tests/runtime/test_acceptance.py
+A decode loop keeps a request's output as running state (`RunningRules`: counts updated by each commit, never
+recounted). Pure tensor code: the SGLang worker and the reference engine both call it; tests/runtime/test_acceptance.py
 checks it against a per-node reference and a distribution oracle.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -213,16 +215,60 @@ class Decoding:
 
 
 def adjust_row(logits: Tensor, rules: RequestRules, history: Sequence[int]) -> Tensor:
-    """One row of logits [V] adjusted as the baseline adjusts it after the output `history` (a new tensor)."""
+    """One row of logits [V] adjusted as the baseline adjusts it after the output `history` (a new tensor). The
+    history is counted afresh: a decode loop keeps a `RunningRules` instead."""
     if not rules.active:
         return logits
-    vocab = logits.shape[-1]
-    batch = batch_rules([rules], [list(history)], vocab, logits.device, force=True)
-    if batch is None:  # unreachable with force=True
-        raise RuntimeError("batch_rules returned no rules")
-    node = torch.zeros((1, 1), dtype=torch.int64, device=logits.device)
-    mask = torch.ones((1, 1, 1), dtype=torch.bool, device=logits.device)
-    return apply_node_rules(logits.view(1, 1, vocab), node, mask, node, batch).view(vocab)
+    running = RunningRules(rules, logits.shape[-1], logits.device)
+    running.commit(history)
+    return running.adjust(logits)
+
+
+class RunningRules:
+    """One request's logit rules with its output so far kept as running state on the device: the rules' fixed
+    tensors (penalties, stop tokens, logit_bias) are built once, and the output's token counts [1, V] and length
+    are updated by each commit with the tokens it adds (O(new tokens)), never recounted from the history. A
+    decode loop commits every token it outputs (a tree round: each accepted draft as the walk accepts it, then
+    the bonus) and adjusts each row it chooses from; the rows are those `apply_node_rules` gives for the whole
+    output (counts are sums of ones in float32, exact below 2**24, so the same bits in any order)."""
+
+    def __init__(self, rules: RequestRules, vocab: int, device: torch.device) -> None:
+        self.rules = rules
+        self.vocab = vocab
+        self.length = 0  # committed output tokens
+        # the counts start at zero: batch_rules of an empty output; force: a rule-less request adjusts nothing
+        fixed = batch_rules([rules], [[]], vocab, device, force=True)
+        if fixed is None:  # unreachable with force=True
+            raise RuntimeError("batch_rules returned no rules")
+        self._fixed: BatchRules = fixed
+        self.counts = fixed.counts  # [1, V] float32, updated in place
+        self._one_node = torch.zeros((1, 1), dtype=torch.int64, device=device)  # tokens / depths of one node
+        self._one_mask = torch.ones((1, 1, 1), dtype=torch.bool, device=device)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Count `tokens` as output (in order, after what was committed before)."""
+        self.length += len(tokens)
+        if not self.rules.reads_output:
+            return
+        ids = [int(t) for t in tokens if 0 <= t < self.vocab]
+        if ids:
+            index = torch.tensor(ids, dtype=torch.int64).to(self.counts.device)
+            self.counts[0].scatter_add_(0, index, torch.ones(index.shape, dtype=self.counts.dtype, device=index.device))
+
+    def batch(self) -> BatchRules:
+        """The rules as `apply_node_rules` reads them, for the output committed so far (bs 1)."""
+        lens = torch.tensor([self.length], dtype=torch.int64).to(self.counts.device)
+        return dataclasses.replace(self._fixed, counts=self.counts, output_lens=lens)
+
+    def adjust(self, logits: Tensor) -> Tensor:
+        """One row [V] adjusted as the baseline adjusts it after the committed output (a new tensor; the row
+        itself when the request has no rule)."""
+        if not self.rules.active:
+            return logits
+        rows = apply_node_rules(
+            logits.view(1, 1, self.vocab), self._one_node, self._one_mask, self._one_node, self.batch()
+        )
+        return rows.view(self.vocab)
 
 
 def choose_token(
@@ -232,10 +278,14 @@ def choose_token(
     history: Sequence[int],
     generator: torch.Generator | None = None,
 ) -> int:
-    """The baseline's token after the output `history`: logit rules, then argmax (greedy) or one draw after
+    """The baseline's token after the output `history`: logit rules, then `pick_token`. logits: [V]."""
+    return pick_token(adjust_row(logits.to(torch.float32), rules, history), sampler, generator)
+
+
+def pick_token(row: Tensor, sampler: SamplerRules, generator: torch.Generator | None = None) -> int:
+    """A token from a row [V] that already carries the logit rules: argmax (greedy) or one draw after
     temperature, top-k, top-p and min-p (SGLang's torch sampler: probabilities sorted, ranks >= top_k zeroed,
-    then those whose mass before them exceeds top_p, then those below min_p times the top one). logits: [V]."""
-    row = adjust_row(logits.to(torch.float32), rules, history)
+    then those whose mass before them exceeds top_p, then those below min_p times the top one)."""
     if sampler.greedy:
         return int(row.argmax())
     probs = torch.softmax(row / sampler.temperature, dim=-1)

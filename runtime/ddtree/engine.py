@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ddtree import tree as dtree
-from ddtree.acceptance import Decoding, SamplerRules, choose_token
+from ddtree.acceptance import Decoding, RunningRules, SamplerRules, pick_token
 from ddtree.config import DDTreeConfig, HybridMode
 from ddtree.metrics import MetricsLog
 from ddtree.modes import Mode
@@ -219,6 +219,7 @@ class ReferenceEngine:
         self.last_stats: list[RoundStats] = []  # per-round stats of the latest generation (spec modes)
         self.policy = policy if policy is not None else _default_policy(self.mode, self.ddtree)
         self.last_shapes: list[Shape] = []  # per-round shape of the latest generation (tree mode with a policy)
+        self.last_rules: RunningRules | None = None  # the latest generation's output as its rules count it
         self.metrics: MetricsLog | None = None
         if self.mode.spec.builds_tree and self.ddtree is not None and drafter is not None:
             self.metrics = MetricsLog(self.ddtree, drafter.block_size, self.hybrid, policy=self.policy)
@@ -303,17 +304,22 @@ class ReferenceEngine:
             gen.seed()
         self.last_stats, self.last_shapes = [], []
         step = self.runner.prefill(prompt_ids)
-        bonus = _choose(step.logits[-1], decoding, [], gen)
+        # the rules' view of the output: counted as it is committed, never recounted (None: temperature only)
+        rules = None
+        if not decoding.temperature_only:
+            rules = RunningRules(decoding.rules, int(step.logits.shape[-1]), step.logits.device)
+        self.last_rules = rules
+        bonus = _choose(step.logits[-1], decoding, rules, gen)
         first = out.take([bonus])
         yield first
         if out.finish:
             return
         if not self.mode.spec.drafts:
-            rounds = self._baseline_rounds(bonus, decoding, gen)
+            rounds = self._baseline_rounds(bonus, decoding, rules, gen)
         else:
             assert self.drafter is not None
             self.drafter.reset()
-            rounds = self._spec_rounds(list(prompt_ids), step.features, bonus, decoding, gen)
+            rounds = self._spec_rounds(list(prompt_ids), step.features, bonus, decoding, rules, gen)
         for chunk in rounds:
             accept.append(len(chunk))
             taken = out.take(chunk)
@@ -321,12 +327,12 @@ class ReferenceEngine:
             if out.finish:
                 return
 
-    def _baseline_rounds(self, token: int, decoding: Decoding, gen: torch.Generator) -> Iterator[list[int]]:
-        history = [token]  # the output so far (the rules read it)
+    def _baseline_rounds(
+        self, token: int, decoding: Decoding, rules: RunningRules | None, gen: torch.Generator
+    ) -> Iterator[list[int]]:
         while True:
             logits = self.runner.decode(token).logits[-1]  # [V]
-            token = _choose(logits, decoding, history, gen)
-            history.append(token)
+            token = _choose(logits, decoding, rules, gen)
             yield [token]
 
     def _spec_rounds(
@@ -335,10 +341,10 @@ class ReferenceEngine:
         features: Tensor | None,
         bonus: int,
         decoding: Decoding,
+        rules: RunningRules | None,
         gen: torch.Generator,
     ) -> Iterator[list[int]]:
         assert self.drafter is not None
-        prompt_len = len(committed)
         depth = self.drafter.block_size - 1
         # a round's observation waits for the next round's start: what the caller did in between is its gap
         held: _HeldRound | None = None
@@ -356,7 +362,7 @@ class ReferenceEngine:
                 t2 = self._now()
                 verified = self.runner.verify(inputs)  # logits: [N, V]
                 t3 = self._now()
-                walk = _walk(tree, verified.logits, decoding, committed[prompt_len:], gen)
+                walk = _walk(tree, verified.logits, decoding, rules, gen)
                 self.runner.commit(walk.accepted)
                 t4 = self._now()
                 path = list(walk.accepted)
@@ -418,27 +424,34 @@ class ReferenceEngine:
         return time.perf_counter()
 
 
-def _choose(logits: Tensor, decoding: Decoding, history: list[int], gen: torch.Generator) -> int:
-    """The target's token after the output `history` (logits: [V])."""
-    if decoding.temperature_only:
+def _choose(logits: Tensor, decoding: Decoding, rules: RunningRules | None, gen: torch.Generator) -> int:
+    """The target's token after the output `rules` holds, committed to it (logits: [V]; rules: None when the
+    decoding is temperature only)."""
+    if rules is None:
         return dtree.sample_token(logits, decoding.sampler.temperature, gen)
-    return choose_token(logits, decoding.rules, decoding.sampler, history, gen)
+    token = pick_token(rules.adjust(logits.to(torch.float32)), decoding.sampler, gen)
+    rules.commit([token])
+    return token
 
 
 def _walk(
-    tree: dtree.DraftTree, logits: Tensor, decoding: Decoding, before_root: list[int], gen: torch.Generator
+    tree: dtree.DraftTree, logits: Tensor, decoding: Decoding, rules: RunningRules | None, gen: torch.Generator
 ) -> dtree.WalkResult:
-    """The round's walk. `before_root`: the output before the tree's root (the root is the newest output token);
-    a node's rules read that, the root and the node's path (ddtree.acceptance)."""
-    if decoding.temperature_only:
+    """The round's walk. `rules` holds the output up to the tree's root (the root is the newest output token); a
+    node's rules read that and the node's path (ddtree.acceptance), so each accepted draft is committed to it as
+    the walk accepts it, and the bonus last: the round's tokens, counted once."""
+    if rules is None:
         return dtree.walk_tree(tree, logits, decoding.sampler.temperature, gen)
     tokens = tree.tokens.tolist()
 
-    def choose(path: list[int]) -> int:
-        history = before_root + [tokens[node] for node in path]
-        return choose_token(logits[path[-1]], decoding.rules, decoding.sampler, history, gen)
+    def choose(path: list[int]) -> int:  # path[-1] was accepted: the previous choice was its token
+        if len(path) > 1:
+            rules.commit([tokens[path[-1]]])
+        return pick_token(rules.adjust(logits[path[-1]].to(torch.float32)), decoding.sampler, gen)
 
-    return dtree.walk_visiting(tree.parents.tolist(), tokens, choose)
+    walk = dtree.walk_visiting(tree.parents.tolist(), tokens, choose)
+    rules.commit([walk.bonus_token])
+    return walk
 
 
 @dataclass(frozen=True)
