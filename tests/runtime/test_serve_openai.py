@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from ddtree.serve.sse import parse_events
 from serve_process import API_KEY, ServeProcess, ServerPool
 
 pytestmark = pytest.mark.runtime
@@ -218,6 +219,23 @@ def test_generate_refusals_have_sglangs_native_shapes(
         assert set(body["error"]) == {"message"} and expected["error"]["message"] in body["error"]["message"], body
     else:
         assert isinstance(body["error"], str) and expected["error"] in body["error"], body
+
+
+def test_a_streamed_generate_is_refused_as_sglang_streams_it(server: ServeProcess) -> None:
+    """SGLang 0.5.23 checks a streamed /generate's sampling inside the stream: HTTP 200, one error event, [DONE]
+    (http_server.generate_request); its JSON contract still answers 400 before any stream."""
+    r = server.post("/generate", {"text": "hi", "stream": True, "sampling_params": {"top_k": 0, "temperature": 1}})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    error, done = parse_events(r.text)
+    assert done == "[DONE]" and isinstance(error, dict), r.text
+    assert error["error"]["message"].startswith("top_k must be -1 (disable) or at least 1, got 0")
+    assert {k: error["error"][k] for k in ("type", "code", "retryable")} == {
+        "type": "invalid_request_error",
+        "code": 400,
+        "retryable": False,
+    }
+    contract = server.post("/generate", {"text": "hi", "stream": True, "sampling_params": {"top_k": 1.5}})
+    assert contract.status_code == 400 and "expected i64" in contract.json()["error"], contract.text
 
 
 def test_seed_at_the_64_bit_edges_works(server: ServeProcess) -> None:

@@ -269,3 +269,18 @@ def test_lone_surrogate_iff_the_body_is_not_valid_unicode(body: Any) -> None:
     except UnicodeEncodeError:
         valid = False
     assert (lone_surrogate(body) is None) == valid
+
+
+def test_generate_refusals_carry_sglangs_shape_and_whether_they_stream() -> None:
+    """/generate: the JSON contract's refusals are "contract" (400 before any stream), the range checks "native",
+    and a streamed request's native refusal is answered in its stream (SGLang: HTTP 200, one error event)."""
+    with pytest.raises(RequestError) as contract:
+        parse_generate({"text": "x", "stream": True, "sampling_params": {"sampling_seed": 5.0}})
+    assert (contract.value.shape, contract.value.stream) == ("contract", False)
+    for stream in (False, True):
+        with pytest.raises(RequestError) as native:
+            parse_generate({"text": "x", "stream": stream, "sampling_params": {"top_k": 0, "temperature": 1}})
+        assert (native.value.shape, native.value.stream) == ("native", stream)
+    with pytest.raises(RequestError) as openai_shaped:
+        parse_chat({**CHAT, "top_k": 0, "stream": True})  # chat checks before its stream starts: a 400
+    assert (openai_shaped.value.shape, openai_shaped.value.stream) == ("openai", False)

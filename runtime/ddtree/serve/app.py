@@ -88,7 +88,9 @@ def create_app(state: AppState) -> FastAPI:
         return response
 
     @app.exception_handler(RequestError)
-    async def _bad_request(_: Request, exc: RequestError) -> JSONResponse:
+    async def _bad_request(_: Request, exc: RequestError) -> Response:
+        if exc.shape == "native" and exc.stream:  # SGLang's streamed /generate: the error is the stream's one event
+            return _sse(_generate_refusal(exc))
         if exc.shape == "native":  # SGLang's /generate after its contract check (http_server._create_error_response)
             return JSONResponse({"error": {"message": exc.message}}, status_code=exc.status)
         if exc.shape == "contract":  # SGLang's /generate JSON contract (api_contract.generate_contract_error)
@@ -289,7 +291,7 @@ def create_app(state: AppState) -> FastAPI:
                     raise RequestError("text must not be empty", "text")
             return req, loaded, _params(state, loaded, prompt, req.sampling)
         except RequestError as exc:
-            raise exc.native() from None
+            raise exc.native(req.stream) from None
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
@@ -497,6 +499,14 @@ def _generate_body(out: Outcome, rid: str, t0: float, partial_text: str | None =
         "spec_accept_lengths": list(out.accept_lengths),
     }
     return {"text": out.text, "output_ids": list(out.tokens), "meta_info": meta}
+
+
+async def _generate_refusal(exc: RequestError) -> AsyncIterator[str]:
+    """SGLang's streamed /generate refusal (http_server.generate_request's stream_results): HTTP 200, one error
+    event, then [DONE]."""
+    error = {"message": exc.message, "type": "invalid_request_error", "code": exc.status, "retryable": False}
+    yield sse.event({"error": error})
+    yield sse.DONE
 
 
 async def _generate_stream(

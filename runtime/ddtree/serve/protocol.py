@@ -25,17 +25,21 @@ class RequestError(ValueError):
     SGLang's body for it: "openai" (`{"object": "error", "message", ...}`), "native" (/generate's refusals after
     its contract check: `{"error": {"message": ...}}`) or "contract" (/generate's JSON contract: `{"error": "..."}`)."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400, shape: str = "openai") -> None:
+    def __init__(
+        self, message: str, param: str | None = None, status: int = 400, shape: str = "openai", stream: bool = False
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
         self.shape = shape
+        self.stream = stream  # a native refusal of a streamed /generate: SGLang answers 200 and one SSE error event
 
-    def native(self) -> RequestError:
+    def native(self, stream: bool = False) -> RequestError:
         """The same refusal in /generate's native shape (a contract refusal keeps its own)."""
-        shape = self.shape if self.shape == "contract" else "native"
-        return RequestError(self.message, self.param, self.status, shape)
+        if self.shape == "contract":
+            return self
+        return RequestError(self.message, self.param, self.status, "native", stream)
 
 
 @dataclass(frozen=True)
@@ -513,16 +517,17 @@ def parse_generate(body: Any) -> GenerateRequest:
     sp = _require_object(body.get("sampling_params") or {}, "sampling_params")
     _refuse_unsupported(sp, GENERATE_UNSUPPORTED, "sampling_params.")  # fields SGLang has: no SGLang shape to keep
     _generate_contract(sp)
+    stream = _generate_stream(body)
     try:
         sampling = _generate_sampling(sp)
     except RequestError as exc:
-        raise exc.native() from None
+        raise exc.native(stream) from None
     _refuse_unsupported(body, GENERATE_TOP_UNSUPPORTED)
     return GenerateRequest(
         text=text,
         input_ids=input_ids,
         sampling=sampling,
-        stream=_generate_stream(body),
+        stream=stream,
         lora_path=body.get("lora_path"),
     )
 
