@@ -1,8 +1,8 @@
 """The SGLang tree worker's pure parts, tested without SGLang (`ddtree.sglang.tree_worker` runs them): the
 per-request host references of the round's device path (`plan_round`, `commit_round`; for parity
 tests and the benchmark), the worker's start-up and self-check helpers, and what each step of a round hands the
-next (the step dataclasses: `_ddtree_draft` -> DraftBlock -> `_ddtree_plan` -> PlannedRound -> `_ddtree_verify`
--> VerifiedRound -> `_ddtree_commit` -> KeptRound)."""
+next (the step dataclasses: `RoundRunner.draft` -> DraftBlock -> `RoundRunner.plan` -> PlannedRound ->
+`TreeVerifier.verify` -> VerifiedRound -> `RoundRunner.commit` -> KeptRound)."""
 
 from __future__ import annotations
 
@@ -193,9 +193,9 @@ def hybrid_tree_refusal(linear_backend: Any, mamba_pool: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The round's steps, and what each hands the next. The worker's `_ddtree_round` runs them in order:
-#   _ddtree_draft (DraftBlock) -> _ddtree_plan (PlannedRound) -> _ddtree_verify (VerifiedRound) ->
-#   _ddtree_commit (KeptRound).
+# The round's steps, and what each hands the next. `RoundRunner.run` (round_runner.py) runs them in order:
+#   draft (DraftBlock) -> plan (PlannedRound) -> TreeVerifier.verify (VerifiedRound, round_verify.py) ->
+#   commit (KeptRound).
 # bs requests, B = DFLASH's block size, S = verify slots per request (B, or 2B for a wide tree).
 # ---------------------------------------------------------------------------------------------------
 
