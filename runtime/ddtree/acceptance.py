@@ -80,21 +80,22 @@ def batch_rules(
     vocab: int,
     device: torch.device,
     force: bool = False,
+    counts: Tensor | None = None,
 ) -> BatchRules | None:
     """The device form of `rules`, with each request's committed output (`outputs`); None when no rule applies
-    (unless `force`: the caller adds a rule of its own, such as a logit_bias tensor it already holds)."""
+    (unless `force`: the caller adds a rule of its own, such as a logit_bias tensor it already holds). `counts`:
+    the outputs' token counts [bs, V] on the device, kept by the caller (`ddtree.sglang.penalty_counts`); the
+    outputs then give their lengths only."""
     if len(rules) != len(outputs):
         raise ValueError(f"{len(rules)} rule sets for {len(outputs)} outputs")
     if not force and not any(r.active for r in rules):
         return None
     bs = len(rules)
-    counts = torch.zeros((bs, vocab), dtype=torch.float32)
+    if counts is not None and tuple(counts.shape) != (bs, vocab):
+        raise ValueError(f"counts of shape {tuple(counts.shape)} for {bs} requests of {vocab} tokens")
     stop = torch.zeros((bs, vocab), dtype=torch.float32)
     bias = torch.zeros((bs, vocab), dtype=torch.float32) if any(r.logit_bias for r in rules) else None
-    for b, (rule, out) in enumerate(zip(rules, outputs, strict=True)):
-        if rule.reads_output and out:
-            ids = torch.tensor([t for t in out if 0 <= t < vocab], dtype=torch.int64)
-            counts[b].scatter_add_(0, ids, torch.ones(ids.shape, dtype=torch.float32))
+    for b, rule in enumerate(rules):
         stops = [t for t in rule.stop_token_ids if 0 <= t < vocab]
         if stops and rule.min_new_tokens > 0:
             stop[b, stops] = float("-inf")
@@ -110,12 +111,22 @@ def batch_rules(
         frequency=column([r.frequency_penalty for r in rules]),
         presence=column([r.presence_penalty for r in rules]),
         repetition=column([r.repetition_penalty for r in rules]),
-        counts=counts.to(device),
+        counts=output_counts(rules, outputs, vocab).to(device) if counts is None else counts,
         output_lens=column([len(o) for o in outputs], torch.int64),
         min_new_tokens=column([r.min_new_tokens for r in rules], torch.int64),
         stop_penalty=stop.to(device),
         logit_bias=None if bias is None else bias.to(device),
     )
+
+
+def output_counts(rules: Sequence[RequestRules], outputs: Sequence[Sequence[int]], vocab: int) -> Tensor:
+    """[bs, V] float32 on the host: how often each token is in each output whose rules read it (0 elsewhere)."""
+    counts = torch.zeros((len(rules), vocab), dtype=torch.float32)
+    for b, (rule, out) in enumerate(zip(rules, outputs, strict=True)):
+        if rule.reads_output and out:
+            ids = torch.tensor([t for t in out if 0 <= t < vocab], dtype=torch.int64)
+            counts[b].scatter_add_(0, ids, torch.ones(ids.shape, dtype=torch.float32))
+    return counts
 
 
 def path_counts(base: Tensor, tokens: Tensor, tree_mask: Tensor, depths: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ddtree.acceptance import PENALTIES, BatchRules, RequestRules, apply_node_rules, batch_rules
+from ddtree.sglang.penalty_counts import OutputCounts
 
 
 def request_rules(req: Any) -> RequestRules:
@@ -44,15 +45,24 @@ def request_rules(req: Any) -> RequestRules:
     )
 
 
-def rules_of_batch(batch: Any, vocab: int, device: torch.device) -> BatchRules | None:
+def rules_of_batch(
+    batch: Any, vocab: int, device: torch.device, running: OutputCounts | None = None
+) -> BatchRules | None:
     """The batch's rules on the device (None when no request has one): penalties and min_new_tokens from each
-    request's parameters and committed output, logit_bias from SamplingBatchInfo's own tensor."""
+    request's parameters and committed output, logit_bias from SamplingBatchInfo's own tensor. `running`: the
+    worker's output counts kept across rounds (only the tokens committed since its last round are counted);
+    without it every output is counted afresh on the host."""
     reqs = list(batch.reqs)
     rules = [request_rules(req) for req in reqs]
     bias = getattr(batch.sampling_info, "logit_bias", None)
     reading = [r.reads_output for r in rules]
-    outputs = [list(req.output_ids) if reads else [] for req, reads in zip(reqs, reading, strict=True)]
-    base = batch_rules(rules, outputs, vocab, device, force=bias is not None)
+    if running is not None and any(reading):
+        counts = running.sync(reqs, reading)  # [bs, V] on the device
+        lengths_only = [req.output_ids if reads else [] for req, reads in zip(reqs, reading, strict=True)]
+        base = batch_rules(rules, lengths_only, vocab, device, force=bias is not None, counts=counts)
+    else:
+        outputs = [list(req.output_ids) if reads else [] for req, reads in zip(reqs, reading, strict=True)]
+        base = batch_rules(rules, outputs, vocab, device, force=bias is not None)
     if base is None or bias is None:
         return base
     return dataclasses.replace(base, logit_bias=bias.to(device, torch.float32))

@@ -24,6 +24,7 @@ from torch import Tensor
 from ddtree.acceptance import chain_layout
 from ddtree.sglang.batch_round import BatchPlan
 from ddtree.sglang.bench_hooks import RoundHooks
+from ddtree.sglang.penalty_counts import OutputCounts
 from ddtree.sglang.request_kinds import baseline_penalty_order, node_choices, rules_of_batch
 from ddtree.sglang.selfcheck import AcceptedStates, accepted_states
 from ddtree.sglang.tree_round import KVWindow, PlannedRound, VerifiedRound
@@ -39,6 +40,7 @@ class TreeVerifier:
         self.linear: Any = None  # a hybrid target's linear-attention backend (set at init_attention_backends)
         self.exact_hybrid = False  # the GDN backend runs its tree path for our verifies (set at init_cuda_graphs)
         self.penalty_order = baseline_penalty_order()  # the penalties' order the baseline applies
+        self.output_counts: OutputCounts | None = None  # the penalties' counts, kept across rounds (first use)
 
     def verify(
         self, batch: Any, draft_input: Any, planned: PlannedRound, check: bool, grammar_barrier: Any = None
@@ -127,7 +129,9 @@ class TreeVerifier:
         """[bs, S] each node's choice under the batch's sampling and logit rules (request_kinds.node_choices);
         None for a plain greedy batch (the caller's argmax)."""
         info = batch.sampling_info
-        rules = rules_of_batch(batch, int(logits.shape[-1]), logits.device)  # None: no request has a rule
+        if self.output_counts is None:
+            self.output_counts = OutputCounts(int(logits.shape[-1]), logits.device)
+        rules = rules_of_batch(batch, int(logits.shape[-1]), logits.device, self.output_counts)  # None: no rule
         if (info is None or info.is_all_greedy) and rules is None:
             return None
         sampler = self.worker.target_worker.model_runner.sampler
