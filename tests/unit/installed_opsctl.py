@@ -27,7 +27,7 @@ def run(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complete
 def installed_venv(tmp: Path) -> Path:
     """Build the wheel under `tmp` and install it into the venv `tmp/venv`; returns the venv."""
     src = tmp / "src"
-    src.mkdir()
+    src.mkdir(parents=True)
     for name in SHIPPED:
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, ignore=IGNORE)
