@@ -262,7 +262,8 @@ def test_last_allowed_stop_counts_what_the_model_answered() -> None:
 
 def test_stop_token_as_the_last_allowed_token_is_a_stop_and_zero_tokens_is_length(server: ServeProcess) -> None:
     """As SGLang 0.5.23: a stop token that is exactly the last allowed token ends with "stop" and names the token
-    (clients that continue truncated answers must not re-prompt it); max_tokens 0 answers nothing, "length".
+    (clients that continue truncated answers must not re-prompt it); /generate's max_new_tokens 0 answers nothing,
+    "length" (the completions endpoint refuses max_tokens 0).
     What the tiny model answers depends on the CPU that trained it, so the token comes from its own greedy answer."""
     for prompt in ("Once", "The", "Hello", "What is 2+2?"):
         greedy = server.post("/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
@@ -278,10 +279,11 @@ def test_stop_token_as_the_last_allowed_token_is_a_stop_and_zero_tokens_is_lengt
     out = server.post("/generate", {"text": prompt, "sampling_params": params}).json()
     assert out["output_ids"] == answer[:allowed], (answer, out)
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": last}
-    none = server.post("/v1/completions", {"prompt": "Once", "max_tokens": 0})
+    none = server.post("/generate", {"text": "Once", "sampling_params": {"max_new_tokens": 0}})
     assert none.status_code == 200, none.text
-    choice = none.json()["choices"][0]
-    assert choice["text"] == "" and choice["finish_reason"] == "length"
+    assert none.json()["output_ids"] == [] and none.json()["meta_info"]["finish_reason"]["type"] == "length"
+    # the OpenAI endpoints refuse it, as SGLang's CompletionRequest does
+    _assert_sglang_400(server.post("/v1/completions", {"prompt": "Once", "max_tokens": 0}), "max_tokens", "positive")
 
 
 def test_request_id_echoed_or_generated(client: openai.OpenAI, server: ServeProcess) -> None:
