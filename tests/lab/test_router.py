@@ -326,6 +326,13 @@ def healthy_members_sampled(inv: Path) -> Iterator[list[int]]:
         thread.join(timeout=10)
 
 
+def _wait_both_healthy(inv: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not (len(members := _members(inv)) == 2 and all(members.values())):
+        assert time.monotonic() < deadline, members
+        time.sleep(1)
+
+
 def test_two_operators_deploying_behind_one_router_take_turns_and_never_empty_it(router_inventory: Path) -> None:
     """Before, the last-healthy check and the router's slot were locks of one opsctl process: a second operator's
     deploy of lab2/ref, while lab1/ref was out for its own deploy, was refused ("last healthy worker") and its good
@@ -338,7 +345,7 @@ def test_two_operators_deploying_behind_one_router_take_turns_and_never_empty_it
 
     inv = str(router_inventory)
     router = f"http://{_address(router_inventory, 'lab1')}:{ROUTER_PORT}"
-    assert set(_members(router_inventory).values()) == {True} and len(_members(router_inventory)) == 2
+    _wait_both_healthy(router_inventory)  # the test before restarts lab2/ref: the router re-checks it every 2 s
     before = {h: current_release(router_inventory, h, "ref") for h in ("lab1", "lab2")}
     with (
         loading_held(router_inventory, "lab1", "opsctl-ref.service") as release,
@@ -382,6 +389,7 @@ def test_two_deploys_started_together_over_a_slow_router_link_never_empty_it(rou
     from tests.lab.deploy_support import background, remote_run
 
     inv = str(router_inventory)
+    _wait_both_healthy(router_inventory)
     with slowed_ssh("lab1", "16kbit"), healthy_members_sampled(router_inventory) as samples:
         runs = [
             background("deploy", "-i", inv, "--host", h, "--service", "ref", "--force", "--readiness-delay", "20")
