@@ -13,6 +13,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +81,11 @@ def inventory(lab_hosts: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return provisioned_and_deployed(tmp_path_factory.mktemp("monitoring") / "lab.yaml", _monitored)
 
 
-@pytest.fixture(scope="module")
-def prom(inventory: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
+@contextmanager
+def running_prometheus(inventory: Path, out: Path) -> Iterator[Prom]:
+    """Debian's Prometheus on what `opsctl monitor render` wrote for `inventory` under `out`, until the block ends."""
     if PROMETHEUS is None:
         pytest.skip("prometheus missing: scripts/setup installs Debian's prometheus")
-    out = tmp_path_factory.mktemp("prometheus")
     rendered = opsctl("monitor", "render", "-i", str(inventory), "--out", str(out / "conf"))
     assert rendered.returncode == 0, rendered.stderr
     port = _free_port()
@@ -102,6 +103,12 @@ def prom(inventory: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def prom(inventory: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
+    with running_prometheus(inventory, tmp_path_factory.mktemp("prometheus")) as p:
+        yield p
 
 
 def test_ddtree_series_then_service_down_fires_and_resolves_after_deploy(inventory: Path, prom: Prom) -> None:
