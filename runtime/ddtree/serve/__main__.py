@@ -62,9 +62,9 @@ def _resolve(args: ServerArgs) -> tuple[Mode, object | None, str, str]:
     ddtree = None
     verify = None
     if args.speculative_algorithm is not None and args.speculative_algorithm.value == "DDTREE":
-        from ddtree.config import DDTreeConfig
+        from ddtree.config import process_config
 
-        ddtree = DDTreeConfig.from_env(os.environ)
+        ddtree = process_config()  # this process's one read (the planner's switch reads the same)
         verify = ddtree.verify
     mode = resolve_mode(args.speculative_algorithm, verify)
     paths = (
