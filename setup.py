@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -15,7 +16,7 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).resolve().parent
 
 
-def _runtime_build():  # type: ignore[no-untyped-def]
+def _runtime_build() -> ModuleType:
     # loaded by path: opsctl's own dependencies are absent from an isolated build environment
     spec = importlib.util.spec_from_file_location("_opsctl_runtime_build", HERE / "opsctl" / "runtime_build.py")
     assert spec is not None and spec.loader is not None
