@@ -129,6 +129,7 @@ TEST_HOOK_ENV = {
     "DDTREE_RECORD_ROUNDS": "records every decode round to a file",
     "DDTREE_RECORD_PATHS": "records every request's accepted paths to a file",
     "DDTREE_TEST_POLICY": "runs the shape policy on synthetic costs",
+    "DDTREE_TEST_DEMOTE_SPINE": "plans every tree from the drafter's second choice",
 }
 TEST_HOOK_HINT = "remove it: a benchmark sets it in the environment it starts the server with, never a service"
 

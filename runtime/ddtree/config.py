@@ -32,6 +32,11 @@
 | DDTREE_TEST_POLICY          | phased          | (unset) | TESTS ONLY: the shape policy switches fast on       |
 |                             |                 |         | synthetic costs (`ddtree.sglang.policy_glue`);      |
 |                             |                 |         | opsctl refuses                                      |
+| DDTREE_TEST_DEMOTE_SPINE    | 0, 1            | 0       | TESTS ONLY: the SGLang tree worker plans from       |
+|                             |                 |         | scores with the drafter's first two choices at the  |
+|                             |                 |         | first depth swapped, so its tree accepts off the    |
+|                             |                 |         | spine whenever the drafter's first choice was right |
+|                             |                 |         | (`ddtree.sglang.bench_hooks`); opsctl refuses       |
 
 An unset or empty variable takes its default (a systemd EnvironmentFile may write `KEY=`). A process reads its
 environment once (`process_config`, `triton_interpreted`); nothing on a round's path reads it again.
@@ -82,6 +87,7 @@ class DDTreeConfig:
     record_paths: str = ""  # a recording run's paths file: paths, trees' top-k (ddtree.sglang.replay); "" in production
     record_rounds: str = ""  # a file the shape policy's round reports are appended to (policy_glue); "" in production
     test_policy: str = ""  # "phased": the shape policy on synthetic costs (policy_glue); "" in production
+    test_demote_spine: bool = False  # the drafter's top two swapped at depth 1 (bench_hooks); False in production
     fused_build: FusedBuild = FusedBuild.AUTO
 
     def __post_init__(self) -> None:
@@ -134,6 +140,7 @@ class DDTreeConfig:
             record_paths=get("DDTREE_RECORD_PATHS") or "",
             record_rounds=get("DDTREE_RECORD_ROUNDS") or "",
             test_policy=get("DDTREE_TEST_POLICY") or "",
+            test_demote_spine=_parse_flag("DDTREE_TEST_DEMOTE_SPINE", get("DDTREE_TEST_DEMOTE_SPINE") or "0"),
             fused_build=_parse_fused("DDTREE_FUSED_BUILD", get("DDTREE_FUSED_BUILD") or FusedBuild.AUTO.value),
         )
 
@@ -151,6 +158,8 @@ class DDTreeConfig:
         }
         hooks = {"DDTREE_REPLAY_ACCEPTANCE": self.replay_acceptance, "DDTREE_RECORD_PATHS": self.record_paths}
         hooks |= {"DDTREE_RECORD_ROUNDS": self.record_rounds, "DDTREE_TEST_POLICY": self.test_policy}
+        if self.test_demote_spine:
+            hooks["DDTREE_TEST_DEMOTE_SPINE"] = "1"
         if self.fused_build is not FusedBuild.AUTO:
             hooks["DDTREE_FUSED_BUILD"] = self.fused_build.value
         return env | {k: v for k, v in hooks.items() if v}

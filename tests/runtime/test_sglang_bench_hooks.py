@@ -12,7 +12,7 @@ import pytest
 import torch
 from ddtree.config import DDTreeConfig
 from ddtree.sglang.batch_round import commit_batch, plan_batch
-from ddtree.sglang.bench_hooks import BenchmarkHooks, RoundHooks
+from ddtree.sglang.bench_hooks import BenchmarkHooks, RoundHooks, SpineDemotion
 from ddtree.sglang.devcheck import random_path_verify
 from ddtree.sglang.replay import ReplayFormatError, impose_topk, steer_predictions
 from ddtree.sglang.tree_round import plan_round
@@ -84,3 +84,40 @@ def test_a_replay_of_another_drafters_shape_is_refused_at_start(tmp_path: Path) 
     out.write_text(json.dumps({"format": "ddtree-paths/2", "requests": [[{"path": [0], "topk": [[-0.1, -2.0]]}]]}))
     with pytest.raises(ReplayFormatError, match="recorded top-k tables are 1 x 2, this drafter's are 5 x 3"):
         RoundHooks.build(DDTreeConfig(budget=BUDGET, topk=TOPK, replay_acceptance=str(out)), BLOCK, VOCAB)
+
+
+def test_spine_demotion_plans_from_the_drafter_second_choice_with_the_first_a_sibling() -> None:
+    """DDTREE_TEST_DEMOTE_SPINE: the first depth's two best scores swap places (nothing else changes), so the
+    tree's spine starts with the drafter's second choice and its first choice is a sibling: a target that agrees
+    with the drafter accepts off the spine, whatever the tiny model's build."""
+    hooks = RoundHooks.build(DDTreeConfig(budget=BUDGET, topk=TOPK, test_demote_spine=True), BLOCK, VOCAB)
+    assert isinstance(hooks, SpineDemotion)
+    lp = scores(3)
+    before = lp.clone()
+    demoted = hooks.planning(BATCH, lp, gathered=False)
+    assert torch.equal(lp, before)  # the drafter's scores are not written to
+    first, second = before[:, 0].topk(2, dim=-1).indices.unbind(-1)  # [bs] each
+    rows = torch.arange(2)
+    assert torch.equal(demoted[rows, 0, first], before[rows, 0, second])
+    assert torch.equal(demoted[rows, 0, second], before[rows, 0, first])
+    untouched = torch.ones_like(before, dtype=torch.bool)
+    untouched[rows, 0, first] = untouched[rows, 0, second] = False
+    assert torch.equal(demoted[untouched], before[untouched])
+    _, plan = round_plan(demoted)
+    for b in range(2):
+        spine = int(plan.retrieve_next_token[b, 0])
+        assert int(plan.tokens[b, spine]) == int(second[b])
+        sibling = int(plan.retrieve_next_sibling[b, spine])
+        assert sibling > 0 and int(plan.tokens[b, sibling]) == int(first[b])
+    gathered = before[..., :TOPK]
+    assert hooks.planning(BATCH, gathered, gathered=True) is gathered  # a sharded head's top-k keeps its order
+
+
+def test_spine_demotion_is_a_test_knob_production_never_renders() -> None:
+    assert DDTreeConfig.from_env({"DDTREE_TEST_DEMOTE_SPINE": "1"}).test_demote_spine
+    assert not DDTreeConfig.from_env({}).test_demote_spine
+    assert "DDTREE_TEST_DEMOTE_SPINE" not in DDTreeConfig().to_env()
+    on = DDTreeConfig(test_demote_spine=True)
+    assert DDTreeConfig.from_env(on.to_env()) == on
+    with pytest.raises(ValueError, match="DDTREE_TEST_DEMOTE_SPINE"):
+        DDTreeConfig.from_env({"DDTREE_TEST_DEMOTE_SPINE": "maybe"})

@@ -50,8 +50,11 @@ SHADOW_ENV = {
     "DDTREE_ALLOW_HYBRID_UNSAFE": "0",
     "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER": "1",
 }
-# Tree mode: the budget must fit the drafter's block (<= DRAFT_BLOCK - 1); top-k 8 lets siblings win. Prompts on
-# which this tiny model's drafter and target disagree often enough for off-spine acceptances to happen.
+# Tree mode: the budget must fit the drafter's block (<= DRAFT_BLOCK - 1); top-k 8 lets siblings win. Whether a
+# tiny drafter's own trees ever accept off their spine depends on the CPU that trained it (an AVX2 build's never
+# did in 76 rounds: docs/ci.md, "Tests that hold on any CPU"), so the trees are planned with the drafter's first
+# two choices at depth 1 swapped (DDTREE_TEST_DEMOTE_SPINE): whenever its first choice is right, the walk leaves
+# the spine, on any build, and the tokens must still be the baseline's.
 TREE_BUDGET, TREE_TOPK = DRAFT_BLOCK - 1, 8
 TREE_ENV = {
     "DDTREE_VERIFY": "tree",
@@ -60,6 +63,7 @@ TREE_ENV = {
     "DDTREE_LOG_INTERVAL": "4",
     "DDTREE_ALLOW_HYBRID_UNSAFE": "0",
     "DDTREE_SELFCHECK_EVERY": "3",  # every third round also re-verified as a chain (ddtree.sglang.selfcheck)
+    "DDTREE_TEST_DEMOTE_SPINE": "1",  # off-spine acceptances on any build (ddtree.sglang.bench_hooks.SpineDemotion)
 }
 SELFCHECK_OK = "the tree verify equals the chain verify"
 TREE_PROMPTS = ["tell me a story about a dog", "json for bob, age 31, from paris, with a list of 5 pets"]
@@ -68,11 +72,17 @@ DENSE_TEXTS = PROMPTS + TREE_PROMPTS
 CHAT, TREE, TREE_BATCH = [0, 1, 2], [3, 4], [3, 4, 0]
 # Wide trees: a budget beyond the block verifies in the 2 * block window DFLASH reserves per request.
 WIDE_BUDGET = 2 * DRAFT_BLOCK - 1
-WIDE_ENV = {**TREE_ENV, "DDTREE_BUDGET": str(WIDE_BUDGET)}
+WIDE_ENV = {**TREE_ENV, "DDTREE_BUDGET": str(WIDE_BUDGET), "DDTREE_TEST_DEMOTE_SPINE": "0"}
 # The shape policy (issue 29), made to switch within one short request: DDTREE_TEST_POLICY=phased feeds it
 # synthetic costs (the chain cheap for the first rounds, the trees after) and fast hysteresis; the acceptances,
 # the decisions and the rounds run (tree7, tree3, DFLASH's chain) are the real ones.
-POLICY_ENV = {**TREE_ENV, "DDTREE_POLICY": "auto", "DDTREE_TEST_POLICY": "phased", "DDTREE_SELFCHECK_EVERY": "0"}
+POLICY_ENV = {
+    **TREE_ENV,
+    "DDTREE_POLICY": "auto",
+    "DDTREE_TEST_POLICY": "phased",
+    "DDTREE_SELFCHECK_EVERY": "0",
+    "DDTREE_TEST_DEMOTE_SPINE": "0",  # the policy's acceptances as the drafter gives them
+}
 POLICY_TOKENS = 20  # ~14 rounds of one request: the switches come by about round 8 (CI cost: docs/ci.md)
 POLICY_NOTE = re.compile(r"DDTREE policy batch (\S+): (\w+) -> (\w+) \(tok/ms")
 METRICS = re.compile(r"DDTREE metrics ((?:\w+=\S+ ?)+)")

@@ -6,7 +6,9 @@ of its own for a hook. `BenchmarkHooks` (built when the configuration names a pa
 runs the acceptance replay (`DDTREE_REPLAY_ACCEPTANCE`: the recorded trees' shapes imposed on the drafter's
 scores, the walk steered along the recorded paths) and the path recording (`DDTREE_RECORD_PATHS`: the values
 each round's trees were planned from, and its accepted paths). What a paths file holds and how the replay
-steers are `ddtree.sglang.replay`'s; opsctl never renders either variable.
+steers are `ddtree.sglang.replay`'s; opsctl never renders either variable. `SpineDemotion`
+(`DDTREE_TEST_DEMOTE_SPINE`, tests only) swaps the drafter's first two choices at the first depth, so a tree
+accepts off its spine whenever the drafter's first choice was right, on any tiny model's build.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class RoundHooks:
     def build(config: DDTreeConfig, block: int, vocab: int) -> RoundHooks:
         """The hooks `config` asks for: BenchmarkHooks with a replay or a recording, else these no-ops. A
         replayed file whose top-k tables do not fit this drafter ([block - 1, topk]) is refused here."""
+        if config.test_demote_spine:
+            return SpineDemotion()
         if not config.replay_acceptance and not config.record_paths:
             return RoundHooks()
         replay = AcceptanceReplay.from_file(config.replay_acceptance) if config.replay_acceptance else None
@@ -82,3 +86,24 @@ class BenchmarkHooks(RoundHooks):
         if self.paths is not None:  # reads the paths to the host: a sync per round
             links = (plan.retrieve_next_token, plan.retrieve_next_sibling)
             self.paths.add([req.rid for req in batch.reqs], path_ranks(*links, commit.path))
+
+
+class SpineDemotion(RoundHooks):
+    """Tests only: the trees are planned from scores whose first depth has the drafter's first and second choices
+    swapped, so the spine starts with its second choice and its first is a sibling. The verify is exact whatever
+    the tree, so the tokens stay the baseline's; a round whose drafter was right at depth 1 accepts off the spine.
+    A vocab-parallel head's gathered top-k keeps its order (its ids are not the hook's to swap)."""
+
+    def planning(self, batch: Any, scores: Tensor, gathered: bool) -> Tensor:
+        if gathered or scores.shape[-1] < 2:
+            return scores
+        return demote_first_choice(scores)
+
+
+def demote_first_choice(scores: Tensor) -> Tensor:
+    """scores [bs, B - 1, V] with row 0's two highest values swapped (a copy)."""
+    out = scores.clone()
+    first = out[:, 0, :]  # [bs, V]
+    top = first.topk(2, dim=-1)  # values, indices: [bs, 2]
+    first.scatter_(1, top.indices, top.values.flip(-1))
+    return out
