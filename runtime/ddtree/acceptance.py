@@ -93,16 +93,15 @@ def batch_rules(
     bs = len(rules)
     if counts is not None and tuple(counts.shape) != (bs, vocab):
         raise ValueError(f"counts of shape {tuple(counts.shape)} for {bs} requests of {vocab} tokens")
-    stop = torch.zeros((bs, vocab), dtype=torch.float32)
-    bias = torch.zeros((bs, vocab), dtype=torch.float32) if any(r.logit_bias for r in rules) else None
-    for b, rule in enumerate(rules):
-        stops = [t for t in rule.stop_token_ids if 0 <= t < vocab]
-        if stops and rule.min_new_tokens > 0:
-            stop[b, stops] = float("-inf")
-        if bias is not None:
-            for token, value in rule.logit_bias.items():
-                if 0 <= token < vocab:
-                    bias[b, token] = float(value)
+    # the [bs, V] tensors start on the device: only their few set entries cross from the host
+    stop = torch.zeros((bs, vocab), dtype=torch.float32, device=device)
+    stop_at = [(b, t) for b, r in enumerate(rules) if r.min_new_tokens > 0 for t in r.stop_token_ids if 0 <= t < vocab]
+    _put(stop, stop_at, [float("-inf")] * len(stop_at))
+    bias = None
+    if any(r.logit_bias for r in rules):
+        bias = torch.zeros((bs, vocab), dtype=torch.float32, device=device)
+        bias_at = [(b, t, float(v)) for b, r in enumerate(rules) for t, v in r.logit_bias.items() if 0 <= t < vocab]
+        _put(bias, [(b, t) for b, t, _ in bias_at], [v for _, _, v in bias_at])
 
     def column(values: list[float], dtype: torch.dtype = torch.float32) -> Tensor:
         return torch.tensor(values, dtype=dtype).to(device)
@@ -114,9 +113,17 @@ def batch_rules(
         counts=output_counts(rules, outputs, vocab).to(device) if counts is None else counts,
         output_lens=column([len(o) for o in outputs], torch.int64),
         min_new_tokens=column([r.min_new_tokens for r in rules], torch.int64),
-        stop_penalty=stop.to(device),
-        logit_bias=None if bias is None else bias.to(device),
+        stop_penalty=stop,
+        logit_bias=bias,
     )
+
+
+def _put(table: Tensor, at: Sequence[tuple[int, int]], values: Sequence[float]) -> None:
+    """table[row, column] = value for each of `at` (distinct entries), in one copy to the table's device."""
+    if not at:
+        return
+    index = torch.tensor(at, dtype=torch.int64).to(table.device)  # [n, 2]
+    table[index[:, 0], index[:, 1]] = torch.tensor(values, dtype=table.dtype).to(table.device)
 
 
 def output_counts(rules: Sequence[RequestRules], outputs: Sequence[Sequence[int]], vocab: int) -> Tensor:
