@@ -44,11 +44,13 @@ class Decision(enum.Enum):
 
 
 def refuse_take_out(members: Sequence[Member], url: str) -> str | None:
-    """Why `url` must not leave the router (it is its last healthy worker), or None."""
+    """Why `url` must not leave the router (it is its last healthy worker), or None. A worker the router does not
+    list as healthy serves no client, so taking it out costs nothing: the deploy that heals a router whose every
+    worker is down is never refused."""
     if any(m.url != url and m.healthy for m in members):
         return None
-    if not members:
-        return "it has no workers"
+    if not any(m.url == url and m.healthy for m in members):
+        return None
     return ", ".join(f"{m.url} {'healthy' if m.healthy else 'unhealthy'}" for m in members)
 
 
