@@ -13,7 +13,10 @@ prompt set; every mode's output is checked equal to baseline (a benchmark that c
 measuring something else).
 
 `--rules penalties` sends every request with frequency, presence and repetition penalties and min_new_tokens
-(the rules that read the output so far, `ddtree.acceptance`); `--modes` picks the modes to run.
+(the rules that read the output so far, `ddtree.acceptance`); `--modes` picks the modes to run. Passes
+interleave the modes, and "vs baseline" is the median of each pass's ratio to the baseline's pass beside it;
+`--clock process` times the process's CPU time (on a shared CPU, other processes move it far less than the wall
+clock; one torch thread).
 """
 
 from __future__ import annotations
