@@ -19,7 +19,6 @@ from pathlib import Path
 from opsctl import bundle, runtime_build
 from opsctl.commands import Cmd
 from opsctl.errors import DeployError
-from opsctl.ops.base import Action, Push, execute, read
 from opsctl.remote.base import Connection
 from opsctl.wheel import RuntimeWheel
 
@@ -90,17 +89,19 @@ def parse_sha256sum(exit_code: int, stdout: str) -> str | None:
 
 def on_host(conn: Connection, wheel: RuntimeWheel) -> bool:
     """Whether the host already holds this exact wheel at its content-addressed path."""
-    result = read(conn, check_cmd(wheel))
+    result = conn.run(check_cmd(wheel), timeout=120.0, check=False)
     return parse_sha256sum(result.exit_code, result.stdout) == wheel.sha256
 
 
-def push_actions(wheel: RuntimeWheel) -> tuple[Action, ...]:
-    return (Cmd.of("mkdir", "-p", posixpath.dirname(wheel.remote_path), sudo=True), Push(wheel.path, wheel.remote_path))
+def mkdir_cmd(wheel: RuntimeWheel) -> Cmd:
+    """The push is this, then the wheel file copied to `wheel.remote_path` (provision plans the same two steps)."""
+    return Cmd.of("mkdir", "-p", posixpath.dirname(wheel.remote_path), sudo=True)
 
 
 def ensure_on_host(conn: Connection, wheel: RuntimeWheel) -> bool:
     """Push the wheel unless the host already has it (same sha256). True when pushed."""
     if on_host(conn, wheel):
         return False
-    execute(conn, push_actions(wheel))
+    conn.run(mkdir_cmd(wheel))
+    conn.put_file(wheel.path, wheel.remote_path)
     return True

@@ -131,3 +131,34 @@ class SmokeError(OpsctlError):
 
 class RebootRequired(OpsctlError):
     exit_code = ExitCode.REBOOT_REQUIRED
+
+
+class FactError(OpsctlError):
+    """A command's output could not be parsed (unexpected or malformed)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint or "run the command by hand on the host and check its output")
+
+
+class ProvisionError(OpsctlError):
+    """A desired state cannot be reached (host too old, package missing, verification failed)."""
+
+
+class NoGpuError(ProvisionError):
+    pass
+
+
+class AbiMismatchError(ProvisionError):
+    """An extension module was built against another torch (`undefined symbol`)."""
+
+
+class ShmTooSmallError(ProvisionError):
+    pass
+
+
+class ManifestMismatchError(ProvisionError):
+    pass
+
+
+class ModelNotTrustedError(ProvisionError):
+    """A model source differs from the model accepted on the host: corrupt or replaced; nothing is copied."""

@@ -18,15 +18,14 @@ from pathlib import Path
 import yaml
 
 from opsctl import artifact, bundle, wheelhouse
-from opsctl.deploy import audit
-from opsctl.errors import CommandTimeout, ExitCode, OpsctlError, UnreachableError
+from opsctl.errors import CommandTimeout, ExitCode, OpsctlError, ProvisionError, UnreachableError
+from opsctl.facts.manifest import Manifest, build_local_manifest
 from opsctl.inventory.model import Host, ModelSourceKind, Router
+from opsctl.kernel import audit
+from opsctl.kernel.locks import lock_for, router_lock
 from opsctl.ops.base import Artifacts, Context, Operation, Options, Plan
 from opsctl.ops.cuda_toolkit import CudaToolkit
-from opsctl.ops.errors import ProvisionError
-from opsctl.ops.facts.manifest import Manifest, build_local_manifest
 from opsctl.ops.gpu_driver import GpuDriver
-from opsctl.ops.locks import lock_for, router_lock
 from opsctl.ops.model_restore import ModelRestore
 from opsctl.ops.model_sync import ModelSync, models_of
 from opsctl.ops.python_venv import PythonVenv

@@ -11,11 +11,11 @@ from enum import StrEnum
 
 import httpx
 
-from opsctl import health, metrics, modelcheck, promtext, systemd
+from opsctl import health, metrics, promtext, systemd
 from opsctl.deploy import drift, lock, release
 from opsctl.errors import OpsctlError
+from opsctl.facts import modelcheck
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec, Service
-from opsctl.ops import model_restore
 from opsctl.remote.base import Connect, Connection
 from opsctl.remote.pool import HostOutcome, run_parallel
 
@@ -151,12 +151,12 @@ def _failed_restores(
 ) -> dict[str, str]:  # fmt: skip
     """Restore unit -> its result, for the missing host-side models whose restore unit failed."""
     missing = [v for v in verdicts if v.problem is modelcheck.Problem.MISSING]
-    return model_restore.failed_units(conn, [_spec(service, v) for v in missing])
+    return modelcheck.failed_restore_units(conn, [_spec(service, v) for v in missing])
 
 
 def _model_line(verdict: modelcheck.ModelVerdict, host: Host, service: Service, failed: dict[str, str]) -> str:
     spec = _spec(service, verdict)
-    restore = model_restore.unit_name(spec) if spec.source_on is ModelSourceKind.HOST else None
+    restore = modelcheck.restore_unit(spec) if spec.source_on is ModelSourceKind.HOST else None
     hint = modelcheck.fix_hint(verdict, host.name, service.name, restore, failed.get(restore or "", ""))
     return f"{modelcheck.describe(verdict)}: {hint}"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsctl.ops.facts.manifest import sha256_file
+from opsctl.kernel.hashing import sha256_file
 
 REMOTE_WHEELS = "/opt/opsctl/wheels"
 

@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 from opsctl import pip_index
 from opsctl.errors import OpsctlError
-from opsctl.ops.locks import Lock
+from opsctl.kernel.locks import Lock
 from opsctl.pip_index import Choice
 from opsctl.progress import Ticker, human_bytes, run_streamed, stderr_line
 

@@ -2,7 +2,7 @@
 
     python dev/modelcheck/cost.py -i inventory/lab.yaml --host lab1 [--service ref] [--rounds 7]
 
-Times `opsctl.modelcheck.check` (one SSH round trip; plus sha256 of the files written since provision verified
+Times `opsctl.facts.modelcheck.check` (one SSH round trip; plus sha256 of the files written since provision verified
 them) (a) as the host is, then (b) after rewriting 8 bytes of the first model's largest file in place with the
 same bytes (content unchanged, ctime newer than the manifest: that one file is hashed, and the verdict is
 CHANGED, not corrupt). Then the host's sha256sum throughput on 512 MiB in /dev/shm, to extrapolate to a real
@@ -17,8 +17,8 @@ import shlex
 import statistics
 import time
 
-from opsctl import modelcheck
 from opsctl.commands import sh
+from opsctl.facts import modelcheck
 from opsctl.inventory.load import load_inventory
 from opsctl.layout import unit_name
 from opsctl.remote import connect

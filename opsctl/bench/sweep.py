@@ -55,7 +55,7 @@ def run_sweep(
             f"--sweep {knob} needs a shadow or tree service; {service.name} is {service.mode.value}",
             "pick a DDTREE service",
         )
-    from opsctl.deploy.api import current_release, deploy_variant, restore_release
+    from opsctl.rollout.service import current_release, deploy_variant, restore_release
 
     arms: list[Arm] = []
     original = current_release(host, service)

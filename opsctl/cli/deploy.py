@@ -25,18 +25,18 @@ from opsctl.cli.common import (
 )
 from opsctl.deploy import lock
 from opsctl.deploy.flow import DeploySettings, ServiceResult
+from opsctl.deploy.outcome import Outcome
 from opsctl.deploy.release import DEFAULT_KEEP
-from opsctl.deploy.rollout import Outcome
-from opsctl.deploy.runner import RolloutOptions, RunReport
 from opsctl.errors import DeployError, ExitCode, without_prefixes
 from opsctl.inventory.load import Override
 from opsctl.inventory.model import Host, Inventory, Mode, Service
 from opsctl.inventory.select import select, select_routers
 from opsctl.progress import Ticker
 from opsctl.remote.base import Connect
-from opsctl.router.canary import Canary, CanaryReport
-from opsctl.router.canary import fronted_selection as canary_router
-from opsctl.router.canary import plan_lines as canary_plan
+from opsctl.rollout.canary import Canary, CanaryReport
+from opsctl.rollout.canary import fronted_selection as canary_router
+from opsctl.rollout.canary import plan_lines as canary_plan
+from opsctl.rollout.runner import RolloutOptions, RunReport
 from opsctl.router.deploy import RouterResult
 
 ModeOpt = Annotated[
@@ -194,9 +194,9 @@ def register(app: typer.Typer) -> None:
         A service behind a router is taken out of it first, drained, and put back once it passes its gates;
         then the routers themselves (`--router NAME` alone: only those routers)."""
         from opsctl.artifact import runtime_wheel as build_wheel
-        from opsctl.deploy import runner
+        from opsctl.rollout import runner
+        from opsctl.rollout.rolling import RouterGuard
         from opsctl.router.keptout import KeptOutRecorder
-        from opsctl.router.rolling import RouterGuard
         from opsctl.router.run import run_routers
 
         def say(message: str) -> None:
@@ -278,9 +278,9 @@ def register(app: typer.Typer) -> None:
         """Back to the previous good release (bad ones skipped), health and smoke gated. `--to` a release that
         never finished its gates warns and runs them; `--to` one marked BAD needs --force. `--router NAME`: that
         router."""
-        from opsctl.deploy import runner
+        from opsctl.rollout import runner
+        from opsctl.rollout.rolling import RouterGuard
         from opsctl.router.keptout import KeptOutRecorder
-        from opsctl.router.rolling import RouterGuard
         from opsctl.router.run import run_routers
 
         if router is not None:

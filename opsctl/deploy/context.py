@@ -14,10 +14,10 @@ import httpx
 
 from opsctl import systemd
 from opsctl.commands import Cmd
-from opsctl.deploy import audit
-from opsctl.deploy.gate import Interrupted
 from opsctl.deploy.release import ServicePaths
 from opsctl.inventory.model import Host, Service
+from opsctl.kernel import audit
+from opsctl.kernel.gate import Interrupted
 from opsctl.remote.base import Connection
 
 # Commands after the switch are short (systemctl, ln, install): one that takes longer means the host is gone
@@ -35,7 +35,7 @@ class ServiceContext:
     say: Callable[[str], None]  # progress line (already prefixed by the caller)
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
     # Called once staging passed, right before the switch: takes the service out of its routers
-    # (opsctl.router.rolling). An error there fails the deploy with nothing switched.
+    # (opsctl.rollout.rolling). An error there fails the deploy with nothing switched.
     before_live: Callable[[], None] | None = None
 
     @property

@@ -15,8 +15,8 @@ from typing import Protocol
 from opsctl import systemd
 from opsctl.commands import Cmd
 from opsctl.deploy import guards, release
+from opsctl.deploy.outcome import Outcome
 from opsctl.deploy.release import ServicePaths
-from opsctl.deploy.rollout import Outcome
 from opsctl.errors import CommandTimeout, OpsctlError, UnreachableError
 
 

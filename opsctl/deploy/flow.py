@@ -12,16 +12,17 @@ import difflib
 import time
 from dataclasses import dataclass, field, replace
 
-from opsctl import __version__, artifact, health, logs, modelcheck, systemd
+from opsctl import __version__, artifact, health, logs, systemd
 from opsctl.commands import Cmd
 from opsctl.deploy import argcheck, corridor, drift, guards, pending, preflight, release, secret_fp
 from opsctl.deploy.context import LIVE_TIMEOUT_S, ServiceContext
-from opsctl.deploy.gate import GateConfig, GateResult, Interrupted, health_gate
+from opsctl.deploy.outcome import Outcome
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
-from opsctl.deploy.rollout import Outcome
 from opsctl.deploy.staged import StagedRelease
 from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError, without_prefixes
+from opsctl.facts import modelcheck
 from opsctl.inventory.model import Engine
+from opsctl.kernel.gate import GateConfig, GateResult, Interrupted, health_gate
 from opsctl.progress import Ticker
 from opsctl.render import SERVER_MODULE
 from opsctl.secrets import SecretError

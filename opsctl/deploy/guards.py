@@ -8,13 +8,11 @@ import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from opsctl import modelcheck
 from opsctl.commands import sh
 from opsctl.deploy import release, secret_fp
-from opsctl.errors import DeployError, OpsctlError
-from opsctl.ops import model_restore
-from opsctl.ops.errors import FactError
-from opsctl.ops.facts.system import parse_df, size_iec
+from opsctl.errors import DeployError, FactError, OpsctlError
+from opsctl.facts import modelcheck
+from opsctl.facts.system import parse_df, size_iec
 
 if TYPE_CHECKING:
     from opsctl.deploy.context import ServiceContext
@@ -127,10 +125,10 @@ def missing_hint(host: str, missing: list[str], failed_restores: Mapping[str, st
 
 
 def failed_restores(conn: Connection, service: Service, missing: list[str]) -> dict[str, str]:
-    """The failed restore units of the service's missing models (`model_restore.failed_units`)."""
+    """The failed restore units of the service's missing models ."""
     gone = {m.rstrip("/") for m in missing}
     specs = [m for m in (service.model, service.draft_model) if m is not None and m.path.rstrip("/") in gone]
-    return model_restore.failed_units(conn, specs)
+    return modelcheck.failed_restore_units(conn, specs)
 
 
 def space_hint(exc: OpsctlError) -> str | None:

@@ -12,8 +12,8 @@ from typing import Protocol, TypeVar
 
 from opsctl.deploy import corridor, release
 from opsctl.deploy.context import ServiceContext
+from opsctl.deploy.outcome import Outcome
 from opsctl.deploy.release import ReleaseFacts
-from opsctl.deploy.rollout import Outcome
 from opsctl.errors import OpsctlError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from opsctl.ops.errors import FactError
+from opsctl.errors import FactError
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from opsctl.ops.errors import FactError
+from opsctl.errors import FactError
 
 
 def parse_nvcc_version(exit_code: int, stdout: str) -> str | None:

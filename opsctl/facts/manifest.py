@@ -6,7 +6,6 @@ same listing format is produced on the host by `hash_listing_cmd` and parsed by 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 from collections.abc import Iterable, Mapping
@@ -14,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.commands import Cmd
+from opsctl.errors import FactError
+from opsctl.kernel.hashing import sha256_file
 from opsctl.localfiles import write_text_atomic
-from opsctl.ops.errors import FactError
 
 MANIFEST_NAME = ".opsctl-manifest.json"
-_CHUNK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -158,14 +157,6 @@ def build_local_manifest(root: Path, cache_file: Path | None = None) -> Manifest
     if cache_file is not None:  # two provisions of one source may write it at once
         write_text_atomic(cache_file, json.dumps(new_cache))
     return Manifest(files, stamps)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _load_cache(cache_file: Path | None) -> dict[str, list[object]]:

@@ -7,7 +7,7 @@ size and sha256 per file) with what is on disk, and each file's ctime with the t
 started. ctime, not mtime: rsync and `cp -p` keep a source's mtime, while creating, renaming or writing a
 file always moves its ctime. The cheap check reads sizes and ctimes (one `find`); `deep` also hashes.
 
-The reference is the model accepted on the host (opsctl.ops.model_trust) where one is recorded, else the
+The reference is the model accepted on the host (opsctl.facts.trust) where one is recorded, else the
 manifest. Provision writes the manifest after verifying every file, so a file whose ctime is newer than the
 manifest's was written after that verification (a byte flipped in place, a copy by hand): every check hashes
 exactly those files, so a corrupt model is told from a good copy before anything restarts, at the cost of
@@ -24,17 +24,18 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from opsctl import systemd
 from opsctl.commands import Cmd, sh
-from opsctl.inventory.model import Host, Service
-from opsctl.ops.facts.manifest import (
+from opsctl.facts.manifest import (
     MANIFEST_NAME,
     FileEntry,
     hash_listing_cmd,
     parse_hash_listing,
     parse_manifest_json,
 )
-from opsctl.ops.facts.manifest import Manifest as ModelManifest
-from opsctl.ops.model_trust import parse_trusted, read_local, trust_path
+from opsctl.facts.manifest import Manifest as ModelManifest
+from opsctl.facts.trust import model_name, parse_trusted, read_local, trust_path
+from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec, Service
 from opsctl.remote.base import Connection
 
 
@@ -59,7 +60,7 @@ class ModelFacts:
     files: dict[str, ModelFile] = field(default_factory=dict)
     hashed: dict[str, FileEntry] | None = None  # deep: every file; else the files written since `verified`
     verified: float | None = None  # the manifest's ctime: when provision last verified every file
-    trusted: ModelManifest | None = None  # the model accepted on the host (model_trust), when recorded
+    trusted: ModelManifest | None = None  # the model accepted on the host (opsctl.facts.trust), when recorded
 
     @property
     def unverified(self) -> list[str]:
@@ -191,7 +192,7 @@ def check(
 ) -> list[ModelVerdict]:
     """Every model of the service, judged (deep: sha256 of every file too, which reads the whole model).
     `host`: where the host has no record of the accepted model (lost), the control machine's copy of it
-    (model_trust.read_local) is the reference."""
+    (read_local) is the reference."""
     paths = model_paths(service)
     if not paths:
         return []
@@ -258,3 +259,22 @@ def describe(verdict: ModelVerdict) -> str:
     }
     text = f"model {verdict.path} {what[verdict.problem]}" if verdict.problem else f"model {verdict.path} ok"
     return f"{text} ({verdict.detail})" if verdict.detail else text
+
+
+def restore_unit(spec: ModelSpec) -> str:
+    """The boot-time restore unit of a host-side model (opsctl.ops.model_restore installs it)."""
+    return f"opsctl-model-{model_name(spec.path)}.service"
+
+
+def failed_restore_units(remote: Connection, specs: Sequence[ModelSpec]) -> dict[str, str]:
+    """Restore unit -> its result, for those of these models' restore units that failed (host-side models only:
+    a control-side model has none). Starting a failed one again fails again; provision says why."""
+    out = {}
+    for spec in specs:
+        if spec.source_on is not ModelSourceKind.HOST:
+            continue
+        unit = restore_unit(spec)
+        state = systemd.parse_show(remote.run(systemd.show_cmd(unit), check=False).stdout)
+        if state.active_state == "failed" or state.result not in ("success", ""):
+            out[unit] = state.result or state.active_state
+    return out

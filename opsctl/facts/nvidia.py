@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from opsctl.ops.errors import FactError
+from opsctl.errors import FactError
 
 # The exact query the parser expects (one CSV line per GPU).
 NVIDIA_SMI_QUERY = (

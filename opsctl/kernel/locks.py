@@ -14,8 +14,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from opsctl import bundle
+from opsctl.errors import ProvisionError
 from opsctl.inventory.model import Engine, Host
-from opsctl.ops.errors import ProvisionError
 
 
 class Profile(StrEnum):

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from opsctl.commands import Cmd
-from opsctl.deploy import audit
+from opsctl.errors import ProvisionError
+from opsctl.facts.manifest import Manifest
 from opsctl.inventory.model import Host
+from opsctl.kernel import audit
 from opsctl.localfiles import write_text_atomic
-from opsctl.ops.errors import ProvisionError
-from opsctl.ops.facts.manifest import Manifest
 from opsctl.remote.base import Connection, RunResult
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class KeepLocal:
 
 @dataclass(frozen=True)
 class Audit:
-    """One audit line (opsctl.deploy.audit.record: the control machine's log and the host's), written when the
+    """One audit line (opsctl.kernel.audit.record: the control machine's log and the host's), written when the
     actions before it succeeded: an act that changes what opsctl trusts (`--accept-model`)."""
 
     host: Host = field(repr=False)

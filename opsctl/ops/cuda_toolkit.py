@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opsctl.commands import Cmd
+from opsctl.errors import ProvisionError
+from opsctl.facts.cuda import parse_nvcc_version, toolkit_version
 from opsctl.inventory.model import CudaConfig
 from opsctl.ops.base import Context, Plan, Verify, execute, read
-from opsctl.ops.errors import ProvisionError
-from opsctl.ops.facts.cuda import parse_nvcc_version, toolkit_version
 from opsctl.ops.gpu_driver import RepoFacts, apt_install, read_repo_facts, repo_actions
 from opsctl.remote.base import Connection
 

@@ -10,11 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from opsctl.commands import Cmd
-from opsctl.inventory.model import CudaConfig
-from opsctl.ops import reboot
-from opsctl.ops.base import Action, Context, Options, Plan, Verify, execute, read
-from opsctl.ops.errors import NoGpuError, ProvisionError
-from opsctl.ops.facts.apt import (
+from opsctl.errors import NoGpuError, ProvisionError
+from opsctl.facts.apt import (
     AptPolicy,
     OsRelease,
     parse_apt_policy,
@@ -22,7 +19,7 @@ from opsctl.ops.facts.apt import (
     parse_os_release,
     upstream_major,
 )
-from opsctl.ops.facts.nvidia import (
+from opsctl.facts.nvidia import (
     NVIDIA_SMI_QUERY,
     KernelModule,
     SmiFacts,
@@ -32,6 +29,9 @@ from opsctl.ops.facts.nvidia import (
     parse_pci_vendors,
     parse_proc_version,
 )
+from opsctl.inventory.model import CudaConfig
+from opsctl.ops import reboot
+from opsctl.ops.base import Action, Context, Options, Plan, Verify, execute, read
 from opsctl.remote.base import Connection
 
 NAME = "gpu_driver"

@@ -25,12 +25,12 @@ import shlex
 
 from opsctl import layout, systemd
 from opsctl.commands import Cmd, sh
+from opsctl.facts import modelcheck, trust
+from opsctl.facts.manifest import Manifest
 from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
 from opsctl.ops import model_trust
 from opsctl.ops.base import Action, Context, Plan, PutText, execute, read
-from opsctl.ops.facts.manifest import Manifest
 from opsctl.ops.model_sync import model_users
-from opsctl.remote.base import Connection
 from opsctl.systemd import escape_specifiers, quote_exec
 
 NAME = "model_restore"
@@ -64,29 +64,11 @@ echo "$final: restored from $src and verified"
 
 
 def model_name(spec: ModelSpec) -> str:
-    return model_trust.model_name(spec.path)
-
-
-def unit_name(spec: ModelSpec) -> str:
-    return f"opsctl-model-{model_name(spec)}.service"
-
-
-def failed_units(remote: Connection, specs: list[ModelSpec]) -> dict[str, str]:
-    """Restore unit -> its result, for those of these models' restore units that failed (host-side models only:
-    a control-side model has none). Starting a failed one again fails again; provision says why."""
-    out = {}
-    for spec in specs:
-        if spec.source_on is not ModelSourceKind.HOST:
-            continue
-        unit = unit_name(spec)
-        state = systemd.parse_show(remote.run(systemd.show_cmd(unit), check=False).stdout)
-        if state.active_state == "failed" or state.result not in ("success", ""):
-            out[unit] = state.result or state.active_state
-    return out
+    return trust.model_name(spec.path)
 
 
 def state_dir(spec: ModelSpec) -> str:
-    return model_trust.state_dir(spec)
+    return trust.state_dir(spec)
 
 
 def users(host: Host, spec: ModelSpec) -> list[str]:
@@ -139,7 +121,7 @@ def desired_files(spec: ModelSpec, manifest: Manifest, services: list[str]) -> d
         SCRIPT: (SCRIPT_TEXT, 0o755),
         f"{state}/manifest.json": (manifest.to_json(), 0o644),
         f"{state}/sha256sums": (sums_text(manifest), 0o644),
-        f"{layout.UNIT_DIR}/{unit_name(spec)}": (unit_text(spec, services), 0o644),
+        f"{layout.UNIT_DIR}/{modelcheck.restore_unit(spec)}": (unit_text(spec, services), 0o644),
     }
 
 
@@ -154,15 +136,15 @@ def plan_restore(
         if have.get(path) != text
     ]  # fmt: skip
     if not writes and enabled:
-        return [], [f"{spec.path}: restored at boot by {unit_name(spec)}"]
+        return [], [f"{spec.path}: restored at boot by {modelcheck.restore_unit(spec)}"]
     dirs = sorted({posixpath.dirname(a.remote) for a in writes if isinstance(a, PutText)})
     actions: list[Action] = [Cmd.of("mkdir", "-p", *dirs, sudo=True)] if dirs else []
     actions += writes
     actions += [
         systemd.daemon_reload_cmd(),
-        systemd.reenable_cmd(unit_name(spec)),
+        systemd.reenable_cmd(modelcheck.restore_unit(spec)),
     ]
-    return actions, [f"{spec.path}: install {unit_name(spec)} (copies {spec.source} back after a reboot)"]
+    return actions, [f"{spec.path}: install {modelcheck.restore_unit(spec)} (copies {spec.source} back after a reboot)"]
 
 
 _UNIT_FILE = re.compile(r"opsctl-model-([A-Za-z0-9_.-]+)\.service")
@@ -194,8 +176,8 @@ def plan_removal(installed: list[str], wanted: set[str]) -> tuple[list[Action], 
                 "rm",
                 "-f",
                 "--",
-                f"{model_trust.STATE_ROOT}/{name}/manifest.json",
-                f"{model_trust.STATE_ROOT}/{name}/sha256sums",
+                f"{trust.STATE_ROOT}/{name}/manifest.json",
+                f"{trust.STATE_ROOT}/{name}/sha256sums",
                 sudo=True,
             ),
         ]
@@ -213,7 +195,7 @@ class ModelRestore:
         actions: list[Action] = []
         notes: list[str] = []
         for spec in restorable(ctx.spec):
-            trusted = model_trust.read_trusted(ctx.remote, spec.path)
+            trusted = trust.read_trusted(ctx.remote, spec.path)
             manifest = trusted.manifest if trusted is not None else None
             services = users(ctx.spec, spec)
             have = {}
@@ -221,11 +203,11 @@ class ModelRestore:
                 for path in desired_files(spec, manifest, services):
                     out = read(ctx.remote, Cmd.of("cat", path))
                     have[path] = out.stdout if out.exit_code == 0 else ""
-            enabled = read(ctx.remote, systemd.is_enabled_cmd(unit_name(spec)))
+            enabled = read(ctx.remote, systemd.is_enabled_cmd(modelcheck.restore_unit(spec)))
             acts, why = plan_restore(spec, manifest, services, have, enabled.exit_code == 0)
             actions += acts
             notes += why
-        wanted = {unit_name(spec) for spec in restorable(ctx.spec)}
+        wanted = {modelcheck.restore_unit(spec) for spec in restorable(ctx.spec)}
         removal, why = plan_removal(parse_installed(read(ctx.remote, installed_cmd()).stdout), wanted)
         actions += removal
         notes += why
@@ -240,4 +222,4 @@ class ModelRestore:
 
 def restore_cmd(spec: ModelSpec) -> str:
     """What an operator runs on the host to restore one model now (shown by status)."""
-    return shlex.join(["systemctl", "start", unit_name(spec)])
+    return shlex.join(["systemctl", "start", modelcheck.restore_unit(spec)])

@@ -30,14 +30,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from opsctl import layout, modelcheck, systemd
+from opsctl import layout, systemd
 from opsctl.commands import Cmd
-from opsctl.errors import OpsctlError, RemoteError
-from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
-from opsctl.ops import model_trust, service_wait
-from opsctl.ops.base import Action, Audit, Context, Plan, Push, PutText, Verify, execute, read
-from opsctl.ops.errors import ManifestMismatchError, ModelNotTrustedError, ProvisionError, ShmTooSmallError
-from opsctl.ops.facts.manifest import (
+from opsctl.errors import (
+    ManifestMismatchError,
+    ModelNotTrustedError,
+    OpsctlError,
+    ProvisionError,
+    RemoteError,
+    ShmTooSmallError,
+)
+from opsctl.facts import modelcheck, trust
+from opsctl.facts.manifest import (
     MANIFEST_NAME,
     DirState,
     FileEntry,
@@ -50,7 +54,10 @@ from opsctl.ops.facts.manifest import (
     size_listing_cmd,
     source_stamps,
 )
-from opsctl.ops.facts.system import DiskSpace, parse_df, size_iec
+from opsctl.facts.system import DiskSpace, parse_df, size_iec
+from opsctl.inventory.model import Host, ModelSourceKind, ModelSpec
+from opsctl.ops import model_trust, service_wait
+from opsctl.ops.base import Action, Audit, Context, Plan, Push, PutText, Verify, execute, read
 from opsctl.remote.base import Connection
 
 NAME = "model_sync"
@@ -336,12 +343,12 @@ class ModelSync:
             acts += model_trust.keep_local(ctx.spec, spec, record, on_host)
             if verdict.trust is model_trust.Trust.ACCEPTED:  # the one act that changes the trusted model
                 was = on_host.describe() if on_host is not None else "no record on the host"
-                detail = f"{spec.path.rstrip('/')}: {model_trust.digest(manifest)} (was {was}; {verdict.detail})"
+                detail = f"{spec.path.rstrip('/')}: {trust.digest(manifest)} (was {was}; {verdict.detail})"
                 acts.append(Audit(ctx.spec, "accept-model", detail))
             actions += acts
             notes += why
             if verdict.record:
-                digest = model_trust.digest(manifest)
+                digest = trust.digest(manifest)
                 notes.append(f"{spec.path.rstrip('/')}: record {digest} as the accepted model ({_how(verdict)})")
         if not models_of(ctx.spec):
             notes.append("no models (the host has no services)")
@@ -427,19 +434,19 @@ def _out_of_space(ctx: Context, plan: Plan, line: str) -> ProvisionError:
 
 def judge_trust(
     ctx: Context, spec: ModelSpec, manifest: Manifest
-) -> tuple[model_trust.SourceVerdict, model_trust.Trusted | None]:
+) -> tuple[model_trust.SourceVerdict, trust.Trusted | None]:
     """The source against the model accepted on the host (or the control machine's copy of that record, when
     the host lost it); raises when it differs and was not accepted, or when the two records differ. Returns
     the verdict and the host's own record."""
-    on_host = model_trust.read_trusted(ctx.remote, spec.path)
-    here = model_trust.read_local(ctx.spec, spec.path)
+    on_host = trust.read_trusted(ctx.remote, spec.path)
+    here = trust.read_local(ctx.spec, spec.path)
     accept = spec.path.rstrip("/") in ctx.options.accept_models
     settled = model_trust.reconcile(on_host, here)
     if settled.conflict and not accept and on_host is not None and here is not None:
         raise ModelNotTrustedError(
             f"{ctx.spec.name}: the host's record of the model accepted for {spec.path.rstrip('/')} "
             f"({on_host.describe()}) is not the control machine's copy ({here.describe()}, "
-            f"{model_trust.local_path(ctx.spec, spec.path)}); nothing was copied",
+            f"{trust.local_path(ctx.spec, spec.path)}); nothing was copied",
             model_trust.conflict_hint(ctx.spec.name, spec),
         )
     trusted = settled.trusted
@@ -448,7 +455,7 @@ def judge_trust(
         where = "on the host" if spec.source_on is ModelSourceKind.HOST else "on the control machine"
         raise ModelNotTrustedError(
             f"{ctx.spec.name}: model source {spec.source} ({where}) is not the model accepted for "
-            f"{spec.path.rstrip('/')} ({verdict.detail}; source {model_trust.digest(manifest)}, accepted "
+            f"{spec.path.rstrip('/')} ({verdict.detail}; source {trust.digest(manifest)}, accepted "
             f"{trusted.describe()}): corrupt or replaced; nothing was copied",
             model_trust.accept_hint(ctx.spec.name, spec),
         )
@@ -461,19 +468,19 @@ def _how(verdict: model_trust.SourceVerdict) -> str:
     return "earlier record" if verdict.trust is model_trust.Trust.MATCHES else verdict.trust.value
 
 
-def new_record(manifest: Manifest, verdict: model_trust.SourceVerdict) -> model_trust.Trusted | None:
+def new_record(manifest: Manifest, verdict: model_trust.SourceVerdict) -> trust.Trusted | None:
     """The record this run writes (first use, an earlier record written down, or --accept-model), if any."""
     if not verdict.record:
         return None
-    return model_trust.Trusted(manifest, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), _how(verdict))
+    return trust.Trusted(manifest, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), _how(verdict))
 
 
-def trust_actions(spec: ModelSpec, record: model_trust.Trusted | None) -> list[Action]:
+def trust_actions(spec: ModelSpec, record: trust.Trusted | None) -> list[Action]:
     """Record the manifest as the accepted model on the host, after any copy of it."""
     if record is None:
         return []
     files = model_trust.record_files(spec, record, restorable=spec.source_on is ModelSourceKind.HOST)
-    mkdir: list[Action] = [Cmd.of("mkdir", "-p", model_trust.state_dir(spec), sudo=True)]
+    mkdir: list[Action] = [Cmd.of("mkdir", "-p", trust.state_dir(spec), sudo=True)]
     return mkdir + [PutText(path, text, 0o644) for path, text in files.items()]
 
 

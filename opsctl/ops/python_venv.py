@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.commands import Cmd
+from opsctl.errors import AbiMismatchError, FactError, ProvisionError
+from opsctl.facts.system import parse_python_version
+from opsctl.kernel.locks import Lock, Profile, lock_for
 from opsctl.ops.base import Action, Context, Plan, Push, PutText, Verify, execute, read
-from opsctl.ops.errors import AbiMismatchError, FactError, ProvisionError
-from opsctl.ops.facts.system import parse_python_version
-from opsctl.ops.locks import Lock, Profile, lock_for
 from opsctl.remote.base import Connection
 
 NAME = "python_venv"

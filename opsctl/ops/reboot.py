@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 from opsctl.commands import Cmd
-from opsctl.errors import OpsctlError
-from opsctl.ops.errors import ProvisionError
+from opsctl.errors import OpsctlError, ProvisionError
 from opsctl.remote.base import Connection
 
 BOOT_ID = Cmd.of("cat", "/proc/sys/kernel/random/boot_id")

@@ -8,7 +8,7 @@ an unchanged runtime/ means the same bytes and no push.
 from __future__ import annotations
 
 from opsctl import artifact
-from opsctl.ops.base import Context, Plan, execute
+from opsctl.ops.base import Context, Plan, Push, execute
 from opsctl.wheel import RuntimeWheel
 
 NAME = "runtime_wheel"
@@ -19,7 +19,8 @@ def plan_wheel(wheel: RuntimeWheel | None, present: bool) -> Plan:
         return Plan(NAME, notes=("no runtime wheel this run",))
     if present:
         return Plan(NAME, notes=(f"{wheel.remote_path} is current",))
-    return Plan(NAME, actions=artifact.push_actions(wheel), notes=(f"push {wheel.name} (sha256 {wheel.sha256[:12]})",))
+    actions = (artifact.mkdir_cmd(wheel), Push(wheel.path, wheel.remote_path))
+    return Plan(NAME, actions=actions, notes=(f"push {wheel.name} (sha256 {wheel.sha256[:12]})",))
 
 
 class PushRuntimeWheel:

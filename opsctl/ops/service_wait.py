@@ -1,7 +1,7 @@
 """service_wait: after provision restarted services (their model was copied anew), wait until each is healthy.
 
 A restarted server loads its model for seconds to minutes; returning earlier lets the next command (a smoke,
-a benchmark, a router) meet HTTP 503. The wait is deploy's health gate (opsctl.deploy.gate: unit active,
+a benchmark, a router) meet HTTP 503. The wait is deploy's health gate (opsctl.kernel.gate: unit active,
 NRestarts unchanged, /health 200, re-checked after the readiness delay), bounded by the service's
 health_timeout, and says how long it has waited through the step's progress line.
 """
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import httpx
 
 from opsctl import health, layout, systemd
-from opsctl.deploy.gate import GateConfig, health_gate
+from opsctl.errors import ProvisionError
 from opsctl.inventory.model import Service
+from opsctl.kernel.gate import GateConfig, health_gate
 from opsctl.ops.base import Context, read
-from opsctl.ops.errors import ProvisionError
 
 RECHECK_MAX_S = 5.0  # the re-check after the first 200: this model served before, a short one is enough
 

@@ -2,7 +2,7 @@
 (the usual drain-aware deploy), the rest stay on the old one; both groups are measured over `window` seconds
 of live traffic; then the rest is promoted (the rolling deploy) or the canary rolled back, by itself.
 
-Measuring (this module) is separate from judging (opsctl.router.judge, pure). Every decision is audited on
+Measuring (this module) is separate from judging (opsctl.rollout.judge, pure). Every decision is audited on
 the router's host and locally, and the phase and the comparison are written to the router's host
 (`STATE_FILE`), which `opsctl status --router` shows. Ctrl-C at any point leaves the fleet on the old
 release: the runner restores a worker caught mid-deploy, and the canary (and any promoted worker) is rolled
@@ -24,19 +24,20 @@ import httpx
 
 from opsctl import promtext, remote, smoke, systemd
 from opsctl.commands import Cmd, sh
-from opsctl.deploy import audit, release, runner
+from opsctl.deploy import release
 from opsctl.deploy.flow import DeploySettings, ServiceResult
-from opsctl.deploy.rollout import Outcome
-from opsctl.deploy.runner import RolloutOptions, RunReport
+from opsctl.deploy.outcome import Outcome
 from opsctl.errors import OpsctlError
 from opsctl.health import auth_headers
 from opsctl.inventory.model import CanaryConfig, Host, Inventory, Router, Service, WorkerRef
+from opsctl.kernel import audit
 from opsctl.remote.base import Connect, Connection
 from opsctl.remote.held import HeldConnections
-from opsctl.router import judge
+from opsctl.rollout import judge, runner
+from opsctl.rollout.rolling import RouterGuard
+from opsctl.rollout.runner import RolloutOptions, RunReport
 from opsctl.router.api import RouterClient
 from opsctl.router.render import router_url, worker_url
-from opsctl.router.rolling import RouterGuard
 from opsctl.router.status import STATE_DIR, state_path
 from opsctl.wheel import RuntimeWheel
 

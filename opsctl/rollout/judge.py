@@ -1,6 +1,6 @@
 """The rules of a rolling and a canary deploy behind a router, as pure functions of what the router and the
 workers answered (`GET /workers`, the workers' and the router's `/metrics` scrapes, DDTREE metrics lines,
-NRestarts), tested on recorded answers. Measuring lives in opsctl.router.canary; nothing here does I/O.
+NRestarts), tested on recorded answers. Measuring lives in opsctl.rollout.canary; nothing here does I/O.
 
 What clients saw comes from the router: sglang-router 0.3.2 counts each answer a worker gave it, per worker, as
 a circuit-breaker outcome (`smg_worker_cb_outcomes_total{worker=<url>,outcome="success"|"failure"}`; every
@@ -41,17 +41,6 @@ class Decision(enum.Enum):
     PROMOTE = "promote"
     ROLL_BACK = "roll back"
     CONTINUE = "continue"  # the window is still open, or too little traffic so far and `max_window` not reached
-
-
-def refuse_take_out(members: Sequence[Member], url: str) -> str | None:
-    """Why `url` must not leave the router (it is its last healthy worker), or None. A worker the router does not
-    list as healthy serves no client, so taking it out costs nothing: the deploy that heals a router whose every
-    worker is down is never refused."""
-    if any(m.url != url and m.healthy for m in members):
-        return None
-    if not any(m.url == url and m.healthy for m in members):
-        return None
-    return ", ".join(f"{m.url} {'healthy' if m.healthy else 'unhealthy'}" for m in members)
 
 
 def pick_canary(members: Sequence[Member], fronted: Sequence[str], n: int) -> tuple[tuple[str, ...], str]:

@@ -17,16 +17,17 @@ from datetime import UTC, datetime
 import httpx
 
 from opsctl import remote
-from opsctl.deploy import audit
 from opsctl.deploy.context import ServiceContext
 from opsctl.deploy.flow import DeploySettings, ServiceResult, deploy_service, rollback_service
 from opsctl.deploy.lock import LockHeld, host_lock
-from opsctl.deploy.rollout import Outcome, Target, count_failures, group_by_host, plan_batches, should_continue
+from opsctl.deploy.outcome import Outcome
 from opsctl.deploy.staged import StagedRelease
 from opsctl.errors import DeployError, ExitCode, OpsctlError, UnreachableError
 from opsctl.inventory.model import Host, Service
+from opsctl.kernel import audit
 from opsctl.remote.base import Connect, Connection
-from opsctl.router.rolling import RouterGuard, Taken
+from opsctl.rollout.plan import Target, count_failures, group_by_host, plan_batches, should_continue
+from opsctl.rollout.rolling import RouterGuard, Taken
 from opsctl.secrets import SecretError
 from opsctl.wheel import RuntimeWheel
 

@@ -7,12 +7,13 @@ from collections.abc import Callable
 
 from opsctl import remote
 from opsctl.artifact import runtime_wheel
-from opsctl.deploy import release, runner
+from opsctl.deploy import release
 from opsctl.deploy.flow import DeploySettings
-from opsctl.deploy.rollout import Outcome
+from opsctl.deploy.outcome import Outcome
 from opsctl.errors import DeployError, without_prefixes
 from opsctl.inventory.model import Host, Service
 from opsctl.remote.base import Connect
+from opsctl.rollout import runner
 
 
 def current_release(host: Host, service: Service, connect: Connect = remote.connect) -> str | None:

@@ -1,2 +1,3 @@
-"""sglang-router in front of services: render its release (render), deploy it like a service (deploy), speak to
-its control API (api), and take workers out and back in around a service deploy (rolling)."""
+"""sglang-router in front of services, as a target of its own: render its release (render), deploy it like a
+service (deploy, run), speak to its control API (api), keep its membership file (keptout), report it (status)
+and remove it (remove). Rolling and canary deploys behind it are opsctl.rollout's."""

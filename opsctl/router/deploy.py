@@ -24,15 +24,16 @@ import httpx
 
 from opsctl import __version__, systemd
 from opsctl.commands import Cmd, sh
-from opsctl.deploy import audit, corridor, release
-from opsctl.deploy.gate import GateConfig, health_gate, readiness_gate
+from opsctl.deploy import corridor, release
+from opsctl.deploy.outcome import Outcome
 from opsctl.deploy.preflight import looks_like_help, unknown_flags
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
-from opsctl.deploy.rollout import Outcome
 from opsctl.errors import DeployError, OpsctlError, UnreachableError
 from opsctl.health import probe
 from opsctl.inventory.model import Inventory, Router
-from opsctl.ops.locks import router_lock
+from opsctl.kernel import audit
+from opsctl.kernel.gate import GateConfig, health_gate, readiness_gate
+from opsctl.kernel.locks import router_lock
 from opsctl.ops.router_wheels import REMOTE_ROUTER_WHEELHOUSE
 from opsctl.remote.base import Connection
 from opsctl.render import Secrets

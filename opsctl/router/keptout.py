@@ -15,7 +15,7 @@ the router's host, in one command). A deploy records its lease (`deploys`) befor
 it only once the worker is back and healthy in the router, so whoever reads the file first and the router's
 `/workers` after it never counts a worker that a deploy holds out as serving.
 
-opsctl.router.rolling changes the file before it takes a worker out and before it puts one back, so the file never
+opsctl.rollout.rolling changes the file before it takes a worker out and before it puts one back, so the file never
 lists fewer workers than the router is kept from; a worker left out because it serves nothing healthy stays under
 `kept_out`, as it stays out of the router. `opsctl status --router` shows the file's workers and leases;
 `router remove` deletes it.
@@ -40,7 +40,6 @@ from opsctl.inventory.model import Host, Inventory, Router
 from opsctl.remote.base import Connection
 from opsctl.remote.held import HeldConnections
 from opsctl.router.api import Member
-from opsctl.router.judge import refuse_take_out
 
 KEPT_OUT_DIR = "/var/lib/opsctl/routers"
 SWAP_LOCK_WAIT_S = 20  # flock's wait for another opsctl's swap (each holds it for one cat, one sha256, one mv)
@@ -133,6 +132,17 @@ def live_leases(state: Membership, url: str) -> dict[str, LockInfo]:
     """The other workers' leases whose deploy may still run (a lease of this machine whose process is gone is not;
     one of `url` itself is stale: its deploy holds the host's deploy lock, so no other deploy of it runs)."""
     return {u: info for u, info in state.deploys if u != url and info.holder_gone() is not True}
+
+
+def refuse_take_out(members: Sequence[Member], url: str) -> str | None:
+    """Why `url` must not leave the router (it is its last healthy worker), or None. A worker the router does not
+    list as healthy serves no client, so taking it out costs nothing: the deploy that heals a router whose every
+    worker is down is never refused."""
+    if any(m.url != url and m.healthy for m in members):
+        return None
+    if not any(m.url == url and m.healthy for m in members):
+        return None
+    return ", ".join(f"{m.url} {'healthy' if m.healthy else 'unhealthy'}" for m in members)
 
 
 def decide_take_out(

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from opsctl import layout, systemd
 from opsctl.commands import Cmd, sh
-from opsctl.deploy import audit
 from opsctl.deploy.lock import host_lock
 from opsctl.errors import DeployError, OpsctlError
 from opsctl.inventory.model import Host, Inventory
+from opsctl.kernel import audit
 from opsctl.remote.base import Connect, Connection
 from opsctl.remote.pool import run_parallel
 from opsctl.router.keptout import kept_out_file

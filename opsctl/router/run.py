@@ -9,8 +9,8 @@ import httpx
 
 from opsctl import remote
 from opsctl.deploy.lock import LockHeld, host_lock
+from opsctl.deploy.outcome import Outcome
 from opsctl.deploy.release import DEFAULT_KEEP
-from opsctl.deploy.rollout import Outcome
 from opsctl.errors import OpsctlError, UnreachableError
 from opsctl.inventory.model import Inventory, Router
 from opsctl.remote.base import Connect

@@ -21,7 +21,7 @@ from opsctl.router.keptout import Membership, kept_out_file, live_leases, parse_
 from opsctl.router.render import router_url, worker_url
 from opsctl.systemd import UnitState, parse_show, show_cmd
 
-STATE_DIR = "/var/lib/opsctl/canary"  # the router's last canary (opsctl.router.canary writes it)
+STATE_DIR = "/var/lib/opsctl/canary"  # the router's last canary (opsctl.rollout.canary writes it)
 
 
 def state_file(name: str) -> str:

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from opsctl.commands import Cmd
+from opsctl.errors import ShmTooSmallError
 from opsctl.inventory.load import load_inventory
 from opsctl.ops.base import Artifacts, Context
-from opsctl.ops.errors import ShmTooSmallError
 from opsctl.ops.model_sync import ModelPaths, ModelSync
 from opsctl.provision import control_manifest
 from opsctl.remote import SshHost, connect

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from opsctl import pip_index, wheelhouse
-from opsctl.ops.locks import Lock, Profile
+from opsctl.kernel.locks import Lock, Profile
 
 pytestmark = pytest.mark.lab
 

@@ -81,7 +81,7 @@ class Pinned:
 def pinned(tmp_path_factory: pytest.TempPathFactory) -> Pinned:
     from opsctl import wheelhouse
     from opsctl.artifact import runtime_wheel
-    from opsctl.ops.locks import Lock, Profile, locks_dir
+    from opsctl.kernel.locks import Lock, Profile, locks_dir
 
     root = tmp_path_factory.mktemp("pinned")
     locks = root / "locks"

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from opsctl.commands import Cmd
-from opsctl.deploy import audit, runner
 from opsctl.deploy.flow import DeploySettings
-from opsctl.deploy.runner import RolloutOptions
 from opsctl.errors import DeployError, RemoteError
 from opsctl.inventory.load import load_inventory
+from opsctl.kernel import audit
 from opsctl.remote.fake import FakeHost
+from opsctl.rollout import runner
+from opsctl.rollout.runner import RolloutOptions
 from opsctl.wheel import RuntimeWheel
 
 GOLDEN = Path(__file__).parent / "golden" / "inventory.yaml"

@@ -1,14 +1,14 @@
-"""Commands that reach hosts take a `Connect`: logs and the deploy api run against FakeHost, no SSH."""
+"""Commands that reach hosts take a `Connect`: logs and one service's deploy (rollout.service) run against FakeHost."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from opsctl.deploy import api
 from opsctl.inventory.load import load_inventory
 from opsctl.inventory.model import Host
 from opsctl.logs import read_logs
 from opsctl.remote.fake import FakeHost
+from opsctl.rollout.service import current_release
 from opsctl.systemd import JournalQuery
 
 GOLDEN = Path(__file__).parent / "golden" / "inventory.yaml"
@@ -37,5 +37,5 @@ def test_current_release_reads_facts_through_the_given_connection() -> None:
     service = host.services[0]
     rid = "20261129T224001Z-3f9c0a1b2c4d"
     fake = FakeHost(host.name, default=(0, f"current /opt/opsctl/services/{service.name}/releases/{rid}\n", ""))
-    assert api.current_release(host, service, lambda _: fake) == rid
+    assert current_release(host, service, lambda _: fake) == rid
     assert fake.closed

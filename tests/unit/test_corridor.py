@@ -4,9 +4,9 @@ wait as a poller with a fake clock."""
 from __future__ import annotations
 
 from opsctl.deploy import corridor
-from opsctl.deploy.gate import readiness_gate, wait_until
 from opsctl.deploy.release import ServicePaths
 from opsctl.health import HealthProbe
+from opsctl.kernel.gate import readiness_gate, wait_until
 
 ROOT = "/opt/opsctl/services/router-front"
 UNIT = "opsctl-router-front.service"

@@ -12,7 +12,7 @@ import httpx
 from opsctl.commands import Cmd
 from opsctl.deploy import flow, release
 from opsctl.deploy.context import ServiceContext
-from opsctl.deploy.rollout import Outcome
+from opsctl.deploy.outcome import Outcome
 from opsctl.errors import UnreachableError
 from opsctl.remote.fake import FakeHost
 from tests.unit.test_rollout_flow import NOW, OLD, SETTINGS, Box, _live_steps, ctx_for  # noqa: F401

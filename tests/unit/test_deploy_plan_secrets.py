@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.deploy import runner
 from opsctl.deploy.flow import DeploySettings
-from opsctl.deploy.runner import RolloutOptions
 from opsctl.errors import DeployError
 from opsctl.inventory.load import load_inventory
 from opsctl.remote.fake import FakeHost
+from opsctl.rollout import runner
+from opsctl.rollout.runner import RolloutOptions
 from opsctl.wheel import RuntimeWheel
 
 GOLDEN = Path(__file__).parent / "golden" / "inventory.yaml"

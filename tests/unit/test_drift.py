@@ -15,7 +15,7 @@ import pytest
 from opsctl import status
 from opsctl.commands import Cmd
 from opsctl.deploy import drift, flow, release
-from opsctl.deploy.rollout import Outcome
+from opsctl.deploy.outcome import Outcome
 from opsctl.inventory.load import load_inventory
 from opsctl.remote.fake import FakeHost
 from tests.unit.test_rollout_flow import SETTINGS, Box, ctx_for  # noqa: F401

@@ -2,9 +2,9 @@ import httpx
 import pytest
 
 from opsctl import health
-from opsctl.deploy.gate import GateConfig, Interrupted, health_gate
 from opsctl.errors import DeployError
 from opsctl.health import HealthProbe
+from opsctl.kernel.gate import GateConfig, Interrupted, health_gate
 from opsctl.systemd import UnitState, parse_show, show_cmd
 
 SHOW_ACTIVE = """LoadState=loaded

@@ -1,4 +1,4 @@
-"""Model integrity facts (opsctl.modelcheck) and the boot-time restore units (opsctl.ops.model_restore): pure
+"""Model integrity facts (opsctl.facts.modelcheck) and the boot-time restore units (opsctl.ops.model_restore): pure
 parsers and decisions, on recorded output."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from opsctl import modelcheck
 from opsctl.deploy import guards, secret_fp
 from opsctl.deploy.lock import LockInfo
+from opsctl.facts import modelcheck, trust
+from opsctl.facts.manifest import FileEntry, Manifest
 from opsctl.inventory.model import ModelSourceKind, ModelSpec
 from opsctl.ops import model_restore, model_trust
 from opsctl.ops.base import KeepLocal, PutText
-from opsctl.ops.facts.manifest import FileEntry, Manifest
 from opsctl.systemd import exec_argv, parse_unit
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
@@ -104,7 +104,7 @@ def test_restore_unit_orders_before_and_is_required_by_its_services() -> None:
     assert exec_argv(directives["Service", "ExecStart"]) == (
         model_restore.SCRIPT, "/srv/models/Qwen3 6", "/dev/shm/Qwen3.6-27B", "/var/lib/opsctl/models/Qwen3.6-27B",
     )  # fmt: skip
-    assert model_restore.unit_name(SPEC) == "opsctl-model-Qwen3.6-27B.service"
+    assert modelcheck.restore_unit(SPEC) == "opsctl-model-Qwen3.6-27B.service"
 
 
 def test_restore_plan_writes_only_what_differs() -> None:
@@ -190,7 +190,7 @@ def test_provision_restarts_a_service_whose_good_model_changed_after_it_started(
         if text.startswith("cat ") and text.endswith(".opsctl-manifest.json"):
             return (0, manifest, "")
         if text.startswith("cat ") and text.endswith("trusted.json"):  # accepted before: nothing to record
-            return (0, model_trust.Trusted(Manifest({"w.bin": FileEntry(10, SHA_A)}), "t", "first use").to_json(), "")
+            return (0, trust.Trusted(Manifest({"w.bin": FileEntry(10, SHA_A)}), "t", "first use").to_json(), "")
         if text.startswith("test -d") and ".opsctl-sync-" in text:
             return (1, "", "")
         if text.startswith("df "):
@@ -220,7 +220,7 @@ def _facts(weights_ctime: float, hashed: str | None, trusted: Manifest | None = 
 
 
 def test_parse_state_reads_the_verification_time_and_the_accepted_model() -> None:
-    record = model_trust.Trusted(MANIFEST, "2026-12-01T05:00:00Z", "first use").to_json().replace("\n", "")
+    record = trust.Trusted(MANIFEST, "2026-12-01T05:00:00Z", "first use").to_json().replace("\n", "")
     lines = _output(T_START + 3).replace(
         f"manifest {ONE_LINE}", f"manifest {ONE_LINE}\nverified {T_VERIFIED:.10f}\ntrusted {record}"
     )
@@ -261,7 +261,7 @@ def test_files_hash_listing_parses_coreutils_output() -> None:
 
 
 def test_source_verdicts_like_known_hosts() -> None:
-    record = model_trust.Trusted(MANIFEST, "2026-12-01T05:00:00Z", "first use")
+    record = trust.Trusted(MANIFEST, "2026-12-01T05:00:00Z", "first use")
     flipped = Manifest({"config.json": FileEntry(10, SHA_A), "model.safetensors": FileEntry(1000, "e" * 64)})
     grown = Manifest({**MANIFEST.files, "NOTES.md": FileEntry(3, SHA_A)})
     judge = model_trust.judge_source
@@ -272,20 +272,20 @@ def test_source_verdicts_like_known_hosts() -> None:
     assert not refused.record and judge(record, flipped, accept=True).record
     assert judge(record, grown, accept=False).detail == "not accepted: NOTES.md"
     assert judge(record, MANIFEST, accept=False).record is False  # recorded already: nothing to write
-    earlier = model_trust.Trusted(MANIFEST, "", "earlier manifest x", recorded=False)
+    earlier = trust.Trusted(MANIFEST, "", "earlier manifest x", recorded=False)
     assert judge(earlier, MANIFEST, accept=False).record is True  # a host from before records: recorded now
     assert judge(earlier, flipped, accept=False).trust is model_trust.Trust.REFUSED
-    assert model_trust.parse_trusted(record.to_json()) == record
-    assert model_trust.parse_trusted("{") is None and model_trust.parse_trusted("") is None
-    assert model_trust.digest(MANIFEST).startswith("sha256:") and len(model_trust.digest(MANIFEST)) == 23
-    assert model_trust.trust_path("/dev/shm/Qwen3 6/") == "/var/lib/opsctl/models/Qwen3_6/trusted.json"
+    assert trust.parse_trusted(record.to_json()) == record
+    assert trust.parse_trusted("{") is None and trust.parse_trusted("") is None
+    assert trust.digest(MANIFEST).startswith("sha256:") and len(trust.digest(MANIFEST)) == 23
+    assert trust.trust_path("/dev/shm/Qwen3 6/") == "/var/lib/opsctl/models/Qwen3_6/trusted.json"
 
 
 def test_accept_model_must_name_a_model_of_the_selected_hosts(monkeypatch) -> None:
     from pathlib import Path
 
+    from opsctl.errors import ProvisionError
     from opsctl.inventory.load import load_inventory
-    from opsctl.ops.errors import ProvisionError
     from opsctl.provision import accepted_models
 
     monkeypatch.setenv("OPSCTL_GOLDEN_KEY", "k")
@@ -319,8 +319,8 @@ def test_a_host_that_lost_its_record_is_judged_against_the_control_machines_copy
     unit = f"opsctl-{svc.name}.service"
     alone = modelcheck.check(FakeHost(host.name, handler=handler), svc, unit, host=host)
     assert [v.problem for v in alone] == [None]  # no record anywhere: /dev/shm's manifest is all there is
-    accepted = model_trust.Trusted(Manifest({"w.bin": FileEntry(10, SHA_A)}), "2026-12-01T05:00:00Z", "first use")
-    KeepLocal(model_trust.local_path(host, path), accepted.to_json()).write()
+    accepted = trust.Trusted(Manifest({"w.bin": FileEntry(10, SHA_A)}), "2026-12-01T05:00:00Z", "first use")
+    KeepLocal(trust.local_path(host, path), accepted.to_json()).write()
     kept = modelcheck.check(FakeHost(host.name, handler=handler), svc, unit, host=host)
     assert kept[0].problem is modelcheck.Problem.DAMAGED and "not the model accepted" in kept[0].detail
 
@@ -339,7 +339,7 @@ def test_a_failed_restore_unit_is_not_started_again() -> None:
     assert "`opsctl provision -i INVENTORY --host h1` copies it back, or refuses a source" in hint
     svc = Service("ref", "h1", (), 30000, Mode.BASELINE, Engine.REFERENCE, SPEC, None, DDTreeKnobs())
     host = Host("h1", "10.0.0.1", SshConfig(), 0, "/v", "python3", "0.5.23", None, None, (svc,))
-    unit = model_restore.unit_name(SPEC)
+    unit = modelcheck.restore_unit(SPEC)
     for shown, failed in (("ActiveState=failed\nSubState=failed\nResult=exit-code\n", True),
                           ("ActiveState=inactive\nSubState=dead\nResult=success\n", False)):  # fmt: skip
         fake = FakeHost("h1", handler=lambda cmd, shown=shown: (0, shown, "") if unit in cmd.display() else None)

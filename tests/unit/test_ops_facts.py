@@ -6,17 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.ops.errors import FactError
-from opsctl.ops.facts.apt import (
+from opsctl.errors import FactError
+from opsctl.facts.apt import (
     AptPolicy,
     parse_apt_policy,
     parse_dpkg_status,
     parse_os_release,
     upstream_major,
 )
-from opsctl.ops.facts.cuda import parse_nvcc_version, toolkit_version
-from opsctl.ops.facts.manifest import FileEntry, Manifest, compare, parse_hash_listing, parse_manifest_json
-from opsctl.ops.facts.nvidia import (
+from opsctl.facts.cuda import parse_nvcc_version, toolkit_version
+from opsctl.facts.manifest import FileEntry, Manifest, compare, parse_hash_listing, parse_manifest_json
+from opsctl.facts.nvidia import (
     Gpu,
     KernelModule,
     SmiState,
@@ -24,7 +24,7 @@ from opsctl.ops.facts.nvidia import (
     parse_pci_vendors,
     parse_proc_version,
 )
-from opsctl.ops.facts.system import parse_df, parse_python_version
+from opsctl.facts.system import parse_df, parse_python_version
 
 FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 
@@ -187,7 +187,7 @@ def test_manifest_json_round_trip() -> None:
 
 def test_sizes_keep_a_readable_unit() -> None:
     """Issue 42: a model of 1.8 MB read `0.00 GiB`."""
-    from opsctl.ops.facts.system import size_iec
+    from opsctl.facts.system import size_iec
 
     assert size_iec(1_800_000) == "1.7 MiB"
     assert size_iec(2 * 2**30) == "2.00 GiB"

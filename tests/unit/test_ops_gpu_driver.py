@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from opsctl.commands import Cmd
+from opsctl.errors import NoGpuError, ProvisionError
 from opsctl.inventory.model import CudaConfig, Host, SshConfig
 from opsctl.ops.base import Context, Options, Verify
 from opsctl.ops.cuda_toolkit import CudaToolkit
-from opsctl.ops.errors import NoGpuError, ProvisionError
 from opsctl.ops.gpu_driver import GpuDriver
 from opsctl.remote.fake import FakeHost
 

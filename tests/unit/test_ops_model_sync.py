@@ -12,7 +12,19 @@ from pathlib import Path
 import pytest
 
 from opsctl.commands import Cmd
-from opsctl.errors import RemoteError
+from opsctl.errors import ManifestMismatchError, ModelNotTrustedError, ProvisionError, RemoteError, ShmTooSmallError
+from opsctl.facts import trust
+from opsctl.facts.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    _coreutils_listing,
+    build_local_manifest,
+    hash_listing_cmd,
+    parse_hash_listing,
+    size_listing_cmd,
+)
+from opsctl.facts.system import DiskSpace
 from opsctl.inventory.model import (
     DDTreeKnobs,
     Engine,
@@ -23,21 +35,8 @@ from opsctl.inventory.model import (
     Service,
     SshConfig,
 )
-from opsctl.ops import model_trust
+from opsctl.kernel.hashing import sha256_file
 from opsctl.ops.base import Artifacts, Context, Options, Plan, Push, Verify
-from opsctl.ops.errors import ManifestMismatchError, ModelNotTrustedError, ProvisionError, ShmTooSmallError
-from opsctl.ops.facts.manifest import (
-    MANIFEST_NAME,
-    FileEntry,
-    Manifest,
-    _coreutils_listing,
-    build_local_manifest,
-    hash_listing_cmd,
-    parse_hash_listing,
-    sha256_file,
-    size_listing_cmd,
-)
-from opsctl.ops.facts.system import DiskSpace
 from opsctl.ops.model_sync import ModelFacts, ModelPaths, ModelSync, disk_full, models_of, plan_model
 from opsctl.remote.fake import FakeHost
 from opsctl.remote.local import LocalHost
@@ -188,7 +187,7 @@ def test_models_deduplicated_by_destination() -> None:
 def _trust_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The accepted-model records under the test's own dir, never the machine's /var/lib/opsctl."""
     root = tmp_path / "trust"
-    monkeypatch.setattr(model_trust, "STATE_ROOT", str(root))
+    monkeypatch.setattr(trust, "STATE_ROOT", str(root))
     return root
 
 
@@ -335,7 +334,7 @@ def test_corrupt_source_is_refused_never_copied_and_only_accepting_it_changes_th
     source = _model(tmp_path / "src", {"config.json": b"{}", "w.bin": b"A" * 4096})
     ctx, dest = _ctx(tmp_path, source)
     _converge(ctx)  # first use: the source's manifest becomes the accepted model
-    record = model_trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
+    record = trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
     assert record is not None and record.how == "first use"
     assert record.manifest == build_local_manifest(source)
     before = {p.name: p.read_bytes() for p in dest.iterdir()}
@@ -353,7 +352,7 @@ def test_corrupt_source_is_refused_never_copied_and_only_accepting_it_changes_th
     accepted = Context(ctx.spec, ctx.remote, Options(accept_models=frozenset({str(dest)})), corrupt.artifacts)
     _converge(accepted)
     assert (dest / "w.bin").read_bytes()[100:101] == b"B"
-    record = model_trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
+    record = trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
     assert record is not None and record.how == "accepted" and record.manifest == build_local_manifest(source)
     assert ModelSync().plan(corrupt).actions == ()  # accepted once: later runs need no flag
 
@@ -365,7 +364,7 @@ def test_a_host_from_before_records_still_refuses_a_source_corrupted_since(tmp_p
     ctx, dest = _ctx(tmp_path, source)
     _converge(ctx)
     (_trust_root / "model" / "trusted.json").unlink()
-    model_trust.local_path(ctx.spec, str(dest)).unlink()  # nor had the control machine kept a copy
+    trust.local_path(ctx.spec, str(dest)).unlink()  # nor had the control machine kept a copy
     (source / "w.bin").write_bytes(b"B" * 4096)
     corrupt = Context(ctx.spec, ctx.remote, artifacts=Artifacts(manifests={str(source): build_local_manifest(source)}))
     with pytest.raises(ModelNotTrustedError, match=r"differ: w\.bin.*earlier manifest"):
@@ -405,7 +404,7 @@ def test_the_control_machine_keeps_a_copy_of_the_record(tmp_path: Path, _trust_r
     source = _model(tmp_path / "src", {"w.bin": b"A" * 4096})
     ctx, dest = _ctx(tmp_path, source)
     plan = ModelSync().plan(ctx)
-    copy = model_trust.local_path(ctx.spec, str(dest))
+    copy = trust.local_path(ctx.spec, str(dest))
     assert copy == Path(os.environ["XDG_STATE_HOME"]) / "opsctl" / "trust" / "local@127.0.0.1" / "model.json"
     assert f"keep {copy} on the control machine" in " ".join(plan.commands()) and not copy.exists()  # plan only
     ModelSync().apply(ctx, plan)
@@ -431,9 +430,9 @@ def test_a_host_that_lost_its_record_still_refuses_a_corrupt_source_and_gets_the
     _flip(source / "w.bin")  # the source restored from a good copy
     _converge(_fresh(ctx, source))
     assert (dest / "w.bin").read_bytes() == b"A" * 4096
-    record = model_trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
+    record = trust.parse_trusted((_trust_root / "model" / "trusted.json").read_text())
     assert record is not None and record.how == "earlier record"
-    assert record.manifest == model_trust.parse_trusted(accepted).manifest  # type: ignore[union-attr]
+    assert record.manifest == trust.parse_trusted(accepted).manifest  # type: ignore[union-attr]
 
 
 def test_a_host_record_that_differs_from_the_control_machines_copy_is_refused_until_accepted(
@@ -442,13 +441,13 @@ def test_a_host_record_that_differs_from_the_control_machines_copy_is_refused_un
     source = _model(tmp_path / "src", {"w.bin": b"A" * 4096})
     ctx, dest = _ctx(tmp_path, source)
     _converge(ctx)
-    copy = model_trust.local_path(ctx.spec, str(dest))
+    copy = trust.local_path(ctx.spec, str(dest))
     kept = copy.read_text()
     # another control machine accepted a new model on this host: the host's record and the source moved on
     (source / "w.bin").write_bytes(b"N" * 4096)
     other = build_local_manifest(source)
     (_trust_root / "model" / "trusted.json").write_text(
-        model_trust.Trusted(other, "2026-01-01T00:00:00Z", "accepted").to_json()
+        trust.Trusted(other, "2026-01-01T00:00:00Z", "accepted").to_json()
     )
     with pytest.raises(ModelNotTrustedError) as refused:
         ModelSync().plan(_fresh(ctx, source))
@@ -457,7 +456,7 @@ def test_a_host_record_that_differs_from_the_control_machines_copy_is_refused_un
     assert f"--accept-model {dest}" in line and "\n" not in line
     assert copy.read_text() == kept and (dest / "w.bin").read_bytes() == b"A" * 4096  # nothing changed
     _converge(_fresh(ctx, source, frozenset({str(dest)})))  # the operator says the host's record is right
-    here = model_trust.read_local(ctx.spec, str(dest))
+    here = trust.read_local(ctx.spec, str(dest))
     assert here is not None and here.manifest == other
     assert (dest / "w.bin").read_bytes() == b"N" * 4096
     assert ModelSync().plan(_fresh(ctx, source)).actions == ()  # reconciled: later runs need no flag
@@ -467,7 +466,7 @@ def test_accepting_a_model_is_audited_and_planned(
     tmp_path: Path, _trust_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 42: `provision --accept-model` changes the trusted model and wrote no audit line."""
-    from opsctl.deploy import audit
+    from opsctl.kernel import audit
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(audit, "HOST_LOG", str(tmp_path / "host" / "audit.log"))

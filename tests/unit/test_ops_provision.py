@@ -10,10 +10,9 @@ import pytest
 
 from opsctl import provision as prov
 from opsctl.commands import Cmd
-from opsctl.errors import ExitCode
+from opsctl.errors import ExitCode, ProvisionError
 from opsctl.inventory.model import Host, SshConfig
 from opsctl.ops.base import Context, Plan, execute
-from opsctl.ops.errors import ProvisionError
 from opsctl.provision import HostReport, HostStatus, Result, Settings, StepReport, StepStatus
 from opsctl.remote.fake import FakeHost
 
@@ -77,7 +76,7 @@ class _Breaks(Stub):
 
 
 def test_a_refusal_and_a_failure_are_audited_through_the_one_writer(monkeypatch: pytest.MonkeyPatch) -> None:
-    from opsctl.deploy import audit
+    from opsctl.kernel import audit
 
     refused, remote = run(monkeypatch, [Stub("model_sync", fail=True)], plan_only=False)
     assert refused.steps[0].status is StepStatus.FAILED

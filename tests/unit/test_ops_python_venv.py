@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.errors import AbiMismatchError, FactError, ProvisionError
 from opsctl.inventory.model import (
     DDTreeKnobs,
     Engine,
@@ -19,9 +20,8 @@ from opsctl.inventory.model import (
     Service,
     SshConfig,
 )
+from opsctl.kernel.locks import Lock, Profile, lock_for, locks_dir
 from opsctl.ops.base import Artifacts, Context, Verify
-from opsctl.ops.errors import AbiMismatchError, FactError, ProvisionError
-from opsctl.ops.locks import Lock, Profile, lock_for, locks_dir
 from opsctl.ops.python_venv import (
     VERIFY_SCRIPT,
     PythonVenv,

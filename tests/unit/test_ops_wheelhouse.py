@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from opsctl import pip_index, progress, wheelhouse
-from opsctl.ops.locks import Lock, Profile
+from opsctl.kernel.locks import Lock, Profile
 from opsctl.pip_index import Choice, PipIndexes
 from tests.conftest import REPO
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.inventory.load import parse_inventory
-from opsctl.ops.locks import locks_dir
+from opsctl.kernel.locks import locks_dir
 from opsctl.render import render_service
 
 CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"

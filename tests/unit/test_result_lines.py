@@ -7,7 +7,7 @@ import pytest
 
 from opsctl.cli import deploy as deploy_cli
 from opsctl.deploy.flow import ServiceResult
-from opsctl.deploy.rollout import Outcome
+from opsctl.deploy.outcome import Outcome
 from opsctl.errors import UnreachableError, host_line, without_prefixes
 
 
@@ -68,8 +68,8 @@ def test_deploy_result_line_says_each_thing_once(
 
 
 def test_an_interrupted_canary_says_interrupted_once(capsys: pytest.CaptureFixture[str]) -> None:
-    from opsctl.deploy.runner import RunReport
-    from opsctl.router.canary import CanaryReport
+    from opsctl.rollout.canary import CanaryReport
+    from opsctl.rollout.runner import RunReport
 
     canary = CanaryReport("front", "interrupted", message="interrupted: canary rolled back, the old release serves")
     deploy_cli.print_report(RunReport("deploy"), as_json=False, canary=canary)

@@ -1,6 +1,7 @@
 import pytest
 
-from opsctl.deploy.rollout import Outcome, Target, count_failures, group_by_host, plan_batches, should_continue
+from opsctl.deploy.outcome import Outcome
+from opsctl.rollout.plan import Target, count_failures, group_by_host, plan_batches, should_continue
 
 
 def test_all_at_once_by_default():

@@ -15,10 +15,10 @@ from opsctl.commands import Cmd
 from opsctl.deploy import flow
 from opsctl.deploy.context import ServiceContext
 from opsctl.deploy.flow import DeploySettings
-from opsctl.deploy.gate import GateResult
-from opsctl.deploy.rollout import Outcome
+from opsctl.deploy.outcome import Outcome
 from opsctl.errors import OpsctlError
 from opsctl.inventory.load import load_inventory
+from opsctl.kernel.gate import GateResult
 from opsctl.remote.fake import FakeHost
 from opsctl.wheel import RuntimeWheel
 
@@ -459,7 +459,7 @@ def test_corrupt_model_is_refused_before_anything_restarts_and_nothing_is_marked
     # the deploy restarted into it (a new release crash-loaded, so did the rollback, a good config went BAD);
     # now that one file is hashed, found corrupt, and the deploy (and its plan) refuse before anything changes.
     from opsctl.errors import DeployError
-    from opsctl.ops.facts.manifest import FileEntry, Manifest
+    from opsctl.facts.manifest import FileEntry, Manifest
 
     make, wheel, _ = ctx_for
     box = Box(OLD)

@@ -10,15 +10,16 @@ from typing import Any
 import httpx
 import pytest
 
-from opsctl.deploy import audit, runner
 from opsctl.deploy.flow import DeploySettings, ServiceResult
-from opsctl.deploy.rollout import Outcome
-from opsctl.deploy.runner import RolloutOptions, RunReport
+from opsctl.deploy.outcome import Outcome
 from opsctl.inventory.model import Inventory, WorkerRef
+from opsctl.kernel import audit
 from opsctl.remote.fake import FakeHost
-from opsctl.router import canary as canary_mod
-from opsctl.router.canary import Canary, fronted_selection, plan_lines, split
-from opsctl.router.judge import Decision, Replay
+from opsctl.rollout import canary as canary_mod
+from opsctl.rollout import runner
+from opsctl.rollout.canary import Canary, fronted_selection, plan_lines, split
+from opsctl.rollout.judge import Decision, Replay
+from opsctl.rollout.runner import RolloutOptions, RunReport
 from tests.unit.router_fleet import fleet
 
 

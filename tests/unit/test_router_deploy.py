@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from opsctl.commands import Cmd
-from opsctl.deploy.gate import GateConfig, GateResult
-from opsctl.deploy.rollout import Outcome
+from opsctl.deploy.outcome import Outcome
 from opsctl.errors import UnreachableError
 from opsctl.inventory.model import Inventory
+from opsctl.kernel.gate import GateConfig, GateResult
 from opsctl.remote.fake import FakeHost
 from opsctl.router import deploy as router_deploy
 from opsctl.router.deploy import RouterDeploy

@@ -10,8 +10,7 @@ import pytest
 
 from opsctl import promtext
 from opsctl.inventory.model import CanaryConfig
-from opsctl.router.api import parse_members
-from opsctl.router.judge import (
+from opsctl.rollout.judge import (
     Decision,
     GroupStats,
     Replay,
@@ -19,9 +18,10 @@ from opsctl.router.judge import (
     group_stats,
     judge,
     pick_canary,
-    refuse_take_out,
     table,
 )
+from opsctl.router.api import parse_members
+from opsctl.router.keptout import refuse_take_out
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 CONTRACT = (FIXTURES / "logs" / "ddtree_contract.log").read_text().splitlines()

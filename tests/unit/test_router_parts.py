@@ -22,6 +22,7 @@ from opsctl.deploy.lock import LockInfo
 from opsctl.errors import DeployError, RemoteError
 from opsctl.inventory.model import Inventory, Router
 from opsctl.render import Secrets
+from opsctl.rollout.rolling import RouterGuard
 from opsctl.router.api import Member, RouterClient, RouterError, parse_load, parse_members
 from opsctl.router.keptout import (
     KeptOutRecorder,
@@ -36,7 +37,6 @@ from opsctl.router.keptout import (
     parse_membership,
 )
 from opsctl.router.render import LAUNCHER, render_router
-from opsctl.router.rolling import RouterGuard
 from opsctl.systemd import exec_argv, parse_unit
 from tests.unit.router_fleet import TWO_REFS, fleet
 
@@ -324,7 +324,7 @@ def test_router_wheels_plan_pushes_only_when_the_stamp_differs(tmp_path: Any) ->
 
 
 def test_router_lock_pins_everything_exactly() -> None:
-    from opsctl.ops.locks import router_lock
+    from opsctl.kernel.locks import router_lock
 
     lock = router_lock("0.3.2")
     names = {line.split("==")[0] for line in lock.requirements()}
@@ -376,8 +376,8 @@ def test_behind_routers_puts_back_what_serves(
     outcome: str, serving: bool, problem: str, put_back: str, final: str
 ) -> None:
     from opsctl.deploy.flow import ServiceResult
-    from opsctl.deploy.rollout import Outcome
-    from opsctl.deploy.runner import behind_routers
+    from opsctl.deploy.outcome import Outcome
+    from opsctl.rollout.runner import behind_routers
 
     ctx = _ctx()
     guard = StubGuard(serving, problem)
@@ -396,8 +396,8 @@ def test_behind_routers_puts_back_what_serves(
 def test_behind_routers_takes_nothing_out_when_nothing_goes_live() -> None:
     """Unchanged: never taken out; only made sure it is in its routers (a worker left out earlier goes back)."""
     from opsctl.deploy.flow import ServiceResult
-    from opsctl.deploy.rollout import Outcome
-    from opsctl.deploy.runner import behind_routers
+    from opsctl.deploy.outcome import Outcome
+    from opsctl.rollout.runner import behind_routers
 
     guard = StubGuard()
     result = behind_routers(_ctx(), guard, lambda: ServiceResult("h1", "ref", Outcome.UNCHANGED))  # type: ignore[arg-type]

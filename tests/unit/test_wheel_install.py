@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from opsctl import provision
-from opsctl.ops.locks import locks_dir
+from opsctl.kernel.locks import locks_dir
 from tests.unit.installed_opsctl import ROOT, bundled_wheel, installed_venv
 from tests.unit.installed_opsctl import run as _run
 
@@ -69,7 +69,7 @@ def test_the_bundled_runtime_wheel_is_what_provision_and_deploy_push(venv: Path,
 
 def test_playbook_and_locks_come_from_the_package(venv: Path, outside: Path) -> None:
     code = (
-        "import json; from opsctl import provision; from opsctl.ops.locks import locks_dir\n"
+        "import json; from opsctl import provision; from opsctl.kernel.locks import locks_dir\n"
         "print(json.dumps([str(provision.PLAYBOOK), provision.load_playbook(provision.PLAYBOOK),"
         " {p.name: p.read_text() for p in locks_dir().iterdir()}]))"
     )
