@@ -426,11 +426,12 @@ def _health_latencies(
 
 def _assert_loop_free(latencies: list[float], what: str) -> str:
     """The event loop was not blocked: the median poll (polls are due on a clock, so this is the share of the
-    time /health was slow) is under 100 ms. No tight bound on the slowest one: on a loaded 2-core CI machine a
-    poll can wait for the CPU; the old server held /health 7.7-15.8 s. 5 s only keeps a long stall out."""
+    time /health was slow) is under 500 ms and none waits 5 s. A blocked loop held /health 7.7-15.8 s; a poll on a
+    loaded 2-core CI machine waits for the CPU for 100-200 ms at times, and a refusal that ends within a poll or
+    two has a median of one sample (116 ms seen at load 10)."""
     median, worst = statistics.median(latencies), max(latencies)
     shown = f"{what}: /health median {median * 1000:.1f} ms, max {worst * 1000:.1f} ms over {len(latencies)} polls"
-    assert median < 0.1 and worst < 5.0, shown
+    assert median < 0.5 and worst < 5.0, shown
     return shown
 
 

@@ -99,10 +99,15 @@ def test_the_replay_table_puts_trees_against_dflash_at_the_pairs_tau() -> None:
 def test_baseline_and_sized_tree_modes_with_the_replay(tmp_path: Path) -> None:
     args = cb.argparse.Namespace(
         batches=[1, 8], prefix=64, new_tokens=32, mem_fraction_hybrid=0.8, mem_fraction_dense=0.5, budget=15, topk=8,
-        loop_profile=False, old_runtime=None, replay=tmp_path / "paths.json",
+        loop_profile=False, old_runtime=None, replay=tmp_path / "paths.json", replay_dflash=None,
     )  # fmt: skip
     base = cb.engine_kwargs(tmp_path, "hybrid", "baseline", True, args)
     assert "speculative_algorithm" not in base and "speculative_draft_model_path" not in base
     env = cb.run_env("hybrid", "tree31", args, tmp_path / "t.jsonl")
     assert env["DDTREE_BUDGET"] == "31" and env["DDTREE_REPLAY_ACCEPTANCE"] == str(tmp_path / "paths.json")
     assert "DDTREE_REPLAY_ACCEPTANCE" not in cb.run_env("hybrid", "dflash", args, tmp_path / "t.jsonl")
+    assert "DDTREE_DFLASH_REPLAY" not in cb.run_env("hybrid", "dflash", args, tmp_path / "t.jsonl")
+    args.replay_dflash = tmp_path / "accepts.json"  # the fair replay: DFLASH's own recorded lengths
+    assert cb.run_env("hybrid", "dflash", args, tmp_path / "t.jsonl")["DDTREE_DFLASH_REPLAY"] == str(
+        (tmp_path / "accepts.json").resolve()
+    )
