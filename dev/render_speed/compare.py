@@ -1,4 +1,4 @@
-"""Inventory load and render speed, this checkout against a base commit (issue 30: the 1,100-host inventory
+"""Inventory load and render speed, this checkout against a base commit (the 1,100-host inventory
 renders at least 3x faster with the same error messages). Measures tests/unit/big_inventory.py's inventory
 with each tree in turn (runs alternate, so both see the same machine load), medians of CPU seconds, then
 checks that both trees refuse a few broken variants of it with the same one-line message.

@@ -1,4 +1,4 @@
-"""Issue 18, "cost at real shapes": DFLASH vs DDTREE (tree) round time inside SGLang 0.5.23's real Engine, on
+"""Cost at real shapes: DFLASH vs DDTREE (tree) round time inside SGLang 0.5.23's real Engine, on
 random-weight models with real layer shapes (`load_format="dummy"`: SGLang builds the model from config.json
 and fills it with random values, no weight files).
 
@@ -28,7 +28,7 @@ round; `--tau` turns it into tok/s for given acceptance lengths (labelled as suc
 DDTREE on a hybrid target replays its verify from the GDN tree path's graphs (ddtree.sglang.hybrid_graphs).
 
 Modes `baseline` (the target alone) and `tree<N>` (a tree of N nodes, e.g. tree7,tree15,tree31 in one run), and
-`--replay PATHS` (issue 45): every tree round builds a real pair's recorded tree shapes and commits its recorded
+`--replay PATHS`: every tree round builds a real pair's recorded tree shapes and commits its recorded
 paths (`DDTREE_REPLAY_ACCEPTANCE`, ddtree.sglang.replay; a `ddtree-paths/2` file from `DDTREE_RECORD_PATHS`; a
 `ddtree-paths/1` file has paths only, which the random drafter's wide, shallow trees cut short) while doing all
 its work, so its step time and tokens per round are the shape's cost at that acceptance; `--replay-report
@@ -50,7 +50,7 @@ per-request tok/s), and tree / DFLASH with a bootstrap interval over the recorde
     python dev/sglang_gpu/cost_bench.py --models hybrid --modes dflash,tree15 --graphs on --batches 1,2,4,8 \
         --new-tokens 128 --fair --replay paths.json --replay-dflash accepts.json --json fair.json
 
-Mode `tree-policy` (issue 29): tree mode with DDTREE_POLICY=auto, the worker choosing tree, smaller tree or
+Mode `tree-policy`: tree mode with DDTREE_POLICY=auto, the worker choosing tree, smaller tree or
 DFLASH's chain per round and batch-size bucket (ddtree.sglang.policy_glue); its DDTREE metrics lines (every 64
 request-rounds) carry the choice. `--policy-report` compares decode tok/s (output tokens / wall time of each
 measured batch) of dflash, tree and tree-policy per model and batch size, with the policy's last choice:
@@ -357,7 +357,7 @@ def run_env(model: str, mode: str, args: argparse.Namespace, timer: Path) -> dic
             DDTREE_LOG_INTERVAL="1000",
             DDTREE_ALLOW_HYBRID_UNSAFE="0",
         )
-        if args.replay is not None:  # issue 45: the rounds commit a real pair's recorded paths (ddtree.sglang.replay)
+        if args.replay is not None:  # the rounds commit a real pair's recorded paths (ddtree.sglang.replay)
             env["DDTREE_REPLAY_ACCEPTANCE"] = str(args.replay.resolve())
     if mode.startswith("dflash") and args.replay_dflash is not None:  # the stand-in's R1: recorded lengths
         env["DDTREE_DFLASH_REPLAY"] = str(args.replay_dflash.resolve())
@@ -405,7 +405,7 @@ POLICY_ARMS = ("dflash", "tree", "tree-chain", "tree-policy")
 def policy_table(reports: list[dict[str, Any]]) -> str:
     """Per model, CUDA graphs and batch size: tok/s (medians over repeats) of dflash, tree, tree-chain (DDTREE
     with the policy pinned to the chain: what a chain round costs inside the tree worker) and tree-policy;
-    tree-policy / the better of dflash and tree (issue 29's goal: >= 0.97 everywhere) and the policy's last
+    tree-policy / the better of dflash and tree (the policy's goal: >= 0.97 everywhere) and the policy's last
     choice; whether every arm's tokens were equal."""
     runs = {name: entry for rep in reports for name, entry in rep["runs"].items() if entry.get("result")}
     out = ["| model | graphs | bs | " + " | ".join(f"{m} tok/s" for m in POLICY_ARMS) + " | policy / best | choice |",
@@ -429,7 +429,7 @@ def policy_table(reports: list[dict[str, Any]]) -> str:
 
 
 def replay_table(reports: list[dict[str, Any]], dflash_tau: float) -> str:
-    """Issue 45's table at a real shape with replayed acceptance, per model and batch size (CUDA graphs): tok/s
+    """The table at a real shape with replayed acceptance, per model and batch size (CUDA graphs): tok/s
     per request and per GPU (TP 1) of the baseline (output tokens / wall of the batch), DFLASH (its measured step
     times the real pair's `dflash_tau`: projected, its rounds accept ~1 token on random weights) and every tree<N>
     run (its measured step and the accepted tokens per request-round it measured: the replayed paths'), and each

@@ -9,8 +9,8 @@
 #   bash dev/sglang_gpu/h100_fair_replay.sh stage          # here: wheels + HEAD's opsctl, runtime, dev into $D
 #   bash $D/dev/sglang_gpu/h100_fair_replay.sh all         # GPU: every step below in sequence (~75 min)
 #
-# The run tool gives a command 600 s, so there the GPU steps go one call each (carry [".cache/gpu-fair"], timeout
-# 600, the same warm machine: the recordings stay in /tmp between calls; a cold machine builds the pair again):
+# Where a GPU command may run 600 s at most, the GPU steps go one job each (.cache/gpu-fair copied to the GPU machine,
+# the same warm machine: the recordings stay in /tmp between jobs; a cold machine builds the pair again):
 #
 #   bash .cache/gpu-fair/dev/sglang_gpu/h100_fair_replay.sh sampling      # ~4 min: DFLASH samples (G6)
 #   bash .cache/gpu-fair/dev/sglang_gpu/h100_fair_replay.sh record 0      # ~7 min: the pair, 3 services
@@ -18,18 +18,18 @@
 #   bash .cache/gpu-fair/dev/sglang_gpu/h100_fair_replay.sh record 1
 #   bash .cache/gpu-fair/dev/sglang_gpu/h100_fair_replay.sh replay 0 15   # ~8 min: 27B shape, DFLASH + tree15
 #   bash .cache/gpu-fair/dev/sglang_gpu/h100_fair_replay.sh replay 0.7 15 # then 1 15, and 0 7, 0.7 7, 1 7
-#   bash dev/sglang_gpu/h100_fair_replay.sh report <files_at of every call>   # here: the tables
+#   bash dev/sglang_gpu/h100_fair_replay.sh report <every job's returned $OUT>   # here: the tables
 #
 # Results under $OUT: machine-*.txt, sampling.{json,log}, record-t*.{tgz,log} with accepts-hybrid-t*.json and
 # paths-hybrid-b*-t*.json beside them, fair-t*-b*.{json,log,md} (the cost JSON, its log, its table); `report`
 # writes docs/results/gpu-fair-replay/ (the files and README.md with every table).
 set -euo pipefail
 D=.cache/gpu-fair
-REC=/tmp/fair-rec  # recordings on the GPU machine (a warm machine keeps /tmp between calls)
+REC=/tmp/fair-rec  # recordings on the GPU machine (a warm machine keeps /tmp between jobs)
 tag() { local t=${1/./}; echo "t$t"; }  # 0 -> t0, 0.7 -> t07, 1 -> t1 (pairs_interleaved's file names)
 gpu_step() {
     cd "$(dirname "$0")/../.."
-    : "${OUT:?the run tool sets OUT}"
+    : "${OUT:?the GPU job sets OUT}"
     export PYTHONUNBUFFERED=1 SGLANG_GPU_SITE=/tmp/site-fair
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/machine-$1.txt" 2>&1 || true
 }
@@ -82,9 +82,9 @@ all)  # every GPU step, for a machine without a per-command limit
     for t in 0 0.7 1; do "$0" record "$t"; done
     for b in 15 7; do for t in 0 0.7 1; do "$0" replay "$t" "$b"; done; done
     ;;
-report)  # here: the calls' files into docs/results/gpu-fair-replay/, every table into its README.md
+report)  # here: the jobs' files into docs/results/gpu-fair-replay/, every table into its README.md
     cd "$(dirname "$0")/../.."
-    R=${2:?a directory with the files of the calls}
+    R=${2:?a directory with the files of the jobs}
     dest=docs/results/gpu-fair-replay && mkdir -p "$dest"
     find "$R" \( -name 'fair-*' -o -name 'machine-*' -o -name 'sampling.*' -o -name 'accepts-*' -o -name 'paths-*' \
         -o -name 'record-*.log' \) -exec cp {} "$dest/" \;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# dev/sglang_gpu/h200_graph_masks.sh: the H200 call behind docs/sglang.md "CUDA graphs": DDTREE tree verifies
-# replayed from SGLang's target-verify CUDA graphs, before and after ddtree.sglang.graph_masks, in one call.
+# dev/sglang_gpu/h200_graph_masks.sh: the H200 run behind docs/sglang.md "CUDA graphs": DDTREE tree verifies
+# replayed from SGLang's target-verify CUDA graphs, before and after ddtree.sglang.graph_masks, in one run.
 # Dense tiny pair (fp32), triton attention, CUDA graphs on, baseline + tree, 27 requests; each variant with the
 # self-check on every round (DDTREE_SELFCHECK_EVERY=1: every accepted path re-verified as a chain) and off.
 # "before" = DDTREE_DEV_CAUSAL_VERIFY_GRAPHS=1 (standin/sitecustomize.py: graphs captured without the mask, as

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# dev/sglang_gpu/h200_hybrid_graphs.sh correct|cost: the H200 calls behind docs/sglang.md "Hybrid targets under
-# CUDA graphs" (issue 27): the hybrid tree verify replayed from graphs captured on SGLang's GDN tree path.
+# dev/sglang_gpu/h200_hybrid_graphs.sh correct|cost: the H200 runs behind docs/sglang.md "Hybrid targets under
+# CUDA graphs": the hybrid tree verify replayed from graphs captured on SGLang's GDN tree path.
 #   correct: the tiny hybrid pair (bf16, head_dim 32), 6 + 40 prompts, baseline / DFLASH / DDTREE tree at two
 #            (budget, top-k) settings, CUDA graphs on and off side by side; a run with the self-check every round;
 #            the mixed greedy + sampled batch, graphs on and off. Engines of a wave run at once (ports apart).
@@ -16,7 +16,7 @@ rm -rf "$W" && mkdir -p "$W"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$R/summary.log"
 # install once through run.sh (its --prepare-only run checks the cache), then run harnesses side by side with
-# run.sh's environment (concurrent run.sh calls would race on the runtime's install)
+# run.sh's environment (concurrent run.sh runs would race on the runtime's install)
 if [ "${1:-correct}" = correct ]; then
     bash dev/sglang_gpu/run.sh --models hybrid --prepare-only --extra-prompts 40 > "$W/install.log" 2>&1
 else

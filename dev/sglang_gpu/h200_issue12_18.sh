@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# dev/sglang_gpu/h200_issue12_18.sh: the H200 call behind docs/runtime-perf.md ("fused") and docs/sglang.md
+# dev/sglang_gpu/h200_issue12_18.sh: the H200 run behind docs/runtime-perf.md ("fused") and docs/sglang.md
 # ("Cost at real shapes"), in priority order, each step time-boxed; results under $OUT:
-# 1. issue 12: runtime/bench/round_bench.py (per-request path, torch batched path, fused Triton path, top-k floor;
+# 1. fused planner: runtime/bench/round_bench.py (per-request path, torch batched path, fused Triton path, top-k floor;
 #    parity on CUDA) -> round.json / round.log
 # 2. the fused kernels and round graphs on CUDA: tests/runtime/test_fused_tree.py, test_round_graphs.py -> pytest.log
-# 3. issue 18: cost_bench.py, dense 8B shape, DFLASH and DDTREE with CUDA graphs -> cost-dense.json
-# 4. issue 18: cost_bench.py, hybrid 27B shape, DFLASH (graphs) and DDTREE (eager) -> cost-hybrid.json
+# 3. cost at real shapes: cost_bench.py, dense 8B shape, DFLASH and DDTREE with CUDA graphs -> cost-dense.json
+# 4. cost at real shapes: cost_bench.py, hybrid 27B shape, DFLASH (graphs) and DDTREE (eager) -> cost-hybrid.json
 #    (about 8.5 minutes in all on the H200)
 # Needs .whl (SGLang's wheels, /work/shared/notes/sglang-on-h200.md) in the repository root.
 set -uo pipefail

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# dev/sglang_gpu/h200_issue45.sh: the H200 calls behind issue 45's two tables (docs/runtime-perf.md, "How to
-# reproduce / pending GPU run"). Each GPU step is one run-tool call (carry [".cache/gpu-45"], timeout 600); a warm
+# dev/sglang_gpu/h200_issue45.sh: the H200 jobs behind the replayed-acceptance tables (docs/runtime-perf.md, "How
+# to reproduce / pending GPU run"). Each GPU step is one job of at most 600 s on the GPU machine, with .cache/gpu-45
+# copied there and the job's $OUT copied back; a warm
 # machine keeps /tmp (the pairs built by content hash, the installed wheels, Triton's cache), a cold one builds
 # the pairs again (~190 s) inside the step's deadline.
 #
 #   bash dev/sglang_gpu/h200_issue45.sh stage             # here: wheels, corpus wheels, HEAD's opsctl + runtime
 #   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh record hybrid   # GPU: recorded rounds + paths of a pair
 #   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh record dense
-#   bash dev/sglang_gpu/h200_issue45.sh carry <files_at>  # here: the recorded paths into the staged copy
+#   bash dev/sglang_gpu/h200_issue45.sh carry <dir>  # here: the record jobs' returned $OUT paths into the copy
 #   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh shape hybrid a  # GPU: 27B shape, baseline, DFLASH, tree15
 #   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh shape hybrid b  # GPU: 27B shape, tree7, tree31
 #   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh shape dense ab  # GPU: 8B shape, all five
 #   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh pairs hybrid 0  # GPU: one round of the pairs (0, 1, 2)
 #   ...                                                                # (pairs hybrid 1, 2; pairs dense 0, 1, 2)
-#   bash dev/sglang_gpu/h200_issue45.sh report <dir>      # here: every table from the calls' files
+#   bash dev/sglang_gpu/h200_issue45.sh report <dir>      # here: every table from the jobs' returned files
 #
 # Results under $OUT: record-<pair>.tgz (rounds-<pair>.json, paths-<pair>.json, the JSON of the run) and
 # paths-<pair>.json beside it, cost-*.json, pairs-<pair>-<round>.json, each step's log. The record step's paths
@@ -37,12 +38,12 @@ stage)
     ;;
 carry)  # the recorded paths files of the record steps, into the staged copy (the shape steps read them there)
     cd "$(dirname "$0")/../.."
-    find "${2:?the files_at of the record steps}" -name 'paths-*.json' -exec cp {} "$D/paths/" \;
+    find "${2:?the directory the record jobs' \$OUT came back to}" -name 'paths-*.json' -exec cp {} "$D/paths/" \;
     ls -la "$D/paths"
     ;;
 record | shape | pairs)
     cd "$(dirname "$0")/../.."
-    : "${OUT:?the run tool sets OUT}"
+    : "${OUT:?the GPU job sets OUT}"
     export PYTHONUNBUFFERED=1 SGLANG_GPU_SITE=/tmp/site-45
     pair=${2:?pair: dense or hybrid}
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/machine-$1-$pair.txt" 2>&1 || true
@@ -55,7 +56,7 @@ record | shape | pairs)
             --json "$rec/run.json" 2>&1 | tee "$OUT/record-$pair.log" || true
         tar -czf "$OUT/record-$pair.tgz" -C /tmp/gpu45-rec "$pair"
         cp "$rec/paths-$pair.json" "$OUT/" || true
-        # the next call's shape step on this warm machine reads the paths here, with no carry step
+        # the next job's shape step on this warm machine reads the paths here, with no carry step
         mkdir -p /tmp/gpu45-paths && cp "$rec/paths-$pair.json" /tmp/gpu45-paths/ || true
         ;;
     shape)  # ~7 min a part: Engines at the real shape (random weights), CUDA graphs, batch 1-64, 128 new tokens
@@ -84,9 +85,9 @@ record | shape | pairs)
         ;;
     esac
     ;;
-report)  # here, over a directory holding every call's files
+report)  # here, over a directory holding every job's returned files
     cd "$(dirname "$0")/../.."
-    R=${2:?a directory with the files of the calls}
+    R=${2:?a directory with the files of the jobs}
     export PYTHONPATH=$PWD:$PWD/runtime
     for pair in hybrid dense; do
         mapfile -t pairs < <(find "$R" -name "pairs-$pair-*.json")

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# dev/sglang_gpu/h200_pairs.sh stage | first | second | third: the pairs bench (issue 28/29) in back-to-back H200
-# calls, session 14.
+# dev/sglang_gpu/h200_pairs.sh stage | first | second | third: the pairs bench in back-to-back H200
+# runs.
 #
 #   bash dev/sglang_gpu/h200_pairs.sh stage     # here (PyPI reachable): wheels, corpus wheels, and a copy of HEAD's
 #                                               # opsctl + runtime + this directory into .cache/gpu-pairs (~49 MB)
-#   # run tool, carry [".cache/gpu-pairs"], timeout 600, one call each, the second right after the first (a warm
-#   # machine keeps /tmp: the pairs built by the first call (/tmp/pairs, by content hash), the installed wheels
+#   # GPU machine, .cache/gpu-pairs copied there, at most 600 s, one job each, the second right after the first (a warm
+#   # machine keeps /tmp: the pairs built by the first job (/tmp/pairs, by content hash), the installed wheels
 #   # and Triton's cache; a cold one builds again and the deadline cuts what is left):
 #   bash .cache/gpu-pairs/dev/sglang_gpu/h200_pairs.sh first    # builds, 8 services, greedy check, levels t0/t1
 #   bash .cache/gpu-pairs/dev/sglang_gpu/h200_pairs.sh second   # + tree 7 (10 services), 64-prompt check, again
 #   bash .cache/gpu-pairs/dev/sglang_gpu/h200_pairs.sh third    # greedy only, a third server start (timeout 400)
 #   # here: each run's tables, then the runs' medians and ranges
-#   python3 dev/sglang_gpu/pairs_report.py <files_at>/pairs_bench1.json
+#   python3 dev/sglang_gpu/pairs_report.py <returned OUT>/pairs_bench1.json
 #   python3 dev/sglang_gpu/pairs_report.py pairs_bench1.json pairs_bench2.json pairs_bench3.json
 #
 # The copy is taken from HEAD (git archive), not the working tree, so edits in progress elsewhere in the checkout do
@@ -33,7 +33,7 @@ stage)
     ;;
 first | second | third)
     cd "$(dirname "$0")/../.."
-    : "${OUT:?the run tool sets OUT}"
+    : "${OUT:?the GPU job sets OUT}"
     set -o pipefail
     export PYTHONUNBUFFERED=1 SGLANG_GPU_SITE=/tmp/site-pairs
     case $1 in first) n=1 ;; second) n=2 ;; *) n=3 ;; esac
@@ -45,10 +45,10 @@ first | second | third)
     if [ "$1" = first ]; then  # 8 services: base, linear, tree 15, policy 15 per pair
         args=(--budgets 15 --deadline 505 --check-prompts 32)
         limit=578
-    elif [ "$1" = second ]; then  # 10 services: tree 7 as a second fixed shape for issue 29's "best fixed tree"
+    elif [ "$1" = second ]; then  # 10 services: tree 7 as a second fixed shape for the policy's "best fixed tree"
         args=(--budgets 7,15 --deadline 490 --check-prompts 64)
         limit=575
-    else  # session 14 ran this one inline (the same flags): greedy levels of a third server start, warm machine
+    else  # this one can also run inline (the same flags): greedy levels of a third server start, warm machine
         args=(--budgets 7,15 --deadline 320 --check-prompts 32 --temperatures 0)
         limit=370
     fi

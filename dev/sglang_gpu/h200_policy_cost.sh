@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# dev/sglang_gpu/h200_policy_cost.sh: the H200 call behind docs/runtime-perf.md "The shape policy" (issue 29):
+# dev/sglang_gpu/h200_policy_cost.sh: the H200 run behind docs/runtime-perf.md "The shape policy":
 # dflash, tree, tree-chain (the policy pinned to the chain) and tree-policy on the random-weight real shapes,
 # CUDA graphs on, `REPEATS` measured batches per batch size (medians), then the policy table and the DDTREE
-# lines that show what the workers did. Carry [".whl"]. Results under $OUT: cost.json, policy-report.md,
+# lines that show what the workers did. Copy .whl to the GPU machine. Results under $OUT: cost.json, policy-report.md,
 # ddtree-lines.txt, each engine log's tail, round-graphs.log (the CUDA test of RoundGraphs.warm, if pytest is there).
 set -uo pipefail
 cd "$(dirname "$0")/../.."

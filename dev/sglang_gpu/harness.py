@@ -1,4 +1,4 @@
-"""GPU harness for issue 18: SGLang 0.5.23's real Engine on CUDA with baseline, DFLASH and DDTREE (shadow, tree)
+"""GPU harness: SGLang 0.5.23's real Engine on CUDA with baseline, DFLASH and DDTREE (shadow, tree)
 on the tiny dense (float32) and hybrid (bfloat16) pairs, compared token for token with each other and with
 transformers' float32 greedy decode on the CPU.
 

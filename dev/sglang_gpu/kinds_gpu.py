@@ -1,4 +1,4 @@
-"""Request kinds on a GPU (issue 41): SGLang's baseline and DDTREE's tree round on CUDA, every request kind a tree
+"""Request kinds on a GPU: SGLang's baseline and DDTREE's tree round on CUDA, every request kind a tree
 round serves, token for token.
 
 `bash dev/sglang_gpu/run.sh kinds [flags]` (SGLang's wheels, the runtime and the stand-in set up); the tiny pairs

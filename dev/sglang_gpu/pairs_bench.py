@@ -1,4 +1,4 @@
-"""Issue 28 on the GPU host: the small pairs trained on real text, served the way opsctl renders them, measured
+"""On the GPU host: the small pairs trained on real text, served the way opsctl renders them, measured
 per mode against concurrency with `opsctl bench`'s own code.
 
 Run through `bash dev/sglang_gpu/run.sh pairs` (SGLang's wheels, the runtime and the stand-in set up). Steps:

@@ -1,4 +1,4 @@
-"""Issue 45: the pairs measured to +-5%. Every server is started afresh in every round, alone on the machine
+"""The pairs measured to +-5%. Every server is started afresh in every round, alone on the machine
 (`--isolation alone`: the others stopped, not idle) or beside the pair's others that all run SGLang's
 `--sleep-on-idle` (`--isolation sleep`), measured at every level with `opsctl bench`'s code, and stopped; the
 rounds alternate the order (`pairs_stats.interleaved_rounds`), and every ratio is taken within its round.

@@ -97,7 +97,7 @@ def baseline_ratios(data: dict[str, Any], temp: float = 0.0) -> str:
 
 
 def policy_vs_best(data: dict[str, Any], temp: float = 0.0, within: float = 0.03) -> str:
-    """Issue 29's goal, per pair and level: tree-policy against the better of linear and the best fixed tree
+    """The policy's goal, per pair and level: tree-policy against the better of linear and the best fixed tree
     (variant `tree`: every plain budget of the run), tok/s per request, in the same run."""
     out = [
         f"tree-policy against the best of linear and the fixed trees, tok/s per request, temperature {temp:g}:\n",

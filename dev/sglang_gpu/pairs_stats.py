@@ -1,4 +1,4 @@
-"""The pairs measured to +-5% (issue 45): the schedule of server starts and the verdict per level, pure functions.
+"""The pairs measured to +-5%: the schedule of server starts and the verdict per level, pure functions.
 
 Each service is compared with its reference (DFLASH's `linear` for the trees, the tree for its policy service)
 over several *rounds*: in every round each service of the pair is started afresh, measured at every level and

@@ -2,8 +2,8 @@
 # dev/sglang_gpu/run.sh [harness.py flags...]: SGLang 0.5.23's real Engine on the H200 dev machine (torch 2.11,
 # no sglang, no package index), baseline / DFLASH / DDTREE shadow / DDTREE tree on the tiny pairs; see harness.py.
 #
-# From the repository root, with the SGLang wheels in .whl/ (issue 18; /work/shared/notes/sglang-on-h200.md) and,
-# ideally, the tiny pairs pre-built into .cache/sglang_gpu (dev/sglang_gpu/prepare.sh); carry both:
+# From the repository root, with the SGLang wheels in .whl/ (docs/sglang-gpu.md) and,
+# ideally, the tiny pairs pre-built into .cache/sglang_gpu (dev/sglang_gpu/prepare.sh); copy both to the GPU machine:
 #     bash dev/sglang_gpu/run.sh --models dense,hybrid --modes baseline,dflash,shadow,tree
 #     bash dev/sglang_gpu/run.sh cost --models dense,hybrid     # DFLASH vs DDTREE round cost (cost_bench.py)
 # Steps:
@@ -60,19 +60,19 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, triton {trit
       f"plugins {plugins}, {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA'}")
 PY
 
-if [ "${1:-}" = cost ]; then  # issue 18's cost at real shapes: cost_bench.py (random-weight 8B / 27B shapes)
+if [ "${1:-}" = cost ]; then  # cost at real shapes: cost_bench.py (random-weight 8B / 27B shapes)
     shift
     exec "$PY" dev/sglang_gpu/cost_bench.py --json "$RESULTS/cost.json" --log-dir "${LOG_DIR:-/tmp/cost_logs}" "$@"
 fi
-if [ "${1:-}" = pairs ]; then  # issue 28: the small pairs on real text, every mode against concurrency (pairs_bench.py)
+if [ "${1:-}" = pairs ]; then  # the small pairs on real text, every mode against concurrency (pairs_bench.py)
     shift
     exec "$PY" dev/sglang_gpu/pairs_bench.py "$@"
 fi
-if [ "${1:-}" = interleaved ]; then  # issue 45: the pairs to +-5%, fresh server starts per round (pairs_interleaved.py)
+if [ "${1:-}" = interleaved ]; then  # the pairs to +-5%, fresh server starts per round (pairs_interleaved.py)
     shift
     exec "$PY" dev/sglang_gpu/pairs_interleaved.py "$@"
 fi
-if [ "${1:-}" = kinds ]; then  # issue 41: every request kind, tree vs baseline, CUDA graphs on and off
+if [ "${1:-}" = kinds ]; then  # every request kind, tree vs baseline, CUDA graphs on and off
     shift
     exec "$PY" dev/sglang_gpu/kinds_gpu.py --json "$RESULTS/kinds_gpu.json" --log-dir "$RESULTS/kinds_gpu_logs" "$@"
 fi

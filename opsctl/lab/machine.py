@@ -66,7 +66,7 @@ def prepare(cfg: LabConfig, record: HostRecord, rootfs: Path) -> HostRecord:
 
 # Every lab host shares the control machine's few cores with the other hosts (and, in CI, with the test tiers).
 # torch's CPU thread pool spins while it waits for work: on a 2-core box a reference server at its default
-# 2 threads used twice the CPU of one thread for the same tokens per second (docs/ci.md, "Session 15").
+# 2 threads used twice the CPU of one thread for the same tokens per second (measured in docs/ci.md).
 # So the lab's services run one OpenMP/MKL thread, the way a small CPU host would be set up; a real GPU host
 # is not touched (this is the lab's systemd, not opsctl's unit).
 MANAGER_DROP_IN = """\

@@ -1,5 +1,5 @@
 """The round-shape policy: per batch-size bucket, choose the configured tree, a smaller budget or DFLASH's chain
-from live acceptance and round costs (issue 29). Pure Python: no torch, no clock, no device.
+from live acceptance and round costs. Pure Python: no torch, no clock, no device.
 
 Every round the engine asks `decide(batch_size)` for a `Decision` (a round id and the shape to run), and later
 feeds what it measured with `observe(round_id, ...)`: the accepted tokens that shape and the shapes it dominates
@@ -21,7 +21,7 @@ probe rounds (`explore`) that run another shape once, so its cost and acceptance
 has never been measured in a bucket every `warmup_every`-th round probes; probes do not change the current
 shape.
 
-`stable_config` (what `auto` runs in the SGLang tree worker, issue 45) adds to this: costs seeded per bucket at
+`stable_config` (what `auto` runs in the SGLang tree worker) adds to this: costs seeded per bucket at
 start-up (`seed_cost`) or borrowed from the nearest bucket, averaged by samples rather than rounds; acceptance
 pooled over the buckets with paired differences between shapes; and a switch only when the gain clears `margin`
 plus `confidence` standard errors (`_gain_err`). The defaults of `PolicyConfig` keep the behaviour described
@@ -204,7 +204,7 @@ class PolicyConfig:
 
 
 def stable_config(shapes: tuple[Shape, ...], seed: int = 0) -> PolicyConfig:
-    """The knobs `auto` runs with (issue 45). Costs are seeded per bucket at start-up (`seed_cost`, scaled by
+    """The knobs `auto` runs with. Costs are seeded per bucket at start-up (`seed_cost`, scaled by
     what the live rounds measure) and averaged slowly, by samples; acceptance is pooled over the buckets and
     averaged over thousands of request-rounds, and two shapes are compared on their paired acceptances. A switch
     needs both shapes to have 512 acceptance samples and the gain to clear 1% plus twice its standard error; a

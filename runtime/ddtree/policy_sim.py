@@ -1,4 +1,4 @@
-"""Replay recorded rounds through the shape policy and compare it with every fixed shape (issue 45).
+"""Replay recorded rounds through the shape policy and compare it with every fixed shape.
 
 The recorded-rounds file (`ddtree-rounds/1`, docs/policy-rounds.md) holds, per level of a run, every round a
 service ran: its batch size, its cost, and the tokens each candidate shape committed or would have committed
@@ -40,7 +40,7 @@ from typing import Any
 from ddtree.policy import PolicyMode, PolicySetting, Shape, ShapePolicy, stable_config
 
 FORMAT = "ddtree-rounds/1"
-GOAL = 0.97  # issue 45: the policy within 3% of the best fixed shape at every level
+GOAL = 0.97  # the policy within 3% of the best fixed shape at every level
 
 
 class RoundsFormatError(ValueError):

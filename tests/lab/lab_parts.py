@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The router's deploys and canaries (part 2) and the journey's and bench's deploys were one part, the run's long
 # pole (1337 s of 1357 s, docs/ci.md); split, part 1 (1150 s) would be the longest, so test_remote's quick SSH
 # checks join the journey in part 3 (the fault deploys, 345 s alone at load 1-2, would outweigh it). Last there,
-# as in part 1: its final test reboots lab2. With one OpenMP thread per server (session 15) part 1 ended ~450 s
+# as in part 1: its final test reboots lab2. With one OpenMP thread per server part 1 ended ~450 s
 # after part 3 in a warm run, alone on the machine for its last ~100 s: test_provision (its own venv and models,
 # ~150 s) moved to part 3. Why: docs/ci.md, "How scripts/check runs the tiers".
 OWN_LABS: dict[str, tuple[frozenset[str], int]] = {

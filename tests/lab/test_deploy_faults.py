@@ -201,7 +201,7 @@ def test_second_concurrent_deploy_refuses_then_waits(base_inventory: Path) -> No
 
 def test_host_down_mid_gate_leaves_no_untested_release(base_inventory: Path, lab_config: LabConfig) -> None:
     """lab2 goes down (a power cut) while its new release is in the health gate: the other host's deploy
-    stands, lab2's is unreachable. Issue 42: the untested release stayed `current` unmarked after the reboot, the
+    stands, lab2's is unreachable. Guards against: the untested release stayed `current` unmarked after the reboot, the
     same deploy called it "unchanged", status exited 0, rollback skipped the smoke gate. Now status fails and
     says so, the same deploy (no --force) runs its gates, and a rollback goes to a release that passed them,
     smoke-tested."""

@@ -1,4 +1,4 @@
-"""Issue 14 on lab hosts, each fault injected for real: a model changed under a running service, a host
+"""Deploy faults on lab hosts, each fault injected for real: a model changed under a running service, a host
 rebooted (the container stopped and booted again: /dev/shm and /run start empty), Ctrl-C during the
 pre-flight, a deploy lock whose holder is dead, an abandoned release. Lean: one shared lab, no deploy that a
 check does not need."""

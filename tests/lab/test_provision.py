@@ -68,7 +68,7 @@ def models() -> Iterator[dict[str, Path]]:
 
 @dataclass(frozen=True)
 class Pinned:
-    """This module's own runtime wheel, locks and wheelhouse. Other sessions change runtime/, locks/ and the
+    """This module's own runtime wheel, locks and wheelhouse. Concurrent work may change runtime/, locks/ and the
     shared wheelhouse while this module runs; each is a legitimate change that a second provision would
     (rightly) act on, so the module pins its own copies."""
 

@@ -432,7 +432,7 @@ def test_a_stopped_router_is_started_again_by_its_deploy(router_inventory: Path)
 
 
 def test_a_router_left_out_of_the_inventory_is_shown_and_removed(router_inventory: Path, tmp_path: Path) -> None:
-    """Issue 30: a router deleted from `routers:` kept running and vanished from `status`. Now status names it
+    """A router deleted from `routers:` kept running and vanished from `status`. Now status names it
     (exit 1) with the command, `router remove` refuses while the inventory still has it, and removes it. It
     deploys the router again afterwards (a first deploy: its releases went too) for the tests after it."""
 

@@ -1,4 +1,4 @@
-"""ddtree.fused_tree (issue 12): the Triton top-k, best-first expansion, layout and FULL_MASK kernels give exactly
+"""ddtree.fused_tree: the Triton top-k, best-first expansion, layout and FULL_MASK kernels give exactly
 what the torch paths give (`build_trees_batched` / `build_tree_heap`, `layout_batch`, `full_mask_batched`), ties,
 -inf, budget = block - 1, wide trees, top-k 1 and budget 0 included. On a CPU they run under Triton's interpreter
 (`TRITON_INTERPRET=1`, which triton reads when the kernels are defined), so the checks run in a subprocess; on a

@@ -1,4 +1,4 @@
-"""ddtree.pairs (issue 28) at the CPU scale: the corpus checks and split, and one build of each architecture
+"""ddtree.pairs at the CPU scale: the corpus checks and split, and one build of each architecture
 end to end (seconds), with its cache reused. The corpus here is a wheel made of this repository's own runtime
 sources, pinned by its sha256 like the real manifest's (the real wheels come from PyPI, not from CI)."""
 

@@ -337,7 +337,7 @@ def test_counterfactuals_equal_walks_of_the_smaller_shapes(seed: int, budget: in
     assert counterfactual_accepts(big.parents.tolist(), list(path), CHAIN, shapes, depth) == {CHAIN: len(path)}
 
 
-# -- stable_config (issue 45): start-up costs, confidence, pooled and paired acceptance ---------------------------
+# -- stable_config: start-up costs, confidence, pooled and paired acceptance ---------------------------
 
 
 def stable(shapes: tuple[Shape, ...] = SHAPES, **kw: object) -> ShapePolicy:

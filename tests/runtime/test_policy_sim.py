@@ -1,5 +1,5 @@
 """ddtree.policy_sim: the recorded-rounds format, and the shape policy replayed over the committed fixture
-(issue 45's CI check: within 3% of the best fixed shape at every level)."""
+(the CI check: within 3% of the best fixed shape at every level)."""
 
 from __future__ import annotations
 

@@ -444,7 +444,7 @@ def _paced(body: bytes, chunk: int = 64 << 10, pause: float = 0.005) -> Iterator
 
 
 def test_health_answers_while_a_10_mb_body_is_refused(server: ServeProcess) -> None:
-    """Issue 30: a 10 MB body took 15.8 s to be refused and held /health meanwhile. Refused now on its declared
+    """A 10 MB body took 15.8 s to be refused and held /health meanwhile. Refused now on its declared
     size, or while it arrives when no size is declared, with /health answered throughout."""
     big = json.dumps({"prompt": "a" * 10_000_000}).encode()
     hdrs = {**server.headers, "Content-Type": "application/json"}

@@ -73,7 +73,7 @@ CHAT, TREE, TREE_BATCH = [0, 1, 2], [3, 4], [3, 4, 0]
 # Wide trees: a budget beyond the block verifies in the 2 * block window DFLASH reserves per request.
 WIDE_BUDGET = 2 * DRAFT_BLOCK - 1
 WIDE_ENV = {**TREE_ENV, "DDTREE_BUDGET": str(WIDE_BUDGET), "DDTREE_TEST_DEMOTE_SPINE": "0"}
-# The shape policy (issue 29), made to switch within one short request: DDTREE_TEST_POLICY=phased feeds it
+# The shape policy, made to switch within one short request: DDTREE_TEST_POLICY=phased feeds it
 # synthetic costs (the chain cheap for the first rounds, the trees after) and fast hysteresis; the acceptances,
 # the decisions and the rounds run (tree7, tree3, DFLASH's chain) are the real ones.
 POLICY_ENV = {

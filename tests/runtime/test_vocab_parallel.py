@@ -1,4 +1,4 @@
-"""The drafter's top-k from a vocab-parallel LM head (ddtree.sglang.vocab_parallel, issue 19): the sharded top-k
+"""The drafter's top-k from a vocab-parallel LM head (ddtree.sglang.vocab_parallel): the sharded top-k
 equals the unsharded one in values, ids and order, ties across shard boundaries included; every rank gets the
 same; and the same path on real torch.distributed processes (gloo, CPU) plans the same trees as TP 1."""
 

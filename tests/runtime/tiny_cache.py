@@ -2,7 +2,7 @@
 
 The root is DDTREE_TINY_CACHE when set; else, as root, /var/cache/opsctl/tiny (where `opsctl lab up` keeps the
 lab's tiny qwen3, so the lab tier and the runtime tiers share one build); else <repo>/.cache/tiny (git-ignored).
-A file lock per arch (<root>/.<arch>.lock, the one opsctl.lab.models takes too) keeps parallel sessions and
+A file lock per arch (<root>/.<arch>.lock, the one opsctl.lab.models takes too) keeps parallel test runs and
 tiers from building the same model twice; the build runs in a subprocess (its own thread settings and memory)
 and lands by rename, so a reader never sees a half-written directory. A cache whose build.json carries another
 BUILD_VERSION is rebuilt.

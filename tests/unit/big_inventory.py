@@ -1,4 +1,4 @@
-"""A valid inventory of 1,100 hosts, just under the reader's 1 MiB limit (issue 30's measured case), built in
+"""A valid inventory of 1,100 hosts, just under the reader's 1 MiB limit (inventory.md's measured case), built in
 code so that no megabyte of YAML lives in git. Run it to measure reading and rendering (docs/inventory.md):
 
     PYTHONPATH=$PWD python3 tests/unit/big_inventory.py [--runs 3]

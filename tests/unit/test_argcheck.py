@@ -1,4 +1,4 @@
-"""The flag-value pre-flight's path check (issue 30: `--tokenizer-path /nonexistent` must not deploy), run for
+"""The flag-value pre-flight's path check (`--tokenizer-path /nonexistent` must not deploy), run for
 real: the command argcheck builds, executed by this machine's python with the reference server's own parser
 (the host side of the pre-flight, minus SSH)."""
 
@@ -53,7 +53,7 @@ def test_the_parser_still_speaks_first(tmp_path: Path, model: Path) -> None:
 
 
 def test_a_path_of_the_wrong_kind_is_refused_with_what_the_flag_needs(tmp_path: Path, model: Path) -> None:
-    """Issue 42: `--tokenizer-path` naming a file passed pre-flight; the service then failed every request."""
+    """`--tokenizer-path` naming a file once passed pre-flight; the service then failed every request."""
     (model / "tokenizer.json").write_text("{}")
     (tmp_path / "template.jinja").write_text("{{ messages }}")
     refused = _check(tmp_path, ["--model-path", str(model), "--tokenizer-path", f"{model}/tokenizer.json"])

@@ -1,4 +1,4 @@
-"""The audit log: refusals are audited (issue 30: free space, old secrets, missing secrets, ...), and the
+"""The audit log: refusals are audited (free space, old secrets, missing secrets, ...), and the
 control machine keeps one log per inventory file, each line naming it."""
 
 from __future__ import annotations

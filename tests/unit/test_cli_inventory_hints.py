@@ -1,4 +1,4 @@
-"""Hints name the inventory the command loaded (issue 42: they said `-i INVENTORY` whatever file was used):
+"""Hints name the inventory the command loaded (they said `-i INVENTORY` whatever file was used):
 the library writes the placeholder, the CLI's console and JSON output put the file in, shell-quoted and never
 read as rich markup."""
 

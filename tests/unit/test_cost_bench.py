@@ -73,7 +73,7 @@ def test_same_tokens_and_the_policy_table() -> None:
 
 
 def test_the_replay_table_puts_trees_against_dflash_at_the_pairs_tau() -> None:
-    """Issue 45's table: DFLASH's step at the pair's tau (projected), each tree<N> at its replayed tokens per
+    """The replay table: DFLASH's step at the pair's tau (projected), each tree<N> at its replayed tokens per
     request-round over its own step, the baseline from wall time."""
 
     def run(rounds: dict[str, dict[str, float]], batches: list[dict[str, Any]] | None = None) -> dict[str, Any]:

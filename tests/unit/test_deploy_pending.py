@@ -1,4 +1,4 @@
-"""A release is `current` only after its gates pass (issue 42): a host that rebooted during the health/smoke
+"""A release is `current` only after its gates pass: a host that rebooted during the health/smoke
 gate left an untested release live; the next deploy called it "unchanged" (and put it back into the router with
 no smoke gate), it stayed the rollback target, and `rollback` restored releases with a health check only."""
 

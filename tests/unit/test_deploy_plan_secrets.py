@@ -1,5 +1,5 @@
-"""`deploy --plan` reads secrets as the deploy does: an unset API key variable is the same one-line refusal
-(issue 30), not a plan that says "unchanged" while the real deploy exits 1."""
+"""`deploy --plan` reads secrets as the deploy does: an unset API key variable is the same one-line refusal,
+not a plan that says "unchanged" while the real deploy exits 1."""
 
 from __future__ import annotations
 

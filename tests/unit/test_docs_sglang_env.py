@@ -1,5 +1,5 @@
 """docs/sglang.md says one thing about SGLANG_DFLASH_EAGER_DRAFT_SAMPLER, and it is what render.py renders
-(issue 30: the doc said "not needed" for tree services in one place while tree services render it)."""
+(the doc said "not needed" for tree services in one place while tree services render it)."""
 
 from __future__ import annotations
 

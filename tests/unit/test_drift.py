@@ -1,4 +1,4 @@
-"""Drift (issue 42): a hand-edited unit or release file was invisible (`status` exited 0, `deploy` said
+"""Drift: a hand-edited unit or release file was invisible (`status` exited 0, `deploy` said
 unchanged). The host hashes a release's files (its API key masked there, as rendered), the comparison with the
 manifest's digests is pure; `status` reports each difference in one line and fails."""
 
@@ -116,7 +116,7 @@ def test_status_reports_a_hand_edited_unit_and_fails(row: status.ServiceStatus) 
 
 
 def test_deploy_repairs_drift_without_force_and_rollback_says_a_target_drifted(ctx_for) -> None:  # noqa: F811
-    """Issue 42: `deploy` said "unchanged" over a hand-edited release; only --force repaired it."""
+    """`deploy` once said "unchanged" over a hand-edited release; only --force repaired it."""
     make, wheel, said = ctx_for
     ctx, first_host = make(Box(None))
     first = flow.deploy_service(ctx, wheel, SETTINGS)
@@ -135,7 +135,7 @@ def test_deploy_repairs_drift_without_force_and_rollback_says_a_target_drifted(c
     assert again.outcome is Outcome.DEPLOYED and again.release != first.release, again.message
     assert again.release[-12:] == first.release[-12:]  # the same configuration, written again
     assert any(line.startswith(f"drift: release {first.release}: env changed on the host") for line in said)
-    # the edited release is no rollback target once replaced (status named it one and failed: issue 42, lab)
+    # the edited release is no rollback target once replaced (status named it one and failed: seen in the lab)
     assert f"drifted {first.release} marked bad" in again.message
     box.current = again.release
     box.releases[again.release] = 0

@@ -1,4 +1,4 @@
-"""Credential files with group/other access (issue 42): an `api_key: file:` secret or an SSH key at 0644 or
+"""Credential files with group/other access: an `api_key: file:` secret or an SSH key at 0644 or
 0666 is refused when the inventory loads, with the chmod to run; SSH keys as OpenSSH judges them (only the
 user's own); `credential_files: warn` turns each refusal into a warning."""
 
@@ -102,7 +102,7 @@ def test_the_cli_says_it_in_one_line(tmp_path: Path) -> None:
 
 
 def test_deploy_prints_each_inventory_warning_once(tmp_path: Path) -> None:
-    """Issue 42: `opsctl deploy` loaded the inventory twice and printed each warning twice."""
+    """`opsctl deploy` once loaded the inventory twice and printed each warning twice."""
     file = tmp_path / "inv.yaml"
     file.write_text(json.dumps(with_key(secret(tmp_path, 0o644), credential_files="warn")))
     result = run_cli("deploy", "-i", str(file), "--service", "nosuch")  # refused after the load: nothing connects

@@ -1,5 +1,5 @@
 """Hostile inventories, by hand: each is one error line naming the problem, exit 1, nothing written, no value
-shown beyond a short escaped excerpt, and no secret shown at all (issue 13)."""
+shown beyond a short escaped excerpt, and no secret shown at all."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Validation done once per distinct value (issue 30: the 1,100-host inventory): a section read from
+"""Validation done once per distinct value (the 1,100-host inventory): a section read from
 `defaults:` alone is parsed for the first host and shared, and a valid (text, kind) is checked once. Only
 passes are remembered, so every refusal reads as before."""
 

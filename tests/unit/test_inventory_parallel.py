@@ -1,4 +1,4 @@
-"""Services across several GPUs (issue 19): `tp`, `dp` and `nccl_port` in the inventory, their defaults, their
+"""Services across several GPUs: `tp`, `dp` and `nccl_port` in the inventory, their defaults, their
 one-line errors, and the SGLang flags they render (opsctl.inventory.parallel, opsctl.render)."""
 
 from __future__ import annotations

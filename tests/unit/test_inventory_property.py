@@ -1,5 +1,5 @@
 """Property: any inventory text either loads into a typed inventory whose rendered files pass the systemd-rules
-check, or fails with exactly one OpsctlError whose one line shows no long value and no secret (issue 13).
+check, or fails with exactly one OpsctlError whose one line shows no long value and no secret.
 
 Two generators: valid shapes with hostile strings in every field, and random YAML-ish text. Fixed
 max_examples and derandomize=True keep CI deterministic and the test under a minute."""

@@ -1,4 +1,4 @@
-"""The reader with libyaml's C parser (issue 30: a 1 MiB inventory read 4x faster) gives PyYAML's data and
+"""The reader with libyaml's C parser (a 1 MiB inventory read 4x faster) gives PyYAML's data and
 PyYAML's messages: every text is read both ways and compared, values (with their types) or the error line."""
 
 from __future__ import annotations

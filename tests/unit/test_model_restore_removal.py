@@ -1,4 +1,4 @@
-"""Restore units the host no longer needs are disabled and removed by provision (issue 30: after a model's
+"""Restore units the host no longer needs are disabled and removed by provision (after a model's
 source moved to the control machine, its restore unit stayed enabled and would copy the old source at boot)."""
 
 from __future__ import annotations

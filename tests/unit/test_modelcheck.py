@@ -205,7 +205,7 @@ def test_provision_restarts_a_service_whose_good_model_changed_after_it_started(
     ]
 
 
-# --- issue 30: the accepted model, and what a file written after verification means ---------------------
+# --- the accepted model, and what a file written after verification means ---------------------
 
 T_VERIFIED = T_START - 20  # provision verified the copy (wrote its manifest) before the service started
 
@@ -297,7 +297,7 @@ def test_accept_model_must_name_a_model_of_the_selected_hosts(monkeypatch) -> No
 
 def test_a_host_that_lost_its_record_is_judged_against_the_control_machines_copy(monkeypatch) -> None:
     # The host's trusted.json is gone and /dev/shm's manifest describes other bytes than the model accepted
-    # (issue 30: "nothing anywhere remembers what the model was"): the control machine's copy still does.
+    # ("nothing anywhere remembers what the model was"): the control machine's copy still does.
     from pathlib import Path
 
     from opsctl.commands import Cmd
@@ -326,7 +326,7 @@ def test_a_host_that_lost_its_record_is_judged_against_the_control_machines_copy
 
 
 def test_a_failed_restore_unit_is_not_started_again() -> None:
-    """Issue 42: after the boot-time restore unit failed (a corrupt source), status suggested `systemctl start`
+    """After the boot-time restore unit failed (a corrupt source), status suggested `systemctl start`
     of it, which fails again; provision copies the model back or says what is wrong with the source."""
     from opsctl import status
     from opsctl.inventory.model import DDTreeKnobs, Engine, Host, Mode, Service, SshConfig

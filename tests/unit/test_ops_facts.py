@@ -186,7 +186,7 @@ def test_manifest_json_round_trip() -> None:
 
 
 def test_sizes_keep_a_readable_unit() -> None:
-    """Issue 42: a model of 1.8 MB read `0.00 GiB`."""
+    """A model of 1.8 MB read `0.00 GiB`."""
     from opsctl.facts.system import size_iec
 
     assert size_iec(1_800_000) == "1.7 MiB"

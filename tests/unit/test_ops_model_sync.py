@@ -384,7 +384,7 @@ def test_good_files_rewritten_since_verification_are_verified_again_once() -> No
     assert plan_model(SPEC, MANIFEST, settled)[0] == []
 
 
-# --- the control machine's copy of the record (issue 30: "nothing anywhere remembers what the model was") -----
+# --- the control machine's copy of the record ("nothing anywhere remembers what the model was") -----
 
 
 def _flip(path: Path, at: int = 100) -> None:
@@ -465,7 +465,7 @@ def test_a_host_record_that_differs_from_the_control_machines_copy_is_refused_un
 def test_accepting_a_model_is_audited_and_planned(
     tmp_path: Path, _trust_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 42: `provision --accept-model` changes the trusted model and wrote no audit line."""
+    """`provision --accept-model` changes the trusted model, so it is audited."""
     from opsctl.kernel import audit
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))

@@ -1,4 +1,4 @@
-"""SGLang's radix cache in the rendered services (issue 28): left on, with SGLang's Rust TreeCore, which is right
+"""SGLang's radix cache in the rendered services: left on, with SGLang's Rust TreeCore, which is right
 only where the venv's torch is the one SGLang's wheel was built against (its `mem_cache` extension links the
 venv's libtorch; on the H200 dev host's torch 2.11 it panics at the first prefill, `tch ... UnknownKind(29)`;
 docs/sglang.md "The radix cache"). So the lock must pin SGLang's own torch, and a host that cannot have it

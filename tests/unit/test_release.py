@@ -142,7 +142,7 @@ def test_plan_prune_keeps_newest_and_current():
 
 
 def test_plan_prune_never_counts_bad_or_incomplete_releases():
-    # Issue 14: five failed deploys after a good one must not push the good rollback targets out of --keep.
+    # Five failed deploys after a good one must not push the good rollback targets out of --keep.
     good = [f"20261129T2{i}0000Z-{c * 12}" for i, c in enumerate("abc")]
     bad = [f"20261129T23{i}000Z-{c * 12}" for i, c in enumerate("def")]
     lines = [f"current releases/{good[-1]}", f"previous {good[-2]}"]

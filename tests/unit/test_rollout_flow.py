@@ -154,7 +154,7 @@ def test_unchanged_restarts_nothing(ctx_for):
 
 
 def test_same_config_but_model_changed_under_the_service_restarts_it(ctx_for):
-    # Issue 14: provision repaired a model file under a running service; the config hash is the same, but the
+    # Provision repaired a model file under a running service; the config hash is the same, but the
     # process still maps the old file: the deploy must not say `unchanged`.
     make, wheel, said = ctx_for
     ctx, _ = make(Box(None))
@@ -350,7 +350,7 @@ def test_bad_flag_value_refused_before_switch(ctx_for):
 
 @pytest.mark.parametrize("during", ["--help", "systemd-analyze verify"])
 def test_cancel_during_preflight_or_verify_restarts_nothing(ctx_for, during):
-    # Issue 14: Ctrl-C during the pre-flight or `systemd-analyze verify` restarted the healthy serving release.
+    # Ctrl-C during the pre-flight or `systemd-analyze verify` restarted the healthy serving release.
     make, wheel, _ = ctx_for
     box = Box(OLD)
     ctx, fake = make(box)
@@ -455,7 +455,7 @@ def test_first_deploy_failing_stops_and_removes(ctx_for):
 
 
 def test_corrupt_model_is_refused_before_anything_restarts_and_nothing_is_marked_bad(ctx_for):
-    # Issue 30: a byte flipped in place (same size, written after provision verified the model). Before the fix
+    # A byte flipped in place (same size, written after provision verified the model). Before the fix
     # the deploy restarted into it (a new release crash-loaded, so did the rollback, a good config went BAD);
     # now that one file is hashed, found corrupt, and the deploy (and its plan) refuse before anything changes.
     from opsctl.errors import DeployError

@@ -282,7 +282,7 @@ def test_a_slow_canary_is_rolled_back_by_itself_and_audited(monkeypatch: pytest.
 
 
 def test_an_interrupted_canary_leaves_no_continue_verdict(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    """Issue 42: status kept showing the last look's `verdict: CONTINUE (window open ...)` after Ctrl-C."""
+    """Status kept showing the last look's `verdict: CONTINUE (window open ...)` after Ctrl-C."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     monkeypatch.setattr(runner, "deploy", lambda *a, **k: RunReport("deploy", [
         ServiceResult("h1", "a", Outcome.DEPLOYED, "R-new", "R-old")]))  # fmt: skip

@@ -425,7 +425,7 @@ def test_plan_line_names_the_router_and_the_bound() -> None:
 
 
 def test_a_restarted_router_that_takes_a_worker_back_mid_deploy_loses_it_again() -> None:
-    """Issue 42: a router killed during a rolling deploy came back (systemd) with every worker of its
+    """A router killed during a rolling deploy came back (systemd) with every worker of its
     --worker-urls, the one whose gates had not passed included; clients got its errors (31 of 250)."""
     fake = FakeRouter([Member("a", W1, True, 0), Member("b", W2, True, 0)])
     said: list[str] = []

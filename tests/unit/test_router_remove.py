@@ -1,4 +1,4 @@
-"""Routers the inventory no longer names (issue 30: one removed from the inventory kept running and vanished
+"""Routers the inventory no longer names (one removed from the inventory kept running and vanished
 from `status`, with no way to remove it): found on the host, shown by status, removed by `opsctl router
 remove` against a FakeHost (the exact commands, in order, under the host's lock, audited)."""
 

@@ -1,4 +1,4 @@
-"""`opsctl status` rows from a FakeHost: what makes status exit non-zero (issue 30: a STALE lock blocks every
+"""`opsctl status` rows from a FakeHost: what makes status exit non-zero (a STALE lock blocks every
 deploy, so status must not say all is well)."""
 
 from __future__ import annotations

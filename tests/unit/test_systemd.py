@@ -146,7 +146,7 @@ def test_render_refuses_a_file_systemd_would_read_otherwise(ct200, change, relea
         render_service(host, replace(svc, **change), release)
 
 
-# The line-at-a-time and whole-value fast paths (issue 30: rendering 2,200 services) read as the character walks.
+# The line-at-a-time and whole-value fast paths (rendering 2,200 services) read as the character walks.
 _PLAIN = st.text(st.sampled_from(list("AB_z9=#; \t\r\n\x00$%-/.é")), max_size=60)
 
 

@@ -1,5 +1,5 @@
-"""An unreachable host is one line on stderr for every command that connects, never paramiko's traceback
-(issue 30). Real paramiko against a real socket that is not sshd (it answers HTTP and closes): the handshake
+"""An unreachable host is one line on stderr for every command that connects, never paramiko's traceback.
+Real paramiko against a real socket that is not sshd (it answers HTTP and closes): the handshake
 fails inside paramiko's transport thread, which logs the traceback itself unless opsctl quiets it."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_unreachable_host_is_one_line_for_every_command(tmp_path: Path, not_sshd
         assert "Traceback" not in err and "paramiko" not in err, (cmd, err)
         said = [line for line in err.splitlines() if "unreachable" in line]
         assert len(said) == 1 and "Error reading SSH protocol banner" in said[0], (cmd, err)
-        assert "ghost: ghost:" not in err, (cmd, err)  # issue 42: the host named once
+        assert "ghost: ghost:" not in err, (cmd, err)  # the host named once
         assert "ghost/ref: ghost:" not in err, (cmd, err)  # nor after a service's label
 
 
@@ -88,7 +88,7 @@ class Silent:
 
 
 def test_status_on_a_silent_host_costs_one_connect_timeout(tmp_path: Path) -> None:
-    """Issue 42: `status` on an unreachable host took 34 s: every connect retry waited a full timeout, and the
+    """`status` on an unreachable host took 34 s: every connect retry waited a full timeout, and the
     orphan-router pass connected to the same host again (connect_timeout 10 s, connect_retries 3 on a silent
     port: 69 s before, 15.7 s now). Here connect_timeout 1 s, connect_retries 3: one connection, not 6."""
     host = Silent()

@@ -1,4 +1,4 @@
-"""Per-round GPU timing of DFLASH's and DDTREE's decode rounds inside SGLang's scheduler (issue 18, cost at real
+"""Per-round GPU timing of DFLASH's and DDTREE's decode rounds inside SGLang's scheduler (cost at real
 shapes). Off unless `DDTREE_ROUND_TIMER=<file>` is set; then `gpu_patches` wraps `DFlashWorkerV2.__init__` so
 that every DFLASH worker, and the DDTREE tree worker (a subclass), times its decode rounds.
 

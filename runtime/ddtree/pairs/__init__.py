@@ -1,4 +1,4 @@
-"""Small target/drafter pairs trained on real text (issue 28), for measuring the modes' speed on a GPU.
+"""Small target/drafter pairs trained on real text, for measuring the modes' speed on a GPU.
 
 `python -m ddtree.pairs fetch --wheels DIR` downloads the corpus (pinned PyPI wheels, `corpus.MANIFEST`);
 `python -m ddtree.pairs build --arch {qwen3,qwen3_5} --wheels DIR --cache DIR [--device cuda]` builds a pair, or

@@ -259,7 +259,7 @@ def check_gdn_kernels(
         return out.reshape(n, heads, vdim), states[0]
 
     tree_out, tree_win, parent = conv(x, tree=True)
-    _, shared_win, _ = conv(x, tree=True, chain_layout=True)  # the layout the worker replaces (issue 21)
+    _, shared_win, _ = conv(x, tree=True, chain_layout=True)  # the layout the worker replaces
     tree_o, tree_state = gdn(list(range(t)), parent)
     flat_out, _, _ = conv(x, tree=False)
     flat_o, _ = gdn(list(range(t)), None)

@@ -17,7 +17,7 @@ them. So a DDTREE hybrid server with graphs:
    links (its parent links are derived from these buffers inside the graph), and eager verifies stay chains:
    the backend's `topk` is back to DFLASH's outside these calls.
 
-The dense per-step conv windows (`tree_worker.dense_conv_windows`, issue 21) must be in the pool before the
+The dense per-step conv windows (`tree_worker.dense_conv_windows`) must be in the pool before the
 capture too: a graph keeps the buffers it was captured with.
 """
 

@@ -1,4 +1,4 @@
-"""Acceptance replay: a benchmark hook that makes a random-weight model accept what a real run accepted (issue 45).
+"""Acceptance replay: a benchmark hook that makes a random-weight model accept what a real run accepted.
 
 A round's cost at a real model's shape can be measured with random weights, but random weights accept nothing
 (tau 1). The replay takes, per request and round, what a real run recorded (a *paths file*, below): the tree's

@@ -2,7 +2,7 @@
 
 `plan_batch` and `commit_batch` have static shapes for a given batch size, but eagerly they are ~100 small
 kernels each: on the H200 at batch 1 the eager plan + commit cost 3.8 ms against 1.3 ms for the per-request host
-path they replace, and 0.7 ms replayed (docs/runtime-perf.md, issue 12). So the worker captures them once per
+path they replace, and 0.7 ms replayed (docs/runtime-perf.md). So the worker captures them once per
 batch size (up to `max_batch`, where the win is; larger batches run eagerly, already several times faster
 than the host path) and replays them. On CUDA the plan is now the fused Triton planner (`ddtree.fused_tree`, five
 launches): 0.05 ms replayed at batch 1, 0.23-0.44 ms eager (docs/runtime-perf.md). Each capture copies its

@@ -55,7 +55,7 @@ def chain_check(tree_tokens: Tensor, tree_commit_lens: Tensor, chain_predict: Te
 
 # Two verifies of the same path (tree mask vs causal chain, other attention kernels, maybe TF32 dots) round
 # differently; where the chain's top logits are this close, either token is a correct greedy answer. A tree verify
-# that is really wrong (the hybrid conv-window bug of issue 21) misses by logits of 10 and more.
+# that is really wrong (a hybrid conv-window bug: siblings sharing one window) misses by logits of 10 and more.
 TIE_TOLERANCE = {torch.float32: 0.05, torch.bfloat16: 0.5, torch.float16: 0.25}
 
 
@@ -73,7 +73,7 @@ def mismatch_gaps(chain_logits: Tensor, check: ChainCheck, tree_tokens: Tensor) 
 # What the tree round would commit for a hybrid target (the last accepted node's conv window and recurrent
 # state) against what the chain verify holds at the same path position. Both come from separate forwards whose
 # layer inputs round differently (bf16), so the bound is relative; a window holding another node's inputs (the
-# chain-layout bug of issue 21) is off by O(1).
+# chain-layout bug: siblings sharing one window) is off by O(1).
 STATE_TOLERANCE = 0.1
 
 

@@ -168,7 +168,7 @@ def dense_conv_windows(state: Any) -> Any | None:
     [dim, steps + K - 2] buffer per (layer, slot), step t's window an overlapping `as_strided` view of columns
     t .. t + K - 2 (`mem_cache/memory_pool.py:598`, gated by `conv_window_dedup_enabled`). That is exact for a
     chain, whose consecutive windows do overlap; a tree node's window holds its own ancestors, so writing it
-    overwrites its neighbours' (siblings got wrong conv windows, then wrong states: issue 21). A CPU always
+    overwrites its neighbours' (siblings got wrong conv windows, then wrong states). A CPU always
     gets the dense layout, which is why only the GPU decoded wrong tokens. Every reader takes the buffers from
     the pool's state at each call, so replacing them once at start-up is enough."""
     windows = state.intermediate_conv_window

@@ -22,7 +22,7 @@ CPU-specific refusal or CUDA-only assumption:
   SGLang stores the per-step verify conv windows in a deduplicated, overlapping `as_strided` layout (safe for
   chains only); a CPU gets the dense one. The engine test runs CUDA's layout, so a tree verify on a hybrid
   target meets here what it meets on a GPU (the layout that made DDTREE's hybrid tree decode wrong tokens on
-  the H200, issue 21). Kernels and the scatter read windows through their strides; nothing else changes.
+  the H200). Kernels and the scatter read windows through their strides; nothing else changes.
 
 - P11 `sglang/srt/model_executor/model_runner.py:843` (`maybe_enable_batch_invariant_mode`): with
   --enable-deterministic-inference (what seeded sampling needs: SGLang fills `sampling_seed` only then) SGLang
