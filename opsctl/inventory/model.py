@@ -240,7 +240,7 @@ class WorkerRef:
 class CanaryConfig:
     """`routers.<name>.canary`: `opsctl deploy --canary` moves `workers` of the router's workers to the new
     release, compares them with the rest over `window` seconds of live traffic, then promotes (a rolling deploy
-    of the rest) or rolls the canary back (opsctl.rollout.canary; docs/deploy.md, "Canary")."""
+    of the rest) or rolls the canary back (opsctl.rollout.canary; docs/router.md, "Canary")."""
 
     workers: int = 1  # canary workers (the router keeps at least one worker on the old release)
     window: float = 300.0  # seconds of live traffic compared (a hard failure rolls back sooner)

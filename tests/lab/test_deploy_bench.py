@@ -1,6 +1,6 @@
 """Benchmark, not a test (skipped unless OPSCTL_BENCH=1): deploy wall time to 1 vs 4 lab hosts, and opsctl's
 own overhead = wall time minus the slowest server's time to become healthy minus the configured readiness
-delay. Writes .out/deploy_bench.json; the numbers go to docs/deploy.md.
+delay. Writes .out/deploy_bench.json; the numbers go to docs/results/deploy-lab.md.
 
     OPSCTL_BENCH=1 pytest -m lab tests/lab/test_deploy_bench.py -s
 """

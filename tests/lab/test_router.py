@@ -7,7 +7,7 @@ runs a baseline service (`base`, not behind the router) for the equivalence chec
 client straight against lab1/ref during its plain deploy (no router) shows the outage. Then a release that
 fails its gate behind the router: no failed request, the worker back on its old release and in the router.
 
-Numbers go to .out/router_lab.json (docs/deploy.md quotes them).
+Numbers go to .out/router_lab.json (docs/results/deploy-lab.md quotes them).
 """
 
 from __future__ import annotations
