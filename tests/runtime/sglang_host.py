@@ -33,7 +33,13 @@ RUN_TIMEOUT_S = 1800
 HOST_START_TIMEOUT_S = 600  # the host's own SGLang import (85 s seen on a loaded 2-core machine)
 # Every run's environment: SGLang's CPU engine path, its Triton kernels run by the CPU interpreter (read when the
 # kernels are defined, so on the host, before SGLang is imported), one thread per process.
+# torch.compile off: SGLang compiles small elementwise helpers with inductor on the CPU (the repetition penalty's
+# `apply_scaling_penalties`, the vocabulary-parallel embedding's `get_masked_input_and_mask`), and on a Sapphire
+# Rapids CI machine the compiled penalty wrote NaN into a batch's last row (256 of its 264 logits, so a grammar
+# request sampled a token its grammar forbids and the baseline Engine exited); eager gives the same values
+# everywhere, and no run pays for the compile (docs/ci.md, "Tests that hold on any CPU").
 HOST_ENV = {
+    "TORCH_COMPILE_DISABLE": "1",
     "SGLANG_USE_CPU_ENGINE": "1",
     "TRITON_INTERPRET": "1",
     "OMP_NUM_THREADS": "1",
