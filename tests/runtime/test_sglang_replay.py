@@ -28,24 +28,11 @@ from ddtree.sglang.replay import (
     replay_rid,
     steer_predictions,
 )
+from tree_inputs import links
 
 pytestmark = pytest.mark.runtime
 
 VOCAB = 50
-
-
-def links(parents: list[int], slots: int) -> tuple[list[int], list[int]]:
-    """SGLang's retrieve_next_token / retrieve_next_sibling for a parent array, children in id order."""
-    first, sib = [-1] * slots, [-1] * slots
-    last: dict[int, int] = {}
-    for i in range(1, len(parents)):
-        p = parents[i]
-        if p in last:
-            sib[last[p]] = i
-        else:
-            first[p] = i
-        last[p] = i
-    return first, sib
 
 
 def greedy_walk(tokens: list[int], first: list[int], sib: list[int], predict: list[int]) -> list[int]:

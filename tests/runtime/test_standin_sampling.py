@@ -16,6 +16,7 @@ from types import ModuleType
 import pytest
 import torch
 from torch import Tensor
+from tree_inputs import links
 
 pytestmark = pytest.mark.runtime
 
@@ -35,20 +36,6 @@ def _load() -> ModuleType:
 
 
 ss = _load()
-
-
-def links(parents: list[int], slots: int) -> tuple[list[int], list[int]]:
-    """retrive_next_token / retrive_next_sibling for a parent array, children in id order."""
-    first, sib = [-1] * slots, [-1] * slots
-    last: dict[int, int] = {}
-    for i in range(1, len(parents)):
-        p = parents[i]
-        if p in last:
-            sib[last[p]] = i
-        else:
-            first[p] = i
-        last[p] = i
-    return first, sib
 
 
 def reference(

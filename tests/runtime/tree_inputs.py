@@ -44,3 +44,17 @@ def batch_logprobs(
 ) -> torch.Tensor:
     """[bs, rows, vocab]: request b is `make_logprobs(seed + b, ...)` of kind `kinds[b % len(kinds)]`."""
     return torch.stack([make_logprobs(seed + b, rows, vocab, kinds[b % len(kinds)], masked) for b in range(bs)])
+
+
+def links(parents: list[int], slots: int) -> tuple[list[int], list[int]]:
+    """SGLang's retrieve_next_token / retrieve_next_sibling for a parent array, children in id order."""
+    first, sib = [-1] * slots, [-1] * slots
+    last: dict[int, int] = {}
+    for i in range(1, len(parents)):
+        p = parents[i]
+        if p in last:
+            sib[last[p]] = i
+        else:
+            first[p] = i
+        last[p] = i
+    return first, sib
