@@ -44,13 +44,9 @@ TINY_PROMPTS = [
 ]  # fmt: skip
 
 
-# seeded sampled prompts: the reference engine draws one sample per committed token from the seed's generator, so
-# tree mode must return the baseline's tokens for them too
-SAMPLED_PROMPTS: list[dict[str, object]] = [
-    {"id": "s0", "prompt": "tell me about the dog", "max_tokens": 32,
-     "sampling": {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "sampling_seed": 5}},
-    {"id": "s1", "prompt": "list 4 fruits", "max_tokens": 32, "sampling": {"temperature": 1.0, "sampling_seed": 6}},
-]  # fmt: skip
+# seeded sampled prompts (the quick start's file): the reference engine draws one sample per committed token from
+# the seed's generator, so tree mode must return the baseline's tokens for them too
+SAMPLED_PROMPTS_FILE = Path(__file__).resolve().parents[2] / "inventory" / "lab-seeded-prompts.yaml"
 
 
 def _tiny_prompts(folder: Path) -> Path:
@@ -60,7 +56,7 @@ def _tiny_prompts(folder: Path) -> Path:
     items: list[dict[str, object]] = [
         {"id": f"p{i}", "prompt": p, "max_tokens": 48} for i, p in enumerate(TINY_PROMPTS)
     ]
-    items += SAMPLED_PROMPTS
+    items += yaml.safe_load(SAMPLED_PROMPTS_FILE.read_text())["prompts"]
     path.write_text(yaml.safe_dump({"prompts": items}))
     return path
 
