@@ -188,12 +188,16 @@ def test_ctrl_c_leaves_lock_released_and_previous_serving(base_inventory: Path) 
 
 def test_second_concurrent_deploy_refuses_then_waits(base_inventory: Path) -> None:
     first = background("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
-    first.wait_for("lab1/ref: staging", timeout=120)
-    second = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
-    assert second.returncode == 1
-    assert "lab1: deploy lock held by" in second.stderr and "--lock-wait" in second.stderr
-    waiting = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--lock-wait", "600")
-    assert first.finish() == 0, first.text
+    try:
+        first.wait_for("lab1/ref: staging", timeout=120)
+        second = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--force")
+        assert second.returncode == 1
+        # the result line names host, service and outcome once: `lab1/ref: locked deploy lock held by ...`
+        assert "lab1/ref: locked deploy lock held by" in second.stderr and "--lock-wait" in second.stderr, second.stderr
+        waiting = opsctl("deploy", "-i", str(base_inventory), "--host", "lab1", "--mode", MODE, "--lock-wait", "600")
+    finally:  # the next test needs lab1's lock free: never leave the first deploy running
+        first_code = first.finish()
+    assert first_code == 0, first.text
     assert waiting.returncode == 0, waiting.stderr[-3000:]
     assert "lab1/ref: unchanged" in waiting.stderr  # it waited for the first, then found nothing to do
     assert not lock_present(base_inventory, "lab1")
