@@ -290,13 +290,18 @@ class SshHost:
             try:
                 return transport.open_session(timeout=self.config.connect_timeout)
             except (OSError, EOFError, paramiko.SSHException) as exc:
-                if transport.is_active() and isinstance(exc, paramiko.ChannelException):
-                    # sshd frees a session slot only after its close handshake: under load a new session can
-                    # be refused for a moment even below MaxSessions. Retry briefly, then report.
+                if transport.is_active():
+                    # The connection is alive and other commands may be running on it: never close it under them.
+                    # sshd frees a session slot only after its close handshake, so under load a new session can
+                    # be refused for a moment even below MaxSessions, or be slow to open on a saturated host
+                    # (closing the connection here would end every command in flight on it). Retry briefly,
+                    # then report.
                     if time.monotonic() < refused_until:
                         time.sleep(delay)
                         delay = min(delay * 2, 1.0)
                         continue
+                    if not isinstance(exc, paramiko.ChannelException):
+                        raise UnreachableError(self.name, f"cannot open a channel: {_describe(exc)}") from None
                     raise RemoteError(
                         self.name,
                         display,

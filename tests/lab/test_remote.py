@@ -103,7 +103,8 @@ def test_many_concurrent_commands_share_one_connection(remotes: dict[str, SshHos
     """More commands at once than sshd's MaxSessions (10): they queue on the connection, none fails."""
     host = remotes["lab1"]
     outcomes = run_parallel(list(range(20)), str, lambda i: host.run(sh(f"sleep 0.3; echo {i}")).stdout, forks=20)
-    assert [o.value for o in outcomes] == [f"{i}\n" for i in range(20)]
+    errors = [o.error.one_line() for o in outcomes if o.error is not None]
+    assert [o.value for o in outcomes] == [f"{i}\n" for i in range(20)], errors
 
 
 def test_exit_code_stdout_stderr_and_check(remotes: dict[str, SshHost]) -> None:
