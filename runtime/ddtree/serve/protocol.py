@@ -410,17 +410,23 @@ def _openai_sampling(body: Mapping[str, Any], max_key_names: tuple[str, ...], de
         max_tokens = max_tokens or later
     if max_tokens is None:
         max_tokens = default_max
-    given = _temperature(body)
+    return _sampling(body, max_tokens, seed_key="seed", min_key="min_tokens")
+
+
+def _sampling(fields: Mapping[str, Any], max_tokens: int | None, seed_key: str, min_key: str) -> Sampling:
+    """The sampling fields every endpoint shares, read from its body (OpenAI) or `sampling_params` (/generate),
+    whose names differ only for the seed and the minimum length."""
+    given = _temperature(fields)
     temperature = 1.0 if given is None else given
     return Sampling(
         max_tokens=max_tokens,
         temperature=temperature,
-        seed=_seed(body, "seed"),
-        stop=_stop(body.get("stop")),
-        stop_token_ids=_stop_token_ids(body.get("stop_token_ids")),
-        ignore_eos=_opt_bool(body, "ignore_eos"),
-        no_stop_trim=_opt_bool(body, "no_stop_trim"),
-        **_decoding_fields(body, "min_tokens", temperature, max_tokens),
+        seed=_seed(fields, seed_key),
+        stop=_stop(fields.get("stop")),
+        stop_token_ids=_stop_token_ids(fields.get("stop_token_ids")),
+        ignore_eos=_opt_bool(fields, "ignore_eos"),
+        no_stop_trim=_opt_bool(fields, "no_stop_trim"),
+        **_decoding_fields(fields, min_key, temperature, max_tokens),
     )
 
 
@@ -586,18 +592,7 @@ def _unexpected(v: Any) -> str:
 def _generate_sampling(sp: Mapping[str, Any]) -> Sampling:
     max_new = _opt_int(sp, "max_new_tokens", lo=0)
     max_tokens = GENERATE_DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new
-    given = _temperature(sp)
-    temperature = 1.0 if given is None else given
-    return Sampling(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        seed=_seed(sp, "sampling_seed"),
-        stop=_stop(sp.get("stop")),
-        stop_token_ids=_stop_token_ids(sp.get("stop_token_ids")),
-        ignore_eos=_opt_bool(sp, "ignore_eos"),
-        no_stop_trim=_opt_bool(sp, "no_stop_trim"),
-        **_decoding_fields(sp, "min_new_tokens", temperature, max_tokens),
-    )
+    return _sampling(sp, max_tokens, seed_key="sampling_seed", min_key="min_new_tokens")
 
 
 def parse_tokenize(body: Any) -> TokenizeRequest:
