@@ -5,33 +5,21 @@ on plain values and CPU tensors."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from dev_modules import load
 
 pytestmark = pytest.mark.runtime
 
 DEV = Path(__file__).resolve().parents[2] / "dev" / "sglang_gpu"
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fr = _load("ddtree_dev_fair_replay", DEV / "fair_replay.py")
-dr = _load("ddtree_dev_dflash_replay", DEV / "standin" / "dflash_replay.py")
+fr = load("ddtree_dev_fair_replay", DEV / "fair_replay.py")
+dr = load("ddtree_dev_dflash_replay", DEV / "standin" / "dflash_replay.py")
 
 
 @pytest.mark.parametrize("recorded", [1, 6, 16, 20])
@@ -139,7 +127,7 @@ def test_cost_bench_prints_the_fair_table_from_its_json_and_the_recordings(tmp_p
     import argparse
     import json
 
-    cb = _load("ddtree_dev_cost_bench", DEV / "cost_bench.py")
+    cb = load("ddtree_dev_cost_bench", DEV / "cost_bench.py")
     accepts, paths = tmp_path / "accepts.json", tmp_path / "paths.json"
     accepts.write_text(json.dumps({"format": "ddtree-accepts/1", "requests": [[1, 1], [3]]}))
     paths.write_text(json.dumps({"format": "ddtree-paths/1", "requests": [[[0, 0]], [[0, 0, 1, 0]]]}))
@@ -252,7 +240,7 @@ def test_cost_bench_fair_batches_replay_every_recorded_request_by_id(
 
     from ddtree.sglang.replay import recorded_index
 
-    cb = _load("ddtree_dev_cost_bench", DEV / "cost_bench.py")
+    cb = load("ddtree_dev_cost_bench", DEV / "cost_bench.py")
     calls: list[tuple[int, list[str] | None]] = []
 
     class Engine:

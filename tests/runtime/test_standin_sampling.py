@@ -6,15 +6,14 @@ siblings tested against their own probability instead of the running sum)."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from dev_modules import load
 from torch import Tensor
 from tree_inputs import links
 
@@ -23,19 +22,7 @@ pytestmark = pytest.mark.runtime
 PATH = Path(__file__).resolve().parents[2] / "dev" / "sglang_gpu" / "standin" / "spec_sampling.py"
 
 
-def _load() -> ModuleType:
-    name = "ddtree_gpu_standin_spec_sampling"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ss = _load()
+ss = load("ddtree_gpu_standin_spec_sampling", PATH)
 
 
 def reference(
