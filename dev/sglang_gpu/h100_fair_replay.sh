@@ -63,8 +63,11 @@ record)  # the pair on real text at one temperature: DFLASH's lengths, the tree'
 replay)  # 27B shape, random weights, CUDA graphs: DFLASH and tree<budget> replaying the recordings of one temperature
     t=${2:?temperature: 0, 0.7 or 1} budget=${3:?tree budget: 15 or 7}
     gpu_step "replay-$(tag "$t")-b$budget"
-    accepts=$REC/$(tag "$t")/accepts-hybrid-$(tag "$t").json
-    paths=$REC/$(tag "$t")/paths-hybrid-b$budget-$(tag "$t").json
+    rec=$REC/$(tag "$t")
+    # a fresh machine has no /tmp recordings: the files a record job returned, carried in under $D/rec/<tag>/
+    [ -d "$rec" ] || rec=$PWD/rec/$(tag "$t")
+    accepts=$rec/accepts-hybrid-$(tag "$t").json
+    paths=$rec/paths-hybrid-b$budget-$(tag "$t").json
     [ -f "$accepts" ] && [ -f "$paths" ] || { echo "no recording at $(tag "$t"): run 'record $t' first" >&2; exit 2; }
     batches=1,2,4,8  # 80 GB: batch 8 at most at this shape (GDN state per draft token); 139 GB: up to 48
     gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
