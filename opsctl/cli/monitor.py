@@ -34,10 +34,11 @@ def register(app: typer.Typer) -> None:
         (thresholds from the inventory's `monitoring:`), a Grafana dashboard. docs/monitoring.md."""
         inv = load_inventory(inventory)
         files = render_monitoring(inv)
-        if not inv.monitoring.runbook_url.startswith(("http://", "https://")):
+        m = inv.monitoring
+        if m.runbook_url is None and m.runbook_base_url is None:
             console.print(
-                f"note: the alerts' runbook_url is the relative path {inv.monitoring.runbook_url}, which no "
-                "Alertmanager receiver can open: set monitoring.runbook_url to an http(s) URL of docs/runbook.md"
+                f"note: the alerts' runbook_url is the relative path {m.runbook}, which no Alertmanager receiver "
+                "can open: set monitoring.runbook_base_url to the http(s) URL of your docs/ folder"
             )
         if out is not None:
             removed = write_files(out, files)

@@ -16,13 +16,16 @@ monitoring:
   queue_for: 600            # OpsctlQueueGrowing: a service's queue never empty and growing for this long
   kv_usage: 0.95            # OpsctlKVCacheFull: share of a service's KV cache tokens in use ...
   kv_for: 600               #   ... for this long
-  runbook_url: https://git.example.com/ops/opsctl/blob/main/docs/runbook.md
+  runbook_base_url: https://git.example.com/ops/opsctl/blob/main/docs   # the docs folder: links to
+                            #   <base>/runbook.md#<alert's anchor>
 ```
 
-Every key is optional (the defaults above; runbook_url: `docs/runbook.md`); unknown keys are errors. Values are
-checked whole: integers where seconds are counted, numbers in range, the URL against a strict character set
-(no spaces, quotes, braces or `$`: it is written into rule annotations, which Prometheus expands as templates).
-docs/monitoring.md is the reference.
+Every key is optional (the defaults above; no runbook key by default); unknown keys are errors. Values are
+checked whole: integers where seconds are counted, numbers in range. The runbook link of every alert is
+`runbook_base_url` + `/runbook.md`, or `runbook_url` (the runbook page's own absolute URL, for a copy not named
+runbook.md), never both; with neither it is the relative `docs/runbook.md`. Both are absolute http(s) URLs of a
+strict character set (no spaces, quotes, braces, `$`, `?` or `#`: they are written into rule annotations, which
+Prometheus expands as templates, and each alert adds its own `#anchor`). docs/monitoring.md is the reference.
 """
 
 from __future__ import annotations
@@ -35,8 +38,13 @@ from opsctl.errors import InventoryError
 from opsctl.inventory import schema as s
 from opsctl.inventory.rules import excerpt
 
-DEFAULT_RUNBOOK = "docs/runbook.md"
-_URL = re.compile(r"(?:https?://[A-Za-z0-9.-]{1,253}(?::[0-9]{1,5})?)?/?[A-Za-z0-9._~/%+@=:,-]{0,400}")
+DEFAULT_RUNBOOK = "docs/runbook.md"  # relative: only when neither runbook key is set
+RUNBOOK_PAGE = "runbook.md"
+# scheme, host name (letters, digits, dots, dashes), optional port, optional path of unreserved characters
+_URL = re.compile(
+    r"https?://(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)(?::(?P<port>[0-9]{1,5}))?"
+    r"(?P<path>/[A-Za-z0-9._~/%+@=:,-]{0,400})?"
+)
 DAY = 86400
 
 
@@ -58,7 +66,17 @@ class MonitoringConfig:
     queue_for: int = 600
     kv_usage: float = 0.95
     kv_for: int = 600
-    runbook_url: str = DEFAULT_RUNBOOK
+    runbook_url: str | None = None  # the runbook page's absolute URL
+    runbook_base_url: str | None = None  # the docs folder's absolute URL
+
+    @property
+    def runbook(self) -> str:
+        """The runbook page every alert links to (each adds its `#anchor`)."""
+        if self.runbook_url is not None:
+            return self.runbook_url
+        if self.runbook_base_url is not None:
+            return f"{self.runbook_base_url.rstrip('/')}/{RUNBOOK_PAGE}"
+        return DEFAULT_RUNBOOK
 
 
 # key -> (lo, hi): integers for seconds, numbers for ratios and thresholds
@@ -92,20 +110,38 @@ def parse_monitoring(value: Any, path: str = "monitoring") -> MonitoringConfig:
     for key, (flo, fhi) in _NUMBERS.items():
         if key in d:
             values[key] = s.number(d[key], s.join(path, key), flo, fhi)
+    if "runbook_url" in d and "runbook_base_url" in d:
+        raise InventoryError(
+            s.join(path, "runbook_url"),
+            "runbook_url and runbook_base_url are both set",
+            "keep one: runbook_base_url (the docs folder; alerts link to <base>/runbook.md) or runbook_url "
+            "(the runbook page itself)",
+        )
     if "runbook_url" in d:
-        values["runbook_url"] = runbook_url(d["runbook_url"], s.join(path, "runbook_url"))
+        values["runbook_url"] = absolute_url(d["runbook_url"], s.join(path, "runbook_url"), "the runbook page")
+    if "runbook_base_url" in d:
+        where = s.join(path, "runbook_base_url")
+        base = values["runbook_base_url"] = absolute_url(d["runbook_base_url"], where, "the docs folder")
+        if base.rstrip("/").endswith(".md"):
+            raise InventoryError(
+                where,
+                f"{excerpt(base)} names a page, not the docs folder",
+                f"write the folder that holds {RUNBOOK_PAGE}, or set runbook_url to the page instead",
+            )
     return MonitoringConfig(**values)
 
 
-def runbook_url(value: Any, path: str) -> str:
-    """An http(s) URL or a path, of letters, digits and . _ ~ / % + @ = : , - (no fragment: opsctl adds each
-    alert's)."""
+def absolute_url(value: Any, path: str, what: str) -> str:
+    """An absolute http(s) URL whose path has only letters, digits and . _ ~ / % + @ = : , - (no query, no
+    fragment: opsctl adds each alert's `#anchor`), port 1..65535."""
     if not isinstance(value, str):
         raise InventoryError(path, f"expected a string, got {s.describe(value)}")
-    if not value or not _URL.fullmatch(value):
+    match = _URL.fullmatch(value)
+    if match is None or not 1 <= int(match["port"] or 80) <= 65535:
         raise InventoryError(
             path,
-            f"{excerpt(value)} is not a plain URL",
-            "write http(s)://host/path or a path: letters, digits and . _ ~ / % + @ = : , - (no #fragment)",
+            f"{excerpt(value)} is not an absolute http(s) URL",
+            f"write the URL of {what}: http(s)://host[:port]/path of letters, digits and . _ ~ / % + @ = : , - "
+            "(no ?query or #fragment)",
         )
     return value

@@ -128,7 +128,7 @@ def recording_rules(inv: Inventory) -> dict[str, Any]:
 def _alert(
     inv: Inventory, name: str, expr: str, for_s: int, severity: str, summary: str, labels: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    url = f"{inv.monitoring.runbook_url}#{RUNBOOK_ANCHORS[name]}"
+    url = f"{inv.monitoring.runbook}#{RUNBOOK_ANCHORS[name]}"
     rule: dict[str, Any] = {"alert": name, "expr": expr, "for": _seconds(for_s)}
     rule["labels"] = {"severity": severity, **(labels or {})}
     rule["annotations"] = {"summary": summary, "runbook_url": url}

@@ -312,6 +312,29 @@ def test_promtool_test_rules_can_fail(rendered: Path) -> None:
     assert done.returncode == 1 and "OpsctlSelfCheckDisagreement" in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize(
+    ("monitoring", "link"),
+    [
+        ({"runbook_base_url": "https://git.example.com/ops/opsctl/blob/main/docs/"},
+         "https://git.example.com/ops/opsctl/blob/main/docs/runbook.md"),
+        ({"runbook_url": "https://wiki.example.com:8443/ops/opsctl-runbook.md"},
+         "https://wiki.example.com:8443/ops/opsctl-runbook.md"),
+    ],
+)  # fmt: skip
+def test_alerts_link_to_the_absolute_runbook(tmp_path: Path, monitoring: dict[str, str], link: str) -> None:
+    """With a runbook key set, a firing alert's runbook_url is absolute, as Prometheus expands it; silent alerts
+    stay silent (the self-check case above, with the links changed)."""
+    write_files(tmp_path, render_monitoring(monitor_fleet({**MONITORING, **monitoring})))
+    selfcheck = next(g for g in RULE_TESTS if g["alert_rule_test"][0]["alertname"] == "OpsctlSelfCheckDisagreement")
+    fired = _fired(HA, "critical", "h1/a: a self-check found the tree verify differs from the chain verify", "x")
+    fired["exp_annotations"]["runbook_url"] = f"{link}#opsctlselfcheckdisagreement"
+    case = {**selfcheck, "alert_rule_test": [_expect("OpsctlSelfCheckDisagreement", "1m", []),
+                                             _expect("OpsctlSelfCheckDisagreement", "3m", [fired])]}  # fmt: skip
+    spec = {"rule_files": list(RULE_FILES), "evaluation_interval": "15s", "tests": [case]}
+    (tmp_path / "links_test.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert "SUCCESS" in _promtool("test", "rules", "links_test.yml", cwd=tmp_path)
+
+
 def test_recording_windows_hold_samples_at_the_longest_scrape_interval(tmp_path: Path) -> None:
     """At `scrape_interval: 300` every window is 4 scrapes wide: tok/s, tau and TTFT are recorded (a fixed 1m or
     5m window would hold one sample or none, and the panels would go blank)."""

@@ -172,13 +172,21 @@ def test_cli_notes_a_relative_runbook_url_and_not_an_absolute_one(tmp_path: Path
     inv = tmp_path / "inv.yaml"
     inv.write_text(yaml.safe_dump(monitor_data()))
     relative = run_cli("monitor", "render", "-i", str(inv), "--out", str(tmp_path / "a"))
-    assert (
-        relative.exit_code == 0
-        and "note: the alerts' runbook_url is the relative path docs/runbook.md" in relative.stderr
+    assert relative.exit_code == 0 and (
+        "note: the alerts' runbook_url is the relative path docs/runbook.md" in relative.stderr
+        and "set monitoring.runbook_base_url" in relative.stderr
     )
-    inv.write_text(yaml.safe_dump(monitor_data({"runbook_url": "https://git.example.com/o/r/runbook.md"})))
-    absolute = run_cli("monitor", "render", "-i", str(inv), "--out", str(tmp_path / "b"))
-    assert absolute.exit_code == 0 and "note:" not in absolute.stderr
-    assert (
-        "https://git.example.com/o/r/runbook.md#opsctlservicedown" in (tmp_path / "b" / "rules/alerts.yml").read_text()
-    )
+    for key, value, link in (
+        ("runbook_url", "https://git.example.com/o/r/runbook.md", "https://git.example.com/o/r/runbook.md"),
+        ("runbook_base_url", "https://git.example.com/o/r/docs", "https://git.example.com/o/r/docs/runbook.md"),
+    ):
+        inv.write_text(yaml.safe_dump(monitor_data({key: value})))
+        absolute = run_cli("monitor", "render", "-i", str(inv), "--out", str(tmp_path / key))
+        assert absolute.exit_code == 0 and "note:" not in absolute.stderr
+        assert f"runbook_url: {link}#opsctlservicedown" in (tmp_path / key / "rules/alerts.yml").read_text()
+    both = {"runbook_url": "https://x/r.md", "runbook_base_url": "https://x/docs"}
+    inv.write_text(yaml.safe_dump(monitor_data(both)))
+    refused = run_cli("monitor", "render", "-i", str(inv), "--out", str(tmp_path / "c"))
+    assert refused.exit_code != 0 and "Traceback" not in refused.stderr + refused.stdout
+    assert "monitoring.runbook_url: runbook_url and runbook_base_url are both set" in refused.stderr
+    assert not (tmp_path / "c").exists()
