@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -11,25 +12,46 @@ import typer
 from opsctl.cli.common import JsonOpt, console, emit_json, handle_errors
 from opsctl.errors import LabError
 from opsctl.lab import LabConfig, LabReport, down, rootfs, status, up
+from opsctl.lab.config import SLOT_ENV, env_slot, slot_config
 
 SubnetOpt = Annotated[
-    str, typer.Option("--subnet", help="Private IPv4 range the lab owns (refused if it overlaps a route).")
+    str | None,
+    typer.Option(
+        "--subnet",
+        help="Private IPv4 range the lab owns (refused if it overlaps a route). "
+        "Default: 10.213.0.0/24, or 10.22N.0.0/24 with OPSCTL_LAB_SLOT=N.",
+    ),
 ]
 LabInventoryOpt = Annotated[
-    Path, typer.Option("--inventory", "-i", help="Where `up` writes the lab inventory.", show_default=True)
+    Path | None,
+    typer.Option(
+        "--inventory",
+        "-i",
+        help="Where `up` writes the lab inventory. Default: inventory/lab.yaml, or inventory/lab-N.yaml with "
+        "OPSCTL_LAB_SLOT=N.",
+    ),
 ]
-DEFAULTS = LabConfig()
-DEFAULT_SUBNET = str(DEFAULTS.subnet)
 
 
-def _config(subnet: str = DEFAULT_SUBNET, inventory: Path = DEFAULTS.inventory_path) -> LabConfig:
+def _config(subnet: str | None = None, inventory: Path | None = None) -> LabConfig:
+    """The default lab, or slot N's (OPSCTL_LAB_SLOT=N: a lab of its own beside the default one)."""
+    slot = env_slot()
+    try:
+        base = slot_config(slot)
+    except ValueError as exc:
+        raise LabError(f"{SLOT_ENV}: {exc}", f"set {SLOT_ENV} to 1-9, or unset it for the default lab") from None
+    if inventory is None:
+        inventory = Path(f"inventory/lab-{slot}.yaml") if slot else base.inventory_path
+    base = replace(base, inventory_path=inventory)
+    if subnet is None:
+        return base
     try:
         network = ipaddress.IPv4Network(subnet, strict=True)
     except ValueError as exc:
         raise LabError(f"--subnet {subnet!r} is not an IPv4 network: {exc}", "e.g. --subnet 10.213.0.0/24") from None
     if not network.is_private or network.prefixlen > 28:
         raise LabError(f"--subnet {subnet} must be a private range of at least /28")
-    return LabConfig(subnet=network, inventory_path=inventory)
+    return replace(base, subnet=network)
 
 
 def _print(report: LabReport) -> None:
@@ -54,8 +76,8 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def _up(
         hosts: Annotated[int, typer.Option("--hosts", min=1, max=32, help="Number of hosts.")] = 2,
-        subnet: SubnetOpt = DEFAULT_SUBNET,
-        inventory: LabInventoryOpt = DEFAULTS.inventory_path,
+        subnet: SubnetOpt = None,
+        inventory: LabInventoryOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Boot lab1..labN (idempotent); write the lab inventory."""

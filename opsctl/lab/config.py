@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +78,35 @@ class LabConfig:
     @property
     def state_file(self) -> Path:
         return self.state_dir / "state.json"
+
+
+# Lab N (1-9) beside the default one: `opsctl lab` and scripts/lab-journey read it from the environment, and the
+# lab tests derive their labs from it (tests/lab/lab_parts.py), so two checkouts (or a journey and a test run) on
+# one machine never share a subnet, a name, a state dir or a host dir.
+SLOT_ENV = "OPSCTL_LAB_SLOT"
+SLOTS = tuple(str(n) for n in range(1, 10))
+
+
+def slot_config(slot: str, base: LabConfig | None = None) -> LabConfig:
+    """`base` (the default lab) moved to slot `slot` ("" keeps it): subnet 10.22N.0.0/24, prefix olabN,
+    /var/lib/opsctl/lab-N and /run/opsctl-lab-N. The inventory path is the caller's."""
+    base = base or LabConfig()
+    if not slot:
+        return base
+    if slot not in SLOTS:
+        raise ValueError(f"a lab slot is one digit 1-9, got {slot[:20]!r}")
+    return dataclasses.replace(
+        base,
+        subnet=ipaddress.IPv4Network(f"10.{220 + int(slot)}.0.0/24"),
+        root_dir=base.root_dir.with_name(f"{base.root_dir.name}-{slot}"),
+        state_dir=base.state_dir.with_name(f"{base.state_dir.name}-{slot}"),
+        prefix=f"{base.prefix}{slot}",
+    )
+
+
+def env_slot() -> str:
+    """OPSCTL_LAB_SLOT as given ("" when unset); `slot_config` refuses a value that is not one digit 1-9."""
+    return os.environ.get(SLOT_ENV, "")
 
 
 def host_name(index: int) -> str:

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 from opsctl.lab import LabConfig
+from opsctl.lab.config import slot_config
 
 REPO = Path(__file__).resolve().parents[2]
 # The parts with a lab of their own: their modules, and the second octet of their subnets (10.<base + slot>).
@@ -79,15 +80,7 @@ def inventory_path() -> Path:
 
 def lab_config() -> LabConfig:
     n = slot()
-    config = LabConfig(inventory_path=inventory_path())
-    if n:
-        config = dataclasses.replace(
-            config,
-            subnet=ipaddress.IPv4Network(f"10.{220 + int(n)}.0.0/24"),
-            root_dir=config.root_dir.with_name(f"lab-{n}"),
-            state_dir=config.state_dir.with_name(f"opsctl-lab-{n}"),
-            prefix=f"olab{n}",
-        )
+    config = slot_config(n, LabConfig(inventory_path=inventory_path()))  # the slot's lab, as `opsctl lab` sees it
     which = part()
     if which in OWN_LABS:
         base = OWN_LABS[which][1]

@@ -73,3 +73,35 @@ def test_a_bad_part_or_slot_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("OPSCTL_LAB_SLOT", "10")
     with pytest.raises(lab_parts.LabEnvError, match=r"^OPSCTL_LAB_SLOT must be one digit 1-9, got '10'$"):
         lab_parts.slot()
+
+
+def test_the_cli_and_the_lab_tests_see_one_lab_per_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`OPSCTL_LAB_SLOT=N opsctl lab ...` (scripts/lab-journey) works on the lab the tier's tests use in slot N."""
+    from opsctl.cli.lab import _config
+
+    monkeypatch.setenv("OPSCTL_LAB_PART", "")
+    for slot in ["", *map(str, range(1, 10))]:
+        monkeypatch.setenv("OPSCTL_LAB_SLOT", slot)
+        cli, tests = _config(), lab_parts.lab_config()
+        assert (cli.subnet, cli.prefix, cli.root_dir, cli.state_dir) == (
+            tests.subnet, tests.prefix, tests.root_dir, tests.state_dir,
+        )  # fmt: skip
+        assert str(cli.inventory_path) == (f"inventory/lab-{slot}.yaml" if slot else "inventory/lab.yaml")
+    monkeypatch.setenv("OPSCTL_LAB_SLOT", "2")
+    assert (str(_config().subnet), _config().prefix, _config().state_dir.name) == (
+        "10.222.0.0/24",
+        "olab2",
+        "opsctl-lab-2",
+    )
+    assert str(_config("10.199.0.0/24").subnet) == "10.199.0.0/24"  # --subnet still wins
+
+
+def test_the_cli_refuses_a_bad_slot_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opsctl.cli.lab import _config
+    from opsctl.errors import LabError
+
+    monkeypatch.setenv("OPSCTL_LAB_SLOT", "x; rm -rf /")
+    with pytest.raises(LabError) as info:
+        _config()
+    assert info.value.one_line().startswith("OPSCTL_LAB_SLOT: a lab slot is one digit 1-9, got 'x; rm -rf /'")
+    assert "\n" not in info.value.one_line()
