@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# dev/sglang_gpu/h200_issue45.sh: the H200 jobs behind the replayed-acceptance tables (docs/runtime-perf.md, "How
-# to reproduce / pending GPU run"). Each GPU step is one job of at most 600 s on the GPU machine, with .cache/gpu-45
+# dev/sglang_gpu/h200_replayed_acceptance.sh: the H200 jobs behind the replayed-acceptance tables (docs/runtime-perf.md, "How
+# to reproduce / pending GPU run"). Each GPU step is one job of at most 600 s on the GPU machine, with .cache/gpu-replayed
 # copied there and the job's $OUT copied back; a warm
 # machine keeps /tmp (the pairs built by content hash, the installed wheels, Triton's cache), a cold one builds
 # the pairs again (~190 s) inside the step's deadline.
 #
-#   bash dev/sglang_gpu/h200_issue45.sh stage             # here: wheels, corpus wheels, HEAD's opsctl + runtime
-#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh record hybrid   # GPU: recorded rounds + paths of a pair
-#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh record dense
-#   bash dev/sglang_gpu/h200_issue45.sh carry <dir>  # here: the record jobs' returned $OUT paths into the copy
-#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh shape hybrid a  # GPU: 27B shape, baseline, DFLASH, tree15
-#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh shape hybrid b  # GPU: 27B shape, tree7, tree31
-#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh shape dense ab  # GPU: 8B shape, all five
-#   bash .cache/gpu-45/dev/sglang_gpu/h200_issue45.sh pairs hybrid 0  # GPU: one round of the pairs (0, 1, 2)
+#   bash dev/sglang_gpu/h200_replayed_acceptance.sh stage             # here: wheels, corpus wheels, HEAD's opsctl + runtime
+#   bash .cache/gpu-replayed/dev/sglang_gpu/h200_replayed_acceptance.sh record hybrid   # GPU: recorded rounds + paths of a pair
+#   bash .cache/gpu-replayed/dev/sglang_gpu/h200_replayed_acceptance.sh record dense
+#   bash dev/sglang_gpu/h200_replayed_acceptance.sh carry <dir>  # here: the record jobs' returned $OUT paths into the copy
+#   bash .cache/gpu-replayed/dev/sglang_gpu/h200_replayed_acceptance.sh shape hybrid a  # GPU: 27B shape, baseline, DFLASH, tree15
+#   bash .cache/gpu-replayed/dev/sglang_gpu/h200_replayed_acceptance.sh shape hybrid b  # GPU: 27B shape, tree7, tree31
+#   bash .cache/gpu-replayed/dev/sglang_gpu/h200_replayed_acceptance.sh shape dense ab  # GPU: 8B shape, all five
+#   bash .cache/gpu-replayed/dev/sglang_gpu/h200_replayed_acceptance.sh pairs hybrid 0  # GPU: one round of the pairs (0, 1, 2)
 #   ...                                                                # (pairs hybrid 1, 2; pairs dense 0, 1, 2)
-#   bash dev/sglang_gpu/h200_issue45.sh report <dir>      # here: every table from the jobs' returned files
+#   bash dev/sglang_gpu/h200_replayed_acceptance.sh report <dir>      # here: every table from the jobs' returned files
 #
 # Results under $OUT: record-<pair>.tgz (rounds-<pair>.json, paths-<pair>.json, the JSON of the run) and
 # paths-<pair>.json beside it, cost-*.json, pairs-<pair>-<round>.json, each step's log. The record step's paths
@@ -22,7 +22,7 @@
 # the shape step's replay (DDTREE_REPLAY_ACCEPTANCE) builds every round's tree from those and walks the path in
 # it. A ddtree-paths/1 file (paths only) replays paths in the random drafter's trees: shallower, so record again.
 set -euo pipefail
-D=.cache/gpu-45
+D=.cache/gpu-replayed
 case "${1:-}" in
 stage)
     cd "$(dirname "$0")/../.."
@@ -38,7 +38,7 @@ stage)
     ;;
 carry)  # the recorded paths files of the record steps, into the staged copy (the shape steps read them there)
     cd "$(dirname "$0")/../.."
-    find "${2:?the directory the record jobs' \$OUT came back to}" -name 'paths-*.json' -exec cp {} "$D/paths/" \;
+    find "${2:?the directory holding the returned files of the record jobs}" -name 'paths-*.json' -exec cp {} "$D/paths/" \;
     ls -la "$D/paths"
     ;;
 record | shape | pairs)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dev/sglang_gpu/h200_issue12_18.sh: the H200 run behind docs/runtime-perf.md ("fused") and docs/sglang.md
+# dev/sglang_gpu/h200_fused_cost.sh: the H200 run behind docs/runtime-perf.md ("fused") and docs/sglang.md
 # ("Cost at real shapes"), in priority order, each step time-boxed; results under $OUT:
 # 1. fused planner: runtime/bench/round_bench.py (per-request path, torch batched path, fused Triton path, top-k floor;
 #    parity on CUDA) -> round.json / round.log
