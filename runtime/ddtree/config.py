@@ -121,6 +121,12 @@ class DDTreeConfig:
         unsafe = get("DDTREE_ALLOW_HYBRID_UNSAFE")
         budget = _parse_int("DDTREE_BUDGET", get("DDTREE_BUDGET"), defaults.budget)
         policy = get("DDTREE_POLICY")
+        demote = _parse_flag("DDTREE_TEST_DEMOTE_SPINE", get("DDTREE_TEST_DEMOTE_SPINE") or "0")
+        benchmark = [k for k in ("DDTREE_REPLAY_ACCEPTANCE", "DDTREE_RECORD_PATHS") if get(k)]
+        if demote and benchmark:
+            # the demotion replaces the benchmark hooks (bench_hooks.RoundHooks.build): a replay or a recording
+            # would silently not happen, and its numbers would describe a drafter nobody runs
+            raise ValueError(f"DDTREE_TEST_DEMOTE_SPINE=1 cannot be combined with {benchmark[0]}: unset one of them")
         return cls(
             verify=defaults.verify if verify is None else _parse_verify("DDTREE_VERIFY", verify),
             budget=budget,
@@ -140,7 +146,7 @@ class DDTreeConfig:
             record_paths=get("DDTREE_RECORD_PATHS") or "",
             record_rounds=get("DDTREE_RECORD_ROUNDS") or "",
             test_policy=get("DDTREE_TEST_POLICY") or "",
-            test_demote_spine=_parse_flag("DDTREE_TEST_DEMOTE_SPINE", get("DDTREE_TEST_DEMOTE_SPINE") or "0"),
+            test_demote_spine=demote,
             fused_build=_parse_fused("DDTREE_FUSED_BUILD", get("DDTREE_FUSED_BUILD") or FusedBuild.AUTO.value),
         )
 

@@ -121,3 +121,10 @@ def test_spine_demotion_is_a_test_knob_production_never_renders() -> None:
     assert DDTreeConfig.from_env(on.to_env()) == on
     with pytest.raises(ValueError, match="DDTREE_TEST_DEMOTE_SPINE"):
         DDTreeConfig.from_env({"DDTREE_TEST_DEMOTE_SPINE": "maybe"})
+
+
+@pytest.mark.parametrize("hook", ["DDTREE_REPLAY_ACCEPTANCE", "DDTREE_RECORD_PATHS"])
+def test_spine_demotion_refuses_a_replay_or_recording_it_would_silently_replace(hook: str) -> None:
+    with pytest.raises(ValueError, match=f"DDTREE_TEST_DEMOTE_SPINE=1 cannot be combined with {hook}"):
+        DDTreeConfig.from_env({"DDTREE_TEST_DEMOTE_SPINE": "1", hook: "/tmp/paths.json"})
+    assert DDTreeConfig.from_env({"DDTREE_TEST_DEMOTE_SPINE": "0", hook: "/tmp/paths.json"}).test_demote_spine is False

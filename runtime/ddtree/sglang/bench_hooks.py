@@ -8,7 +8,8 @@ scores, the walk steered along the recorded paths) and the path recording (`DDTR
 each round's trees were planned from, and its accepted paths). What a paths file holds and how the replay
 steers are `ddtree.sglang.replay`'s; opsctl never renders either variable. `SpineDemotion`
 (`DDTREE_TEST_DEMOTE_SPINE`, tests only) swaps the drafter's first two choices at the first depth, so a tree
-accepts off its spine whenever the drafter's first choice was right, on any tiny model's build.
+accepts off its spine whenever the drafter's first choice was right, on any tiny model's build; the
+configuration refuses it beside a replay or a recording, which it would replace.
 """
 
 from __future__ import annotations
