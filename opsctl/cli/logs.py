@@ -81,6 +81,7 @@ def register(app: typer.Typer) -> None:
         outcomes = read_logs(pairs, query, connect, forks)
         failed = False
         collected: dict[str, list[str]] = {}
+        left_out: dict[str, int] = {}  # source -> older lines of the --since window that the line limit cut
         for outcome in outcomes:
             if outcome.error is not None:
                 console.print(f"[bold red]{escape(host_line(outcome.host, outcome.error.one_line()))}[/]", markup=True)
@@ -91,9 +92,10 @@ def register(app: typer.Typer) -> None:
                 continue
             collected[outcome.host] = [_ANSI.sub("", line) for line in page.lines]
             if page.left_out:
+                left_out[outcome.host] = page.left_out
                 console.print(_left_out_line(outcome.host, page.left_out, len(page.lines), since), markup=False)
         if show_metrics:
-            _metrics(collected, as_json)
+            _metrics(collected, left_out, as_json)
         elif as_json:
             emit_json([{"source": k, "line": line} for k, v in collected.items() for line in v])
         else:
@@ -117,7 +119,7 @@ def _left_out_line(label: str, left_out: int, shown: int, since: str | None) -> 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _metrics(collected: dict[str, list[str]], as_json: bool) -> None:
+def _metrics(collected: dict[str, list[str]], left_out: dict[str, int], as_json: bool) -> None:
     rows = []
     summaries = {}
     for label, found in collected.items():
@@ -130,6 +132,7 @@ def _metrics(collected: dict[str, list[str]], as_json: bool) -> None:
         emit_json(
             {
                 "summary": summaries,
+                "left_out": left_out,  # what the summary does not cover (stderr says it too)
                 "lines": [{"source": label, "time": when, "record": r} for label, when, r in rows],
             }
         )

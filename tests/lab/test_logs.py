@@ -68,6 +68,7 @@ def test_logs_since_shows_the_latest_lines_of_the_window_and_says_what_it_cut(
     assert summary["last_metrics"]["tau"] == 1 + METRICS / 1000 and summary["last_metrics"]["rounds"] == METRICS
     matching = int(remote_run(inv, "lab1", sh(f"{count.replace(' | wc -l', '')} | grep -cE 'DDTREE |Decode batch'")))
     assert f"{matching - 200} older left out" in tau.stderr and matching >= METRICS
+    assert json.loads(tau.stdout)["left_out"] == {f"lab1/{name}": matching - 200}
 
     bad = opsctl("logs", "-i", str(inv), name, "--since", "not a time")
     assert bad.returncode == 1 and "lab1" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr[-2000:]
