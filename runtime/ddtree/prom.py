@@ -34,10 +34,15 @@ if TYPE_CHECKING:
 
     from ddtree.policy import PolicySnapshot
 
+# A decode round's `kind` says which verify made its tokens, in every mode: `tree` (the whole tree in one forward),
+# `chain` (the shape policy chose DFLASH's chain) or `dflash` (DFLASH's chain verify for another reason: `reason`).
 RoundKind = Literal["tree", "chain", "dflash"]
+RoundLabels = tuple[RoundKind, str]  # (kind, reason); reason "" but for `dflash`
 # Why a decode round ran DFLASH's chain verify instead of a tree: the label value by the start of the worker's
-# reason text (ddtree.sglang.request_kinds.dflash_round_reason; "self-check" after a failed self-check)
+# reason text (ddtree.sglang.request_kinds.dflash_round_reason; "self-check" after a failed self-check; "shadow"
+# for every decode round of a shadow service, which verifies the spine and builds its trees only to report them)
 DFLASH_REASONS: dict[str, str] = {
+    "shadow": "shadow",
     "sampling": "sampling",
     "grammar": "grammar",
     "log-prob": "logprob",
@@ -59,11 +64,11 @@ class DDTreeProm:
         self,
         registry: CollectorRegistry,
         model_name: str,
-        kind_of_round: Callable[[RoundStats], RoundKind] | None = None,
+        kind_of_round: Callable[[RoundStats], RoundLabels] | None = None,
     ) -> None:
         """`kind_of_round`: an engine whose every recorded round is one decode round (the reference engine,
-        batch 1) counts `ddtree_decode_rounds_total` in `observe`, of the kind this gives the round; SGLang's worker
-        counts its batches itself (`decode_round`)."""
+        batch 1) counts `ddtree_decode_rounds_total` in `observe`, with the (kind, reason) this gives the round;
+        SGLang's workers count their batches themselves (`decode_round`)."""
         # imported here: prometheus_client picks its multiprocess value class at import, from the environment
         # SGLang sets up before the scheduler starts; and the runtime's core needs no prometheus_client
         from prometheus_client import Counter, Gauge, Histogram
@@ -100,7 +105,8 @@ class DDTreeProm:
         self._width = histogram("ddtree_tree_width", "Most nodes at one depth per request-round.", WIDTH_BUCKETS)
         kinds = counter(
             "ddtree_decode_rounds",
-            "Greedy-eligible decode rounds (batches) by kind: tree, chain (the policy's), dflash (a fallback).",
+            "Decode rounds (batches) by the verify that made their tokens: tree, chain (the policy's), dflash "
+            "(DFLASH's chain verify; reason: shadow, or why a tree round could not run).",
             ("kind", "reason"),
         )
         self._kinds: dict[tuple[str, str], Any] = {("tree", ""): kinds.labels(m, "tree", "")}
@@ -141,8 +147,8 @@ class DDTreeProm:
         observe_counts(self._depth, Counter(r.depth for r in window))
         observe_counts(self._width, Counter(r.width for r in window if r.width > 0))
         if self._kind_of_round is not None:
-            for kind, n in Counter(self._kind_of_round(r) for r in window).items():
-                self._kinds[(kind, "")].inc(n)
+            for labels, n in Counter(self._kind_of_round(r) for r in window).items():
+                self._kinds[labels].inc(n)
 
     def decode_round(self, kind: RoundKind, why: str = "") -> None:
         """One decode round (a batch) of `kind`; `why` (a `dflash` round's) is the worker's reason text, mapped

@@ -160,6 +160,21 @@ def test_policy_state_and_decode_round_kinds() -> None:
     assert _value(s, "ddtree_selfcheck_failed") == 1
 
 
+def test_rounds_are_counted_with_the_labels_the_engine_gives_them() -> None:
+    """An engine whose rounds are decode rounds (the reference server) labels each: a shadow service's are
+    DFLASH's chain verify (`dflash`, `shadow`), never `tree`; a `tree` label counts only trees verified whole."""
+    registry = CollectorRegistry()
+    rounds = _random_rounds(7, 3)
+    labels = {id(r): ("dflash", "shadow") if i % 3 else ("chain", "") for i, r in enumerate(rounds)}
+    prom = DDTreeProm(registry, "m", kind_of_round=lambda r: labels[id(r)])  # type: ignore[arg-type]
+    prom.observe_window(rounds)
+    s = _samples(registry)
+    assert _value(s, "ddtree_decode_rounds_total", kind="dflash", reason="shadow") == 4
+    assert _value(s, "ddtree_decode_rounds_total", kind="chain", reason="") == 3
+    assert _value(s, "ddtree_decode_rounds_total", kind="tree", reason="") == 0
+    assert _value(s, "ddtree_rounds_total") == 7
+
+
 def test_sglang_sink_only_with_the_multiprocess_directory() -> None:
     assert prom_glue.sglang_sink({}) is None
     assert prom_glue.sglang_sink({"PROMETHEUS_MULTIPROC_DIR": ""}) is None
@@ -187,6 +202,8 @@ SGLANG_PROCESS = textwrap.dedent(
     prom_glue.note_round(True, "", "", policy=False)  # prefill: not a decode round
     prom_glue.note_round(False, "log-prob requests", "", policy=False)
     prom_glue.note_round(False, "", "self-check round 9: request 0 ...", policy=False)
+    for prefill in (False, True, False):  # a shadow worker's forwards: two decode rounds and a prefill
+        prom_glue.note_shadow_round(prefill)
     print(json.dumps([log.prom is prom.default_sink(), log.prom is not None]))
     """
 )
@@ -221,4 +238,5 @@ def test_multiprocess_files_reach_sglangs_collector(tmp_path: Path) -> None:
     assert v("ddtree_decode_rounds_total", kind="tree", reason="") == 1
     assert v("ddtree_decode_rounds_total", kind="dflash", reason="logprob") == 1
     assert v("ddtree_decode_rounds_total", kind="dflash", reason="selfcheck") == 1
+    assert v("ddtree_decode_rounds_total", kind="dflash", reason="shadow") == 2
     assert v("ddtree_selfcheck_failed") == 1

@@ -252,6 +252,25 @@ def test_metrics_and_log_lines(reference_servers: ServerPool, arch: str) -> None
     assert re.search(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] Decode batch, ", s.stderr(), re.M)
 
 
+@pytest.mark.parametrize("mode", ["shadow", "tree"])
+def test_decode_rounds_are_labelled_by_the_verify_that_made_their_tokens(
+    reference_servers: ServerPool, mode: str
+) -> None:
+    """A shadow service verifies the spine (DFLASH's chain) and builds its trees only to report them: every decode
+    round it counts is `dflash` with reason `shadow`, none `tree`; a tree service's are `tree`. Both count one
+    decode round per request-round (batch 1), and the tree statistics (rounds, nodes) of both move."""
+    s = reference_servers("dense", mode)
+    _generate(s, s.chat_ids("Count to three.", thinking=False), 16)
+    families = text_string_to_metric_families(s.get("/metrics").text)
+    samples = {(x.name, tuple(sorted(x.labels.items()))): x.value for f in families for x in f.samples}
+    kinds = {(dict(k)["kind"], dict(k)["reason"]): v for (name, k), v in samples.items()
+             if name == "ddtree_decode_rounds_total" and v > 0}  # fmt: skip
+    rounds = samples[("ddtree_rounds_total", (("model_name", "tiny"),))]
+    nodes = samples[("ddtree_tree_nodes_sum", (("model_name", "tiny"),))]
+    assert rounds > 0 and nodes >= rounds  # the trees were built and counted as request-rounds
+    assert kinds == {("dflash", "shadow") if mode == "shadow" else ("tree", ""): rounds}, kinds
+
+
 def test_sigterm_finishes_in_flight_request_and_exits_0(tiny_dense: Any, tmp_path: Path) -> None:
     s = ServeProcess.start(Path(tiny_dense), "baseline", tmp_path)
     try:

@@ -229,7 +229,14 @@ def engine_runs(tiny_dense: Path, dense_reference: Reference, sglang_engine: Eng
         # the other modes use, so each of them is also compared with it exactly (same engine, same dtype)
         "baseline": ({}, [prompts], BASELINE_TOKENS, {}, {}),
         "dflash": ({"speculative_algorithm": "DFLASH", **draft}, [chat, chat[:1]], NEW_TOKENS, {}, {}),
-        "ddtree": ({"speculative_algorithm": "DDTREE", **draft}, [chat], NEW_TOKENS, SHADOW_ENV, {}),
+        # shadow, with --enable-metrics: its decode rounds on /metrics (test_shadow_decode_rounds_are_dflash_rounds)
+        "ddtree": (
+            {"speculative_algorithm": "DDTREE", **draft, "enable_metrics": True},
+            [chat],
+            NEW_TOKENS,
+            SHADOW_ENV,
+            {},
+        ),
         # tree: three requests batched, then one alone, then the mixed batch
         "tree": (
             {"speculative_algorithm": "DDTREE", **draft},
@@ -452,6 +459,36 @@ def test_ddtree_shadow_engine_matches_baseline_and_transformers_and_logs_tree_st
         assert stats["rounds"] >= 1 and stats["tokens"] >= stats["rounds"]
         assert 1 <= stats["depth"] <= DRAFT_BLOCK - 1  # no deeper than the draft block's rows
         assert stats["width"] >= 1
+
+
+@needs_sglang
+def test_shadow_decode_rounds_are_dflash_rounds(engine_runs: Launcher) -> None:
+    """A shadow service serves DFLASH's chain verify and builds its trees only to report them: on /metrics every
+    decode round it ran is `kind="dflash", reason="shadow"` (none `tree` or `chain`), while its trees are the
+    request-rounds of `ddtree_rounds_total` and the tree histograms, as its DDTREE metrics lines say."""
+    from opsctl import promtext
+
+    result, log = engine_runs("ddtree")
+    text = result.get("metrics")
+    assert text, "no ddtree_* series on /metrics"
+    scrape = promtext.parse(text)
+    lines = metrics_lines(log)
+    assert lines, log[-4000:]
+
+    def total(name: str, **where: str) -> float:
+        value = scrape.total(name, where)
+        assert value is not None, f"{name} {where} is not on /metrics"
+        return value
+
+    rounds = int(lines[-1]["rounds"])
+    assert total("ddtree_rounds_total") == rounds and total("ddtree_tree_nodes_count") == rounds
+    shadow = total("ddtree_decode_rounds_total", kind="dflash", reason="shadow")
+    print(f"shadow: {shadow:.0f} decode rounds (dflash/shadow), {rounds} request-rounds in the lines")
+    assert total("ddtree_decode_rounds_total") == shadow  # no tree, chain or other dflash round
+    # one batch of len(CHAT) requests: each decode round holds 1..len(CHAT) request-rounds, and the rounds after
+    # the last line are on /metrics at once and in a line only when it is written (< log interval of them)
+    interval = int(SHADOW_ENV["DDTREE_LOG_INTERVAL"])
+    assert rounds / len(CHAT) <= shadow <= rounds + interval - 1, (shadow, rounds)
 
 
 def assert_logprobs_close(name: str, got: dict[str, Any], want: dict[str, Any]) -> None:

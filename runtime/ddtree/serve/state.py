@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
 from ddtree.modes import Mode
-from ddtree.prom import DDTreeProm, RoundKind
+from ddtree.prom import DDTreeProm, RoundLabels
 from ddtree.serve import faults
 from ddtree.serve.args import HOLD_LOADING_ENV, ServerArgs
 from ddtree.serve.loader import ModelInfo, load_engine, stop_ids
@@ -195,13 +195,18 @@ def _version() -> str:
 def _export_ddtree(engine: Any, stats: ServerStats, model_name: str) -> None:
     """The engine's DDTREE rounds as `ddtree_*` series on /metrics (ddtree.prom), beside the `sglang:*` ones,
     from before the warm-up: the series count every round the DDTREE lines do. One round of this engine is one
-    decode round (batch 1): `chain` when the shape policy ran its chain (one node per depth), else `tree`."""
+    decode round (batch 1), labelled by the verify that made its tokens: a shadow service's is DFLASH's chain
+    (`dflash`, reason `shadow`: the tree is built only for the statistics); a tree service's `chain` when the
+    shape policy ran its chain (one node per depth), else `tree`."""
     log_ = getattr(engine, "metrics", None)
     if log_ is None:  # baseline and linear: no DDTREE rounds, no lines, no series
         return
     with_policy = getattr(engine, "policy", None) is not None
+    verifies_tree = engine.mode.spec.verifies_tree
 
-    def kind(stats: RoundStats) -> RoundKind:
-        return "chain" if with_policy and stats.width == 1 else "tree"
+    def kind(stats: RoundStats) -> RoundLabels:
+        if not verifies_tree:
+            return ("dflash", "shadow")
+        return ("chain", "") if with_policy and stats.width == 1 else ("tree", "")
 
     log_.prom = DDTreeProm(stats.registry, model_name, kind_of_round=kind)

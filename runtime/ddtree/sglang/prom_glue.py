@@ -6,7 +6,7 @@ there, and the HTTP server's `/metrics` collects them. `sglang_sink` follows tha
 directory is set, on a private registry (the files are what counts; a second registration in the default one
 would clash), and only on tensor-parallel rank 0, the rank that writes the DDTREE lines, so no count is
 multiplied by the TP size. `register()` (ddtree.sglang.plugin) installs it as the process's default: every
-`MetricsLog` and `note_round` call in the process uses the same sink.
+`MetricsLog`, `note_round` and `note_shadow_round` call in the process uses the same sink.
 
 sglang is imported inside functions only.
 """
@@ -69,3 +69,13 @@ def note_round(dflash_round: bool, why: str, fallback: str, policy: bool) -> Non
         sink.decode_round("dflash", why)
     elif not policy:
         sink.decode_round("tree")
+
+
+def note_shadow_round(dflash_round: bool) -> None:
+    """The shadow worker's decode-round hook, once per `forward_batch_generation`: `dflash_round` (prefill or
+    idle) is not a decode round. Every decode round of a shadow service is DFLASH's chain verify (the mode
+    verifies the spine): kind `dflash`, reason `shadow`. The trees it builds to compare are the request-rounds of
+    `ddtree_rounds_total` and the tree histograms, never a `tree` decode round."""
+    sink = default_sink()
+    if sink is not None and not dflash_round:
+        sink.decode_round("dflash", "shadow")

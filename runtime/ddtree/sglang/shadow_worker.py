@@ -17,6 +17,7 @@ from ddtree.config import process_config
 from ddtree.metrics import MetricsLog
 from ddtree.sglang.compat import attribute_refusal
 from ddtree.sglang.gates import hybrid_mode
+from ddtree.sglang.prom_glue import note_shadow_round
 from ddtree.sglang.shadow import DraftObservation, observe_draft, observe_draft_sharded
 from ddtree.sglang.vocab_parallel import HeadShard, head_shard
 from ddtree.stats import round_stats
@@ -77,6 +78,8 @@ class DDTreeShadowWorker(DFlashWorkerV2):  # type: ignore[misc]
 
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         self._ddtree_obs = None
+        # ddtree_decode_rounds_total: a decode round (not prefill, not idle), DFLASH's chain verify
+        note_shadow_round(batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
         t0 = time.perf_counter()
         result = super().forward_batch_generation(batch, *args, **kwargs)
         obs, self._ddtree_obs = self._ddtree_obs, None
