@@ -3,9 +3,10 @@ deploy time (`Manifest.files`: sha256 of each file as rendered, the API key as `
 by hand, or a server.yaml changed under a release, is found by `status` (one line per difference) instead of a
 `status` that exits 0 and a `deploy` that calls the release unchanged.
 
-The host hashes each file itself (one command, nothing copied back): server.yaml's `api-key:` line is masked
-there as the renderer masks it, so the digest of a file that holds the key is comparable with the recorded one
-and the key never leaves the host. The comparison is pure.
+The host hashes each file itself (one command, nothing copied back): server.yaml's `api-key:` line and the
+element after `"--api-key"` in a router's router.json are masked there as the renderers mask them, so the digest
+of a file that holds the key is comparable with the recorded one and the key never leaves the host. The
+comparison is pure.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from opsctl.remote.base import Connection
 
 INSTALLED = "installed unit"
 _MASKED_KEY = 'api-key: "***"'  # opsctl.render's masked server.yaml line
+_JSON_KEY = r'("--api-key",\n *)"(?:[^"\\]|\\.)*"'  # the key in router.json (json.dumps, indent=1): a JSON string
 
 # argv: label=path pairs; prints `label<TAB>sha256` (or `-` when the file is absent) per pair
 _HASH = (
@@ -32,6 +34,8 @@ _HASH = (
     "        print(label + '\\t-'); continue\n"
     "    if path.endswith('.yaml'):\n"
     "        text = re.sub(r'(?m)^api-key:.*$', MASKED, text)\n"
+    "    if path.endswith('.json'):\n"
+    "        text = re.sub(JSON_KEY, lambda m: m.group(1) + '\"***\"', text)\n"
     "    print(label + '\\t' + hashlib.sha256(text.encode()).hexdigest())\n"
 )
 
@@ -40,7 +44,7 @@ def hash_cmd(paths: ServicePaths, releases: Mapping[str, Sequence[str]]) -> Cmd:
     """sha256 of each named file of each release (`<release>/<name>`) and of the installed unit."""
     pairs = [f"{rid}/{name}={paths.release_file(rid, name)}" for rid, names in releases.items() for name in names]
     pairs.append(f"{INSTALLED}={paths.installed_unit}")
-    code = f"MASKED = {_MASKED_KEY!r}\n{_HASH}"
+    code = f"MASKED = {_MASKED_KEY!r}\nJSON_KEY = {_JSON_KEY!r}\n{_HASH}"
     return Cmd.of("python3", "-c", code, *pairs, sudo=True)
 
 

@@ -14,23 +14,23 @@ from dataclasses import dataclass, field, replace
 
 from opsctl import __version__, artifact, health, logs, systemd
 from opsctl.commands import Cmd
-from opsctl.deploy import argcheck, corridor, drift, guards, pending, preflight, release, secret_fp
+from opsctl.deploy import argcheck, corridor, drift, guards, preflight, release, secret_fp, skeleton
 from opsctl.deploy.context import LIVE_TIMEOUT_S, ServiceContext
 from opsctl.deploy.outcome import Outcome
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
 from opsctl.deploy.staged import StagedRelease
-from opsctl.errors import CommandTimeout, DeployError, OpsctlError, UnreachableError, without_prefixes
+from opsctl.errors import DeployError, OpsctlError
 from opsctl.facts import modelcheck
 from opsctl.inventory.model import Engine
-from opsctl.kernel.gate import GateConfig, GateResult, Interrupted, health_gate
+from opsctl.kernel.gate import GateConfig, GateResult, health_gate
 from opsctl.progress import Ticker
+from opsctl.remote.base import Connection
 from opsctl.render import SERVER_MODULE
 from opsctl.secrets import SecretError
 from opsctl.smoke import smoke_service
 from opsctl.wheel import RuntimeWheel
 
 JOURNAL_TAIL_LINES = 30
-NOT_SWITCHED = "interrupted before the switch"  # a reason that needs no rollback: nothing live changed
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,7 @@ class ServiceRelease:
     ctx: ServiceContext
     settings: DeploySettings
     noun: str = "service"
+    gates: str = "health, smoke"
 
     @property
     def paths(self) -> ServicePaths:
@@ -182,7 +183,7 @@ class ServiceRelease:
             )
         gate = _gate(self.ctx, settings, baseline, cancellable=not restoring)
         if gate.ok and settings.smoke:  # a release goes back into service only after the same gates as a deploy
-            failed = _smoke(self.ctx, ServiceResult(self.ctx.host.name, self.ctx.service.name, Outcome.FAILED))
+            failed = _smoke(self.ctx, {})
             if failed:
                 return False, failed, gate.time_to_healthy or 0.0
         return gate.ok, gate.reason, gate.time_to_healthy or 0.0
@@ -204,6 +205,10 @@ class ServiceRelease:
 
     def audit(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
         self.ctx.audit(action, release_id, result, detail)
+
+    def before_live(self) -> None:
+        if self.ctx.before_live is not None:
+            self.ctx.before_live()  # out of its routers first (an error: nothing was switched)
 
 
 def _plan(ctx: ServiceContext, facts: ReleaseFacts, staged: StagedRelease) -> list[str]:
@@ -256,128 +261,114 @@ def _secrets_rotated(ctx: ServiceContext, staged: StagedRelease, current: str, p
 
 
 def deploy_service(ctx: ServiceContext, wheel: RuntimeWheel, settings: DeploySettings) -> ServiceResult:
-    """Render -> unchanged? -> plan? -> stage -> go live -> (roll back). Each step is a function below."""
-    start = time.monotonic()
-    result = ServiceResult(ctx.host.name, ctx.service.name, Outcome.FAILED)
+    """The deploy walk (`skeleton.deploy`) with the service's side (`ServiceDeploy`)."""
     ctx.say("reading the host's releases and models")
-    facts = read_facts(ctx)
-    result.previous = facts.current
-    staged, chash = render_release(ctx, wheel, facts)
-    verdicts = guards.model_verdicts(ctx)
-    guards.refuse_damaged(ctx, verdicts)  # a corrupt model: restarting anything only makes it an outage
-    same_config = facts.current is not None and facts.current_hash == chash and not settings.force
-    rotated = same_config and _secrets_rotated(ctx, staged, str(facts.current), settings.plan)
-    # Verified model files written after the service started: restart it so it loads them.
-    stale = guards.models_changed(verdicts) if same_config and not rotated else []
-    if same_config and not rotated and not stale and facts.current_pending:
-        return pending.finish_gates(ServiceRelease(ctx, settings), facts, result)
-    # Files of the current release changed on the host (edited by hand): a new release writes them again
-    same = same_config and not rotated and not stale
-    drifted = drift.release_drift(ctx.conn, ctx.paths, [str(facts.current)], facts.current) if same else {}
-    changed = drifted.get(str(facts.current), [])
-    retired = _retire_drifted_targets(ctx, facts) if same and not settings.plan else []
-    if same and not changed:
-        done = _unchanged(ctx, settings, facts, result)
-        done.message += "".join(f"; drifted rollback target {r} marked bad" for r in retired)
-        return done
-    missing = release.missing_models(ctx.conn, ctx.service)
-    why = "; API key changed" if rotated else ""
-    why += f"; model changed under the running service ({stale[0].detail})" if stale else ""
-    why += f"; drift: {changed[0]}" + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "") if changed else ""
-    if settings.plan:
-        return _planned(ctx, facts, staged, missing, why, result)
-    _refuse_missing_models(ctx, missing)
-    if rotated:
-        ctx.say(f"API key changed since {facts.current}: deploying a new release")
-    if stale:
-        ctx.say(f"{modelcheck.describe(stale[0])}: deploying a new release to restart it")
-    for line in changed:
-        ctx.say(f"drift: {line}: deploying a new release to repair it")
-    abandoned = guards.mark_incomplete(ctx, facts)
-    if abandoned:
-        ctx.say(f"marked incomplete release {', '.join(abandoned)} BAD (its staging never finished)")
-    guards.check_free_space(ctx)
-    result.release = staged.release_id
-    ctx.audit(
-        "deploy-start", staged.release_id, "started",
-        f"previous={facts.current or '-'} mode={ctx.service.mode.value}{why}",
-    )  # fmt: skip
-    if _stage(ctx, settings, staged, wheel, facts, chash, result) and _before_live(ctx, staged.release_id, result):
-        _go_live(ctx, settings, staged.release_id, facts.current, result)
-        if changed and result.outcome is Outcome.DEPLOYED:
-            # its files are not what was deployed: no rollback target (status would name it one, and fail)
-            _mark_bad(ctx, str(facts.current), f"drift: files edited on the host; replaced by {staged.release_id}")
-            ctx.say(f"marked {facts.current} BAD: its files were edited on the host ({staged.release_id} replaces it)")
-            result.message += f"; drifted {facts.current} marked bad"
-        result.timings["total_s"] = time.monotonic() - start
-    return result
+    result = ServiceResult(ctx.host.name, ctx.service.name, Outcome.FAILED)
+    return skeleton.deploy(ServiceDeploy(ctx, settings, wheel=wheel), settings, result)
 
 
-def _retire_drifted_targets(ctx: ServiceContext, facts: ReleaseFacts) -> list[str]:
-    """A rollback target whose files changed on the host since its deploy is no target: `rollback` would restore
-    files nobody deployed, and `status` fails on it. Each is marked BAD (the release before it becomes the target,
-    and is checked the same way, at most 5 in a row); their files cannot be written again (they were rendered from
-    the inventory of their day). Returns the ids marked."""
-    retired: list[str] = []
-    for _ in range(5):
-        target = facts.rollback_target()
-        if target is None or target == facts.current:
-            break
-        lines = drift.release_drift(ctx.conn, ctx.paths, [target], facts.current).get(target, [])
-        if not lines:
-            break
-        _mark_bad(ctx, target, f"drift: {lines[0]}")
-        ctx.say(f"rollback target {target} drifted ({lines[0]}): marked BAD, so it is no rollback target")
-        retired.append(target)
-        marked = tuple(replace(r, bad=True) if r.release_id == target else r for r in facts.releases)
-        facts = replace(facts, releases=marked)
-    return retired
+@dataclass
+class ServiceDeploy(ServiceRelease):
+    """What a service's deploy adds to its release corridor (`skeleton.DeployTarget`): the staged release and
+    the runtime wheel, model checks, rotated secrets, the smoke gate, the service's plan."""
 
+    wheel: RuntimeWheel = field(kw_only=True)
+    staged_release: StagedRelease | None = field(default=None, kw_only=True)
+    verdicts: list[modelcheck.ModelVerdict] = field(default_factory=list, kw_only=True)
 
-def _before_live(ctx: ServiceContext, new_id: str, result: ServiceResult) -> bool:
-    """The caller's hook right before the switch (out of the service's routers); False: failed, nothing switched."""
-    if ctx.before_live is None:
-        return True
-    try:
-        ctx.before_live()
-    except OpsctlError as exc:
-        _mark_bad(ctx, new_id, f"not switched: {exc.message}")
-        result.outcome, result.message = Outcome.FAILED, f"nothing switched: {exc.one_line()}"
-        ctx.audit("deploy", new_id, "failed", result.message)
-        return False
-    return True
+    @property
+    def conn(self) -> Connection:
+        return self.ctx.conn
 
+    @property
+    def host_name(self) -> str:
+        return self.ctx.host.name
 
-def _unchanged(
-    ctx: ServiceContext, settings: DeploySettings, facts: ReleaseFacts, result: ServiceResult
-) -> ServiceResult:
-    """Same config as current: nothing restarts, but a service that does not serve is a failure, not success."""
-    result.outcome, result.release = Outcome.UNCHANGED, facts.current
-    result.message = f"release {facts.current}: same config, nothing restarted"
-    probe = health.probe(ctx.http, health.health_url(ctx.host, ctx.service), timeout=5.0)
-    ok = probe.ok
-    if not ok and not settings.plan:
-        ok, note = corridor.came_up(ServiceRelease(ctx, settings))
-        result.message += note
-    if not ok:
-        result.outcome = Outcome.FAILED
+    @property
+    def start_note(self) -> str:
+        return f" mode={self.ctx.service.mode.value}"
+
+    @property
+    def staged(self) -> StagedRelease:
+        if self.staged_release is None:
+            raise RuntimeError("the service's release is rendered first (ServiceDeploy.render)")
+        return self.staged_release
+
+    def read_facts(self) -> ReleaseFacts:
+        return read_facts(self.ctx)
+
+    def render(self, facts: ReleaseFacts) -> tuple[str, str]:
+        self.staged_release, chash = render_release(self.ctx, self.wheel, facts)
+        return self.staged_release.release_id, chash
+
+    def refuse_first(self) -> None:
+        self.verdicts = guards.model_verdicts(self.ctx)
+        guards.refuse_damaged(self.ctx, self.verdicts)  # a corrupt model: restarting anything only makes it an outage
+
+    def redeploy_reasons(self, facts: ReleaseFacts, plan: bool) -> list[skeleton.Reason]:
+        current = str(facts.current)
+        if _secrets_rotated(self.ctx, self.staged, current, plan):
+            return [skeleton.Reason("; API key changed", f"API key changed since {current}: deploying a new release")]
+        # Verified model files written after the service started: restart it so it loads them.
+        stale = guards.models_changed(self.verdicts)
+        if stale:
+            why = f"; model changed under the running service ({stale[0].detail})"
+            return [skeleton.Reason(why, f"{modelcheck.describe(stale[0])}: deploying a new release to restart it")]
+        return []
+
+    def probe(self) -> health.HealthProbe:
+        return health.probe(self.ctx.http, health.health_url(self.ctx.host, self.ctx.service), timeout=5.0)
+
+    def start_again(self, current: str) -> tuple[bool, str] | None:
+        return None  # a stopped service is restarted by a new release (`--force`), as its hint says
+
+    def unhealthy_hint(self, current: str) -> str:
+        ctx = self.ctx
         missing = release.missing_models(ctx.conn, ctx.service)
-        fix = (
-            guards.missing_hint(ctx.host.name, missing, guards.failed_restores(ctx.conn, ctx.service, missing))
-            if missing
-            else f"`opsctl deploy -i INVENTORY --host {ctx.host.name} --service {ctx.service.name} --force` restarts "
-            f"it (a new release), `opsctl logs -i INVENTORY --host {ctx.host.name} --service {ctx.service.name}` "
-            "shows why"
-        )
-        result.message = f"unchanged config (release {facts.current}) but /health: {probe.describe()}; {fix}"
-    if not settings.plan:
-        ctx.audit("deploy", facts.current, "unchanged" if ok else "unchanged-unhealthy")
-    return result
+        if missing:
+            return guards.missing_hint(ctx.host.name, missing, guards.failed_restores(ctx.conn, ctx.service, missing))
+        name = f"-i INVENTORY --host {ctx.host.name} --service {ctx.service.name}"
+        return f"`opsctl deploy {name} --force` restarts it (a new release), `opsctl logs {name}` shows why"
+
+    def planned(self, facts: ReleaseFacts, new_id: str, why: str, result: skeleton.Result) -> None:
+        missing = release.missing_models(self.ctx.conn, self.ctx.service)
+        _planned(self.ctx, facts, self.staged, missing, why, result)
+
+    def refuse_before_change(self) -> None:
+        _refuse_missing_models(self.ctx, release.missing_models(self.ctx.conn, self.ctx.service))
+
+    def check_cancel(self) -> None:
+        self.ctx.check_cancel()
+
+    def stage(self, new_id: str, facts: ReleaseFacts, config_hash: str) -> None:
+        _write_release(self.ctx, self.staged, self.wheel, facts, config_hash)
+
+    def live_gate(self, baseline: int, result: skeleton.Result) -> str:
+        ctx = self.ctx
+        gate = _gate(ctx, self.settings, baseline)
+        if not gate.ok:
+            return f"health gate failed: {gate.reason}"
+        result.timings["healthy_s"] = gate.time_to_healthy or 0.0
+        ctx.say(f"healthy after {gate.time_to_healthy:.1f}s; re-checked after the readiness delay")
+        reason = ""
+        if self.settings.smoke:
+            ctx.check_cancel()
+            reason = _smoke(ctx, result.timings)
+        ctx.check_cancel()
+        return reason
+
+    def audit_local(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
+        self.ctx.audit_local(action, release_id, result, detail)
 
 
 def _planned(
-    ctx: ServiceContext, facts: ReleaseFacts, staged: StagedRelease, missing: list[str], why: str, result: ServiceResult
-) -> ServiceResult:
+    ctx: ServiceContext,
+    facts: ReleaseFacts,
+    staged: StagedRelease,
+    missing: list[str],
+    why: str,
+    result: skeleton.Result,
+) -> None:
     result.outcome, result.release = Outcome.PLANNED, staged.release_id
     result.plan = _plan(ctx, facts, staged)
     result.plan += [f"WARNING model {m} is not on the host: `opsctl provision` first" for m in missing]
@@ -388,11 +379,10 @@ def _planned(
         except DeployError as exc:
             result.outcome = Outcome.FAILED
             result.message = f"pre-flight would refuse {staged.release_id}: {exc.one_line()}"
-            return result
+            return
     else:
         result.plan.append("pre-flight: at the deploy (the reference server comes with the first release)")
     result.message = f"would deploy {staged.release_id} (current: {facts.current or 'none'}{why})"
-    return result
 
 
 def _refuse_missing_models(ctx: ServiceContext, missing: list[str]) -> None:
@@ -444,33 +434,7 @@ def _write_release(
     ctx.conn.put_text(manifest.to_json(), f"{paths.release(new_id)}/{release.MANIFEST}", 0o644)
 
 
-def _stage(
-    ctx: ServiceContext, settings: DeploySettings, staged: StagedRelease, wheel: RuntimeWheel, facts: ReleaseFacts,
-    chash: str, result: ServiceResult,
-) -> bool:  # fmt: skip
-    """Stage; on failure fill `result` (nothing was switched) and return False."""
-    start, new_id = time.monotonic(), staged.release_id
-    ctx.say(f"staging {new_id}")
-    try:
-        ctx.check_cancel()
-        _write_release(ctx, staged, wheel, facts, chash)
-        result.timings["stage_s"] = time.monotonic() - start
-        return True
-    except Interrupted:
-        _mark_bad(ctx, new_id, "interrupted while staging")
-        result.outcome, result.message = Outcome.INTERRUPTED, "interrupted while staging: nothing switched"
-        ctx.audit("deploy", new_id, "interrupted", "while staging")
-    except UnreachableError as exc:
-        # The release stays incomplete on the host; the next deploy there marks it BAD (guards.mark_incomplete).
-        result.outcome, result.message = Outcome.UNREACHABLE, f"{exc.one_line()} (while staging {new_id})"
-        ctx.audit_local("deploy", new_id, "unreachable", exc.one_line())
-    except OpsctlError as exc:
-        result.message = corridor.staging_failed(ServiceRelease(ctx, settings), new_id, exc)
-        result.outcome = Outcome.FAILED
-    return False
-
-
-def _smoke(ctx: ServiceContext, result: ServiceResult) -> str:
+def _smoke(ctx: ServiceContext, timings: dict[str, float]) -> str:
     """The smoke gate; the failure reason, or "" when it passed."""
     t_smoke = time.monotonic()
     with Ticker("smoke request", out=ctx.say):
@@ -478,72 +442,11 @@ def _smoke(ctx: ServiceContext, result: ServiceResult) -> str:
             ctx.http, ctx.host.name, ctx.service.name, health.base_url(ctx.host, ctx.service),
             health.auth_headers(ctx.service.api_key), prompt=ctx.service.smoke_prompt,
         )  # fmt: skip
-    result.timings["smoke_s"] = time.monotonic() - t_smoke
+    timings["smoke_s"] = time.monotonic() - t_smoke
     if not smoke.ok:
         return "smoke gate failed: " + "; ".join(smoke.reasons)
     ctx.say(f"smoke ok: {smoke.text.strip()[:60]!r}")
     return ""
-
-
-def _switch_and_gate(ctx: ServiceContext, settings: DeploySettings, new_id: str, result: ServiceResult) -> str:
-    """Switch to the new release, restart, health gate, smoke gate; the failure reason, or "" when live."""
-    if ctx.cancel.is_set():
-        return NOT_SWITCHED
-    try:
-        ctx.say(f"switching to {new_id} and restarting {ctx.paths.unit_name}")
-        ctx.run(release.mark_pending_cmd(ctx.paths, new_id))  # untested until its gates pass
-        t_restart = time.monotonic()
-        baseline = _restart(ctx, new_id)
-        result.timings["restart_s"] = time.monotonic() - t_restart
-        ctx.say(f"restarted in {result.timings['restart_s']:.1f}s; health gate")
-        gate = _gate(ctx, settings, baseline)
-        if not gate.ok:
-            return f"health gate failed: {gate.reason}"
-        result.timings["healthy_s"] = gate.time_to_healthy or 0.0
-        ctx.say(f"healthy after {gate.time_to_healthy:.1f}s; re-checked after the readiness delay")
-        reason = ""
-        if settings.smoke:
-            ctx.check_cancel()
-            reason = _smoke(ctx, result)
-        ctx.check_cancel()
-        return reason
-    except Interrupted:
-        return "interrupted"
-    except (UnreachableError, CommandTimeout):
-        raise
-    except OpsctlError as exc:
-        return exc.one_line()
-
-
-def _go_live(
-    ctx: ServiceContext, settings: DeploySettings, new_id: str, previous: str | None, result: ServiceResult
-) -> None:
-    """Switch and gate; then prune (deployed), or roll back to `previous` (failed), filling `result`."""
-    try:
-        reason = _switch_and_gate(ctx, settings, new_id, result)
-    except (UnreachableError, CommandTimeout) as exc:
-        said = without_prefixes(exc.one_line(), ctx.host.name, "unreachable")
-        result.outcome, result.message = Outcome.UNREACHABLE, f"host became unreachable mid-deploy: {said}"
-        ctx.audit_local("deploy", new_id, "unreachable", exc.one_line())
-        return
-    if reason == NOT_SWITCHED:
-        _mark_bad(ctx, new_id, NOT_SWITCHED)
-        result.outcome, result.message = Outcome.INTERRUPTED, f"{NOT_SWITCHED}: nothing switched"
-        ctx.audit("deploy", new_id, "interrupted", NOT_SWITCHED)
-        return
-    if not reason:
-        ctx.run(release.clear_pending_cmd(ctx.paths, new_id), check=False)
-        pruned = _prune(ctx, settings.keep)
-        result.outcome = Outcome.DEPLOYED
-        result.message = f"{new_id} (previous: {previous or 'none'})" + (
-            f"; pruned {len(pruned)} old releases" if pruned else ""
-        )
-        ctx.audit("deploy", new_id, "ok", f"previous={previous or '-'}")
-        return
-    result.journal_tail = journal_tail(ctx)
-    result.outcome, result.message = corridor.roll_back_after_failure(
-        ServiceRelease(ctx, settings), previous, new_id, reason
-    )
 
 
 def _mark_bad(ctx: ServiceContext, release_id: str, why: str) -> None:
@@ -551,17 +454,6 @@ def _mark_bad(ctx: ServiceContext, release_id: str, why: str) -> None:
         ctx.run(release.mark_bad_cmd(ctx.paths, release_id, why), check=False)
     except OpsctlError:
         pass
-
-
-def _prune(ctx: ServiceContext, keep: int) -> list[str]:
-    try:
-        facts = read_facts(ctx)
-        doomed = release.plan_prune(facts, keep)
-        if doomed:
-            ctx.run(release.remove_releases_cmd(ctx.paths, doomed))
-        return doomed
-    except OpsctlError:
-        return []
 
 
 def _untested_target(ctx: ServiceContext, entry: release.ReleaseEntry, force: bool) -> bool:

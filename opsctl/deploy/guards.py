@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from opsctl.commands import sh
+from opsctl.commands import Cmd, sh
 from opsctl.deploy import release, secret_fp
 from opsctl.errors import DeployError, FactError, OpsctlError
 from opsctl.facts import modelcheck
@@ -16,6 +16,7 @@ from opsctl.facts.system import parse_df, size_iec
 
 if TYPE_CHECKING:
     from opsctl.deploy.context import ServiceContext
+    from opsctl.deploy.release import ServicePaths
     from opsctl.inventory.model import Service
     from opsctl.remote.base import Connection
 
@@ -59,19 +60,28 @@ def check_rollback_secrets(ctx: ServiceContext, target: str, secrets: dict[str, 
         )
 
 
-def mark_incomplete(ctx: ServiceContext, facts: release.ReleaseFacts) -> list[str]:
+class _Releases(Protocol):
+    """A target's releases on its host (a service's or a router's)."""
+
+    @property
+    def paths(self) -> ServicePaths: ...
+
+    def run(self, cmd: Cmd, check: bool = True) -> str: ...
+
+
+def mark_incomplete(target: _Releases, facts: release.ReleaseFacts) -> list[str]:
     """Releases whose staging never finished (no manifest, no BAD: a host that went away mid-staging, a killed
     opsctl) are marked BAD. Called under the host's lock, so none of them is being staged right now."""
     abandoned = [r.release_id for r in facts.releases if not r.complete and not r.bad and r.release_id != facts.current]
     for rid in abandoned:
-        ctx.run(release.mark_bad_cmd(ctx.paths, rid, "incomplete: staging never finished"), check=False)
+        target.run(release.mark_bad_cmd(target.paths, rid, "incomplete: staging never finished"), check=False)
     return abandoned
 
 
-def check_free_space(ctx: ServiceContext, need: int = MIN_FREE_BYTES) -> None:
+def check_free_space(conn: Connection, host: str, paths: ServicePaths, need: int = MIN_FREE_BYTES) -> None:
     """Refuse to stage into a filesystem without room: a full disk mid-staging leaves a half-written release."""
-    root = ctx.paths.releases  # where staging writes (its own filesystem, possibly)
-    out = ctx.conn.run(
+    root = paths.releases  # where staging writes (its own filesystem, possibly)
+    out = conn.run(
         sh(f"mkdir -p {shlex.quote(root)} && df -P -B1 {shlex.quote(root)}", sudo=True), check=False, timeout=60
     )
     try:
@@ -80,9 +90,9 @@ def check_free_space(ctx: ServiceContext, need: int = MIN_FREE_BYTES) -> None:
         return  # cannot tell; staging itself will say what is wrong
     if space.available < need:
         raise DeployError(
-            f"{ctx.host.name}: only {size_iec(space.available)} free in {space.mount} ({root}), "
+            f"{host}: only {size_iec(space.available)} free in {space.mount} ({root}), "
             f"a release needs {size_iec(need)}; nothing was changed",
-            f"free space on {space.mount} (old releases in {ctx.paths.releases}, logs, caches), then deploy again",
+            f"free space on {space.mount} (old releases in {paths.releases}, logs, caches), then deploy again",
         )
 
 

@@ -1,9 +1,10 @@
 """A release whose gates never finished (`release.PENDING_MARKER`, written at the switch, removed once the health
 and smoke gates passed): the host rebooted or opsctl was killed mid-gate, and the release is `current` without
-ever having been tested. The next deploy of the same configuration is not "unchanged": it takes the service out
-of its routers, runs the gates on what runs now, and either keeps the release (the marker removed) or rolls
-back to the last release that passed its gates, marking this one BAD. `status` fails while it is so, and it is
-never a rollback target (`ReleaseFacts.rollback_target`).
+ever having been tested. The next deploy of the same configuration is not "unchanged": it runs the target's
+`before_live` hook (a service: out of its routers), runs the gates on what runs now, and either keeps the release
+(the marker removed) or rolls back to the last release that passed its gates, marking this one BAD. Services and
+routers alike (`skeleton.deploy` calls this). `status` fails while it is so, and it is never a rollback target
+(`ReleaseFacts.rollback_target`).
 """
 
 from __future__ import annotations
@@ -11,19 +12,13 @@ from __future__ import annotations
 from typing import Protocol, TypeVar
 
 from opsctl.deploy import corridor, release
-from opsctl.deploy.context import ServiceContext
 from opsctl.deploy.outcome import Outcome
 from opsctl.deploy.release import ReleaseFacts
 from opsctl.errors import OpsctlError
 
 
-class _Settings(Protocol):
-    @property
-    def plan(self) -> bool: ...
-
-
 class _Result(Protocol):
-    """What this fills of flow's ServiceResult (flow calls this module; this module never imports flow)."""
+    """What this fills of a target's result (the service's and the router's)."""
 
     release: str | None
     previous: str | None
@@ -34,31 +29,33 @@ class _Result(Protocol):
 
 class Gated(corridor.Releasable, Protocol):
     @property
-    def ctx(self) -> ServiceContext: ...
+    def gates(self) -> str:
+        """The gates a deploy runs, for messages: "health, smoke"."""
+        ...
 
-    @property
-    def settings(self) -> _Settings: ...
+    def before_live(self) -> None:
+        """Right before a release is switched to or tested (a service: out of its routers); an error: nothing
+        changed."""
+        ...
 
 
 R = TypeVar("R", bound=_Result)
 
 
-def finish_gates(target: Gated, facts: ReleaseFacts, result: R) -> R:
+def finish_gates(target: Gated, facts: ReleaseFacts, result: R, plan: bool) -> R:
     """The gates of `facts.current`, which went live and was never tested; fills and returns `result`."""
     current = str(facts.current)
     previous = facts.rollback_target()
     result.release, result.previous = current, previous
-    if target.settings.plan:
+    if plan:
         result.outcome = Outcome.PLANNED
         result.message = (
-            f"release {current} never finished its gates: run them (health, smoke) and keep it, or roll back to "
-            f"{previous or '(nothing: stop the service)'}"
+            f"release {current} never finished its gates: run them ({target.gates}) and keep it, or roll back to "
+            f"{previous or f'(nothing: stop the {target.noun})'}"
         )
         return result
     target.say(f"release {current} went live but never finished its gates: running them now")
-    ctx = target.ctx
-    if ctx.before_live is not None:
-        ctx.before_live()  # out of its routers while it is tested (an error: nothing changed)
+    target.before_live()  # a service: out of its routers while it is tested (an error: nothing changed)
     try:
         ok, why, seconds = target.gate(target.unit_state().n_restarts)
     except OpsctlError as exc:

@@ -15,7 +15,6 @@ cannot reach its workers fails its gate instead of going live serving nobody.
 from __future__ import annotations
 
 import shlex
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,12 +23,12 @@ import httpx
 
 from opsctl import __version__, systemd
 from opsctl.commands import Cmd, sh
-from opsctl.deploy import corridor, release
+from opsctl.deploy import corridor, release, skeleton
 from opsctl.deploy.outcome import Outcome
 from opsctl.deploy.preflight import looks_like_help, unknown_flags
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
-from opsctl.errors import DeployError, OpsctlError, UnreachableError
-from opsctl.health import probe
+from opsctl.errors import DeployError, OpsctlError
+from opsctl.health import HealthProbe, probe
 from opsctl.inventory.model import Inventory, Router
 from opsctl.kernel import audit
 from opsctl.kernel.gate import GateConfig, health_gate, readiness_gate
@@ -193,81 +192,85 @@ class RouterDeploy:
             f"; it was stopped: started again, healthy after {seconds:.1f}s" if ok else f"; started again: {reason}",
         )
 
-    # ------------------------------------------------------------------ deploy
-    def deploy(self, force: bool = False, plan: bool = False, keep: int = release.DEFAULT_KEEP) -> RouterResult:
-        start = time.monotonic()
-        result = RouterResult(self.host.name, self.router.name, Outcome.FAILED)
-        facts = self.facts()
-        result.previous = facts.current
+    # ------------------------------------------------------------------ the deploy walk's DeployTarget
+    gates = "health, /readiness"
+    start_note = ""
+
+    @property
+    def conn(self) -> Connection:
+        return self.remote
+
+    @property
+    def host_name(self) -> str:
+        return self.host.name
+
+    def read_facts(self) -> ReleaseFacts:
+        return self.facts()
+
+    def render(self, facts: ReleaseFacts) -> tuple[str, str]:
         chash = self.config_hash()
-        new_id = release.unused_release_id(_now(), chash, {r.release_id for r in facts.releases})
-        if facts.current is not None and facts.current_hash == chash and not force:
-            result.outcome, result.release = Outcome.UNCHANGED, facts.current
-            health = probe(self.http, router_url(self.inventory, self.router) + "/health", timeout=5.0)
-            result.message = f"release {facts.current}: same config, nothing restarted"
-            came_up, note = (False, "") if health.ok or plan else corridor.came_up(self)
-            if not (health.ok or plan or came_up) and not self._running():
-                # stopped (`systemctl stop`, out of restarts): the release it served is started again, gated
-                came_up, note = self._start_again(facts.current)
-                if came_up:
-                    result.message = f"release {facts.current}: same config"
-            if health.ok or plan or came_up:
-                result.message += note
-            else:
-                result.outcome = Outcome.FAILED
-                name = self.router.name
-                result.message = (
-                    f"unchanged config (release {facts.current}) but /health: {health.describe()}{note}; "
-                    f"`opsctl logs -i INVENTORY --router {name}` shows why; `opsctl deploy -i INVENTORY --router "
-                    f"{name} --force` deploys it as a new release"
-                )
-            return result
-        if plan:
-            rendered = render_router(self.inventory, self.router, new_id)
-            result.outcome, result.release = Outcome.PLANNED, new_id
-            result.message = f"would deploy router release {new_id} (current: {facts.current or 'none'})"
-            result.plan = [
-                f"release {facts.current or '(none)'} -> {new_id}",
-                f"install {self.lock.name} into {self.paths.site(new_id)}",
-                f"go live (its clients see a short outage while {self.paths.unit_name} restarts):",
-                *corridor.plan_lines(corridor.go_live(self.paths, new_id)),
-                "health gate; /readiness; on failure: "
-                + (f"restore {facts.current} (reset-failed, then the same steps)" if facts.current else "teardown:"),
-                *([] if facts.current else corridor.plan_lines(corridor.teardown(self.paths))),
-                "router " + " ".join(rendered.argv),
-            ]
-            return result
-        result.release = new_id
-        self.audit("deploy-start", new_id, "started", f"previous={facts.current or '-'}")
-        self.say(f"staging router release {new_id}")
-        try:
-            self._stage(new_id, chash, facts.current)
-        except UnreachableError as exc:
-            result.outcome, result.message = Outcome.UNREACHABLE, exc.one_line()
-            return result
-        except OpsctlError as exc:
-            result.message = corridor.staging_failed(self, new_id, exc)
-            return result
-        result.timings["stage_s"] = time.monotonic() - start
-        self.say(f"switching to {new_id} and restarting {self.paths.unit_name}")
-        try:
-            ok, reason, healthy_s = self._gate(self.restart(new_id))
-        except OpsctlError as exc:
-            ok, reason, healthy_s = False, exc.one_line(), 0.0
+        return release.unused_release_id(_now(), chash, {r.release_id for r in facts.releases}), chash
+
+    def refuse_first(self) -> None:
+        pass  # a router loads no model: nothing to refuse before its config is judged
+
+    def redeploy_reasons(self, facts: ReleaseFacts, plan: bool) -> list[skeleton.Reason]:
+        return []  # its secrets are in its hash (router.json); it loads no model
+
+    def probe(self) -> HealthProbe:
+        return probe(self.http, router_url(self.inventory, self.router) + "/health", timeout=5.0)
+
+    def start_again(self, current: str) -> tuple[bool, str] | None:
+        """Stopped (`systemctl stop`, out of restarts): the release it served is started again, gated."""
+        return None if self._running() else self._start_again(current)
+
+    def unhealthy_hint(self, current: str) -> str:
+        name = self.router.name
+        return (
+            f"`opsctl logs -i INVENTORY --router {name}` shows why; `opsctl deploy -i INVENTORY --router {name} "
+            "--force` deploys it as a new release"
+        )
+
+    def planned(self, facts: ReleaseFacts, new_id: str, why: str, result: skeleton.Result) -> None:
+        rendered = render_router(self.inventory, self.router, new_id)
+        result.message = f"would deploy router release {new_id} (current: {facts.current or 'none'}{why})"
+        result.plan = [
+            f"release {facts.current or '(none)'} -> {new_id}",
+            f"install {self.lock.name} into {self.paths.site(new_id)}",
+            f"go live (its clients see a short outage while {self.paths.unit_name} restarts):",
+            *corridor.plan_lines(corridor.go_live(self.paths, new_id)),
+            "health gate; /readiness; on failure: "
+            + (f"restore {facts.current} (reset-failed, then the same steps)" if facts.current else "teardown:"),
+            *([] if facts.current else corridor.plan_lines(corridor.teardown(self.paths))),
+            "router " + " ".join(rendered.argv),
+        ]
+
+    def refuse_before_change(self) -> None:
+        pass  # nothing a router needs on its host beyond what staging checks
+
+    def check_cancel(self) -> None:
+        pass  # a router's deploy is not cancelled midway (its staging is short)
+
+    def stage(self, new_id: str, facts: ReleaseFacts, config_hash: str) -> None:
+        self._stage(new_id, config_hash, facts.current)
+
+    def before_live(self) -> None:
+        pass  # its clients see a short outage while it restarts; nothing to take it out of
+
+    def live_gate(self, baseline: int, result: skeleton.Result) -> str:
+        ok, reason, healthy_s = self._gate(baseline)
         if ok:
             result.timings["healthy_s"] = healthy_s
-            doomed = release.plan_prune(self.facts(), keep)
-            if doomed:
-                self._run(release.remove_releases_cmd(self.paths, doomed), check=False)
-            result.outcome = Outcome.DEPLOYED
-            result.message = f"{new_id} (previous: {facts.current or 'none'})"
-            result.timings["total_s"] = time.monotonic() - start
-            self.audit("deploy", new_id, "ok", f"previous={facts.current or '-'}")
-            return result
-        result.journal_tail = self.journal_tail()
-        result.outcome, result.message = corridor.roll_back_after_failure(self, facts.current, new_id, reason)
-        result.timings["total_s"] = time.monotonic() - start
-        return result
+        return "" if ok else reason
+
+    def audit_local(self, action: str, release_id: str | None, result: str, detail: str = "") -> None:
+        audit.record(self.host, self.router.unit_base, action, release_id, result, detail)
+
+    # ------------------------------------------------------------------ deploy
+    def deploy(self, force: bool = False, plan: bool = False, keep: int = release.DEFAULT_KEEP) -> RouterResult:
+        """The deploy walk (`skeleton.deploy`), the same as a service's, with the router's side above."""
+        result = RouterResult(self.host.name, self.router.name, Outcome.FAILED)
+        return skeleton.deploy(self, skeleton.Options(force=force, plan=plan, keep=keep), result)
 
     def _stage(self, new_id: str, chash: str, previous: str | None) -> None:
         rendered = render_router(self.inventory, self.router, new_id, Secrets.REVEAL)
