@@ -3,7 +3,8 @@
 Order of a deploy: render -> stage the release dir -> `systemd-analyze verify` (no output allowed) -> switch
 `current` atomically -> install the unit -> daemon-reload -> restart -> health gate -> smoke gate. Any failure
 after the switch: print the unit's journal tail, switch back to the previous release, restart it, confirm it
-is healthy, mark the failed release bad. The caller holds the host's deploy lock.
+is healthy, mark the failed release bad. The caller holds the host's deploy lock. The walk itself is
+`skeleton.deploy` (shared with routers); `ServiceDeploy` is the service's side of it.
 """
 
 from __future__ import annotations

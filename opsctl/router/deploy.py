@@ -1,5 +1,7 @@
-"""Deploy (and roll back) one router on its host, like a service: releases, switch, restart, health gate,
-automatic rollback. The caller holds the host's deploy lock.
+"""Deploy (and roll back) one router on its host through the services' walk (`deploy/skeleton.py`): releases,
+the pending-gates marker, free-space, incomplete-release and drift checks, switch, restart, health gate,
+automatic rollback, the audit lines. `RouterDeploy` is the router's side of it. The caller holds the host's
+deploy lock.
 
 A router release is `/opt/opsctl/services/router-<name>/releases/<id>/` with the unit, env, router.json
 (0600), launch.py, the lock it installed (requirements.txt) and site/ (sglang-router and its dependencies,
