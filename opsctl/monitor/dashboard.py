@@ -1,4 +1,4 @@
-"""The Grafana dashboard (JSON model), one for any fleet: its size does not grow with the inventory.
+"""The Grafana dashboard, one for any fleet: its size does not grow with the inventory.
 
 Variables: `datasource` (a Prometheus data source), then `host`, `mode`, `model`, `service` and `worker`, each
 read from the `up` series of the services' scrape job (`label_values`), multi-select with `All`. Rows:
@@ -11,25 +11,37 @@ read from the `up` series of the services' scrape job (`label_values`), multi-se
   phase times, decode rounds by kind, off-spine share and self-check, the policy's shape; empty for a service that
   runs no DDTREE).
 
-Written as plain dicts: Grafana's `grafana-foundation-sdk` was weighed and not taken (docs/monitoring.md says
-why).
+What the panels show is plain data here (`Panel`: a title, a unit, PromQL queries); the JSON model is built with
+Grafana's grafana-foundation-sdk, its typed builders of the Grafana 11.6 dashboard schema (the exact version is
+pinned in pyproject.toml; docs/monitoring.md), whose layout puts the panels three to a line under each row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as builders
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from opsctl.monitor.rules import ROUTERS_JOB, SERVICES_JOB
 
-SCHEMA_VERSION = 39
 UID = "opsctl-fleet"
-PANEL_W, PANEL_H = 8, 8
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+PANEL_W, PANEL_H = 8, 8  # three panels to a line of Grafana's 24 columns
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 # what every fleet query filters on: the variables, over the labels every service series carries
 FLEET = 'host=~"$host", service=~"$service", mode=~"$mode", model=~"$model"'
 ONE = 'worker="$worker"'  # inside a repeated row: that row's service
+
+PanelBuilder = timeseries.Panel | stat.Panel | table.Panel
 
 
 @dataclass(frozen=True)
@@ -37,34 +49,38 @@ class Panel:
     title: str
     unit: str
     targets: tuple[tuple[str, str], ...]  # (expr, legend)
-    kind: str = "timeseries"  # or "stat", "table"
-    options: dict[str, Any] = field(default_factory=dict)
+    kind: Literal["timeseries", "stat", "table"] = "timeseries"  # stat and table show the last value (instant)
 
 
-def _variable(name: str, label: str, parents: str) -> dict[str, Any]:
+def _variable(name: str, label: str, parents: str) -> builders.QueryVariable:
     query = f'label_values(up{{job="{SERVICES_JOB}"{parents}}}, {name})'
-    return {
-        "name": name, "label": label, "type": "query", "datasource": DATASOURCE,
-        "query": {"query": query, "refId": f"var-{name}"}, "definition": query,
-        "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*", "sort": 1,
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "hide": 0,
-    }  # fmt: skip
+    return (
+        builders.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query({"query": query, "refId": f"var-{name}"})
+        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(model.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .current(model.VariableOption(text=["All"], value=["$__all"], selected=True))
+    )
 
 
-def variables() -> list[dict[str, Any]]:
-    source = {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"}
+def variables() -> list[Builder[model.VariableModel]]:
+    source = builders.DatasourceVariable("datasource").label("Prometheus").type("prometheus")
     chain = [("host", "host", ""), ("mode", "mode", ', host=~"$host"'), ("model", "model", ', mode=~"$mode"')]
     chain += [
         ("service", "service", ', host=~"$host", mode=~"$mode", model=~"$model"'),
         ("worker", "service (host/service)", f", {FLEET}"),
     ]
-    return [{**source, "current": {}, "hide": 0}, *(_variable(*spec) for spec in chain)]
+    return [source, *(_variable(*spec) for spec in chain)]
 
 
 def fleet_panels() -> list[Panel]:
     up = f'up{{job="{SERVICES_JOB}", {FLEET}}}'
     tau = f"sort_desc(opsctl:ddtree_tau:rate{{{FLEET}}})"
-    table = {"options": {"showHeader": True, "sortBy": [{"displayName": "Value", "desc": True}]}}
     return [
         Panel("targets up / down", "short", ((f"sum({up})", "up"), (f"count({up} == 0) or vector(0)", "down")), "stat"),
         Panel("tok/s (selected services)", "short", ((f"sum(opsctl:tok_s:rate{{{FLEET}}})", "generated"),), "stat"),
@@ -75,7 +91,7 @@ def fleet_panels() -> list[Panel]:
         Panel("alerts firing", "short", (
             ('count by (alertname) (ALERTS{alertstate="firing", alertname=~"Opsctl.*"})', "{{alertname}}"),
         ), "stat"),
-        Panel("tau per service", "short", ((tau, "{{worker}}"),), "table", table),
+        Panel("tau per service", "short", ((tau, "{{worker}}"),), "table"),
         Panel("requests aborted (share)", "percentunit", ((f"opsctl:request_errors:ratio{{{FLEET}}}", "{{worker}}"),)),
         Panel("KV cache usage", "percentunit", ((f"sglang:token_usage{{{FLEET}}}", "{{worker}}"),)),
         Panel("TTFT p95", "s", ((f"opsctl:ttft_seconds:p95{{{FLEET}}}", "{{worker}}"),)),
@@ -129,54 +145,70 @@ def service_panels() -> list[Panel]:
     ]  # fmt: skip
 
 
-def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
-    instant = panel.kind != "timeseries"
-    return {
-        "id": panel_id, "type": panel.kind, "title": panel.title, "datasource": DATASOURCE,
-        "gridPos": {"h": PANEL_H, "w": PANEL_W, "x": x, "y": y},
-        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
-        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}},
-        "targets": [
-            {"refId": chr(ord("A") + k), "expr": expr, "legendFormat": legend, "datasource": DATASOURCE,
-             "instant": instant, "range": not instant, **({"format": "table"} if panel.kind == "table" else {})}
-            for k, (expr, legend) in enumerate(panel.targets)
-        ],
-        **panel.options,
-    }  # fmt: skip
+def _panel(panel: Panel, panel_id: int) -> PanelBuilder:
+    # Table and time series panels carry their custom field config whole (Grafana's defaults: align auto, line width
+    # 1): the SDK's model reads one back with its defaults filled in, and the rendered file equals its read-back
+    builder: PanelBuilder
+    if panel.kind == "stat":
+        builder = stat.Panel()
+    elif panel.kind == "table":  # highest value first
+        sort = common_builders.TableSortByFieldState().display_name("Value").desc(True)
+        builder = table.Panel().show_header(True).sort_by([sort]).align(common.FieldTextAlignment.AUTO)
+    else:
+        legend = (
+            common_builders.VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.LIST)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+        builder = timeseries.Panel().legend(legend).line_width(1)
+    builder.id(panel_id).title(panel.title).datasource(DATASOURCE).unit(panel.unit).height(PANEL_H).span(PANEL_W)
+    for k, (expr, legend_format) in enumerate(panel.targets):
+        query = prometheus.Dataquery().ref_id(chr(ord("A") + k)).expr(expr).legend_format(legend_format)
+        query.datasource(DATASOURCE)
+        if panel.kind == "timeseries":
+            query.range()
+        else:
+            query.instant()
+        if panel.kind == "table":
+            query.format(PromQueryFormat.TABLE)
+        builder.with_target(query)
+    return builder
 
 
-def dashboard() -> dict[str, Any]:
+def build() -> model.Dashboard:
+    """The dashboard as the SDK's model: rows and panels in order, placed by the SDK's layout."""
+    board = (
+        builders.Dashboard("opsctl fleet")
+        .uid(UID)
+        .tags(["opsctl", "sglang", "ddtree"])
+        .version(1)
+        .editable()
+        .time("now-6h", "now")
+        .refresh("30s")
+        .timezone("browser")
+        .variables(variables())
+        .annotations([])
+    )
     sections: list[tuple[str, str | None, list[Panel]]] = [
         ("fleet", None, fleet_panels()),
         ("routers", None, router_panels()),
         ("$worker", "worker", service_panels()),
     ]
-    panels: list[dict[str, Any]] = []
-    y = 0
+    panel_id = 0
     for title, repeat, members in sections:
-        row: dict[str, Any] = {
-            "id": len(panels) + 1, "type": "row", "title": title, "collapsed": False,
-            "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": [],
-        }  # fmt: skip
+        panel_id += 1
+        row = builders.Row(title).id(panel_id).collapsed(False)
         if repeat is not None:
-            row["repeat"] = repeat
-        panels.append(row)
-        y += 1
-        for i, panel in enumerate(members):
-            x, dy = (i % 3) * PANEL_W, (i // 3) * PANEL_H
-            panels.append(_panel_json(panel, len(panels) + 1, x, y + dy))
-        y += ((len(members) + 2) // 3) * PANEL_H
-    return {
-        "uid": UID,
-        "title": "opsctl fleet",
-        "tags": ["opsctl", "sglang", "ddtree"],
-        "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
-        "editable": True,
-        "time": {"from": "now-6h", "to": "now"},
-        "refresh": "30s",
-        "timezone": "browser",
-        "templating": {"list": variables()},
-        "annotations": {"list": []},
-        "panels": panels,
-    }
+            row.repeat(repeat)
+        board.with_row(row)  # open: the panels after it, up to the next row, are its own
+        for panel in members:
+            panel_id += 1
+            board.with_panel(_panel(panel, panel_id))
+    return board.build()
+
+
+def dashboard() -> dict[str, Any]:
+    """The dashboard's JSON model (what Grafana imports), as plain data."""
+    data: dict[str, Any] = json.loads(json.dumps(build(), cls=JSONEncoder))
+    return data

@@ -1,13 +1,22 @@
 """`opsctl monitor render`: the exact targets, the rules' thresholds and runbook links, the dashboard's required
-fields, stale targets removed, nothing secret written."""
+fields and its read-back through Grafana's SDK, stale targets removed, nothing secret written."""
 
 from __future__ import annotations
 
+import copy
 import json
+import subprocess
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
+from grafana_foundation_sdk.cog import plugins
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as grafana
 
 from opsctl.cli.monitor import write_files
 from opsctl.inventory.load import load_inventory, parse_inventory
@@ -124,6 +133,55 @@ def test_dashboard_has_the_fields_grafana_requires() -> None:
     cells = [(p["gridPos"]["y"] + dy, p["gridPos"]["x"] + dx) for p in board["panels"]
              for dy in range(p["gridPos"]["h"]) for dx in range(p["gridPos"]["w"])]  # fmt: skip
     assert len(cells) == len(set(cells))
+
+
+def _read_back(board: dict[str, Any]) -> dict[str, Any]:
+    """The board through the SDK's typed model (panel options and Prometheus queries included), as JSON again: a
+    field the Grafana 11.6 schema does not have is dropped."""
+    plugins.register_default_plugins()  # panel options and dataqueries decode to their plugin's types
+    data: dict[str, Any] = json.loads(json.dumps(grafana.Dashboard.from_json(board), cls=JSONEncoder))
+    return data
+
+
+def test_the_dashboard_round_trips_through_the_sdks_dashboard_model() -> None:
+    text = _files()["grafana/opsctl-fleet.json"]
+    board = json.loads(text)
+    assert _read_back(board) == board
+    assert board["schemaVersion"] == grafana.Dashboard().schema_version == 41  # Grafana 11.6's
+
+
+def _set(path: tuple[str | int, ...], value: object) -> Callable[[dict[str, Any]], None]:
+    def change(board: dict[str, Any]) -> None:
+        node: Any = board
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _set(("panels", 3, "unitt"), "short"),  # a panel field
+        _set(("panels", 3, "options", "legend", "placment"), "bottom"),  # a time series option
+        _set(("panels", 5, "options", "sortby"), []),  # a table option
+        _set(("panels", 3, "targets", 0, "exp"), "up"),  # a Prometheus query field
+        _set(("templating", "list", 1, "definition"), "label_values(host)"),  # a variable field
+    ],
+)
+def test_the_read_back_drops_what_the_schema_lacks(change: Callable[[dict[str, Any]], None]) -> None:
+    """The round trip above can fail: a field outside the schema does not come back."""
+    board = copy.deepcopy(dashboard())
+    change(board)
+    assert _read_back(board) != board
+
+
+def test_the_cli_starts_without_grafanas_sdk() -> None:
+    """Only `monitor render` needs the SDK (~0.1 s to import): the CLI's start does not import it."""
+    code = "import sys, opsctl.cli.app; print(sorted(m for m in sys.modules if m.startswith('grafana')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_dashboard_of_2200_services_is_the_dashboard_of_3() -> None:
