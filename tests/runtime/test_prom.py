@@ -17,7 +17,7 @@ import pytest
 from ddtree.config import DDTreeConfig
 from ddtree.metrics import MetricsLog, RoundStats
 from ddtree.policy import CHAIN, BucketView, PolicyMode, PolicySetting, PolicySnapshot, Shape
-from ddtree.prom import NODE_BUCKETS, DDTreeProm, observe_counts
+from ddtree.prom import NODE_BUCKETS, DDTreeProm, RoundLabels, observe_counts
 from ddtree.sglang import prom_glue
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -165,8 +165,9 @@ def test_rounds_are_counted_with_the_labels_the_engine_gives_them() -> None:
     DFLASH's chain verify (`dflash`, `shadow`), never `tree`; a `tree` label counts only trees verified whole."""
     registry = CollectorRegistry()
     rounds = _random_rounds(7, 3)
-    labels = {id(r): ("dflash", "shadow") if i % 3 else ("chain", "") for i, r in enumerate(rounds)}
-    prom = DDTreeProm(registry, "m", kind_of_round=lambda r: labels[id(r)])  # type: ignore[arg-type]
+    shadow: RoundLabels = ("dflash", "shadow")
+    labels: dict[int, RoundLabels] = {id(r): shadow if i % 3 else ("chain", "") for i, r in enumerate(rounds)}
+    prom = DDTreeProm(registry, "m", kind_of_round=lambda r: labels[id(r)])
     prom.observe_window(rounds)
     s = _samples(registry)
     assert _value(s, "ddtree_decode_rounds_total", kind="dflash", reason="shadow") == 4
