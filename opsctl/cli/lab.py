@@ -1,18 +1,24 @@
-"""`opsctl lab up|status|down`: disposable local test hosts (systemd-nspawn + SSH). Needs root."""
+"""`opsctl lab prepare|up|status|down`: disposable local test hosts (systemd-nspawn + SSH). Needs root."""
 
 from __future__ import annotations
 
 import ipaddress
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from opsctl import wheelhouse
 from opsctl.cli.common import JsonOpt, console, emit_json, handle_errors
 from opsctl.errors import LabError
-from opsctl.lab import LabConfig, LabReport, down, rootfs, status, up
-from opsctl.lab.config import SLOT_ENV, env_slot, slot_config
+from opsctl.inventory.load import parse_inventory
+from opsctl.kernel.locks import lock_for
+from opsctl.lab import LabConfig, LabReport, down, prepare, rootfs, status, up
+from opsctl.lab import inventory as lab_inventory
+from opsctl.lab.config import SLOT_ENV, env_slot, host_name, slot_config
+from opsctl.lab.state import HostRecord
 
 SubnetOpt = Annotated[
     str | None,
@@ -54,6 +60,20 @@ def _config(subnet: str | None = None, inventory: Path | None = None) -> LabConf
     return replace(base, subnet=network)
 
 
+def _lab_wheelhouse(cfg: LabConfig) -> wheelhouse.Wheelhouse:
+    """The wheelhouse that `provision` of the lab inventory uses: the lock and directory of its first host, read
+    from the inventory `lab up` writes (so `provision` finds this very one, stamped for its lock)."""
+    first = HostRecord(host_name(1), 1, str(cfg.address(1)), cfg.netns("lab1"), cfg.netns("lab1"), "")
+    host = parse_inventory(lab_inventory.document(cfg, [first]), "lab inventory").hosts[0]
+    if host.wheelhouse is None:
+        raise LabError("the lab inventory names no wheelhouse")
+    return wheelhouse.ensure(lock_for(host), Path(host.wheelhouse))
+
+
+def _seconds(built_s: float | None) -> str:
+    return "cached" if built_s is None else f"built in {built_s:.0f}s"
+
+
 def _print(report: LabReport) -> None:
     if not report.hosts:
         console.print("no lab is running")
@@ -93,6 +113,38 @@ def register(app: typer.Typer) -> None:
             emit_json(report)
         else:
             _print(report)
+
+    @lab.command("prepare")
+    @handle_errors
+    def _prepare(
+        rootfs_part: Annotated[bool, typer.Option("--rootfs/--no-rootfs", help="The hosts' Debian rootfs.")] = True,
+        models_part: Annotated[
+            bool, typer.Option("--models/--no-models", help="The tiny target and drafter (needs ddtree-runtime).")
+        ] = True,
+        wheels_part: Annotated[
+            bool, typer.Option("--wheelhouse/--no-wheelhouse", help="The wheels `provision` pushes to lab hosts.")
+        ] = True,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Build what `lab up` and a provision of the lab need, without booting a host (all at once; what is
+        cached is kept): the rootfs, the tiny models and the wheelhouse. `scripts/setup` runs it."""
+        cfg = _config()
+        with ThreadPoolExecutor(1, thread_name_prefix="wheelhouse") as pool:
+            wheels = pool.submit(_lab_wheelhouse, cfg) if wheels_part else None
+            done = prepare(cfg, rootfs_part=rootfs_part, models_part=models_part)
+            house = wheels.result() if wheels is not None else None
+        lines = []
+        if done.rootfs:
+            lines.append(f"rootfs: {_seconds(done.rootfs_build_s)} ({done.rootfs})")
+        if done.models:
+            lines.append(f"tiny models: {_seconds(done.models_build_s)} ({done.models})")
+        if house is not None:
+            got = "downloaded" if house.built else "cached"
+            lines.append(f"wheelhouse: {got}, {len(house.files)} wheels ({house.path})")
+        if json_out:
+            emit_json({"prepared": done, "wheelhouse": house})
+        for line in lines:
+            console.print(line)
 
     @lab.command("status")
     @handle_errors

@@ -23,6 +23,11 @@ BUILDER = (sys.executable, "-m", "ddtree.tiny")
 LOGGER_PREFIX = "ddtree.tiny: "  # the builder logs `%(name)s: %(message)s` on stderr
 
 
+def lab_models_dir(root: Path = Path(TINY_DIR), arch: str = LAB_ARCH) -> Path:
+    """Where the lab's tiny target and drafter are (`<dir>/target`, `<dir>/draft`)."""
+    return root / arch
+
+
 def ensure_tiny_models(
     root: Path = Path(TINY_DIR),
     arch: str = LAB_ARCH,
@@ -30,7 +35,7 @@ def ensure_tiny_models(
     progress: Callable[[str], None] = stderr_line,
 ) -> bool:
     """Build the tiny target + drafter for `arch` unless a complete build is cached. True when built now."""
-    out = root / arch
+    out = lab_models_dir(root, arch)
     if _is_current(out):
         return False
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ def ensure(cfg: LabConfig, out: Callable[[str], None] = stderr_line) -> tuple[Pa
     if path.is_dir():
         return path, None
     cfg.cache_dir.mkdir(parents=True, exist_ok=True)
-    with _build_lock(cfg):
+    with _build_lock(cfg, out):
         if path.is_dir():  # built by a concurrent caller while we waited
             return path, None
         start = time.monotonic()
@@ -92,9 +92,15 @@ def prepare(root: Path) -> None:
 
 
 @contextlib.contextmanager
-def _build_lock(cfg: LabConfig) -> Iterator[None]:
+def _build_lock(cfg: LabConfig, out: Callable[[str], None]) -> Iterator[None]:
+    """One build at a time (`scripts/setup` starts one in the background; a `lab up` may come while it runs)."""
     with (cfg.cache_dir / ".build.lock").open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            out(f"lab rootfs ({cfg.suite}, once): waiting for the build another process runs")
+            with Ticker(f"lab rootfs ({cfg.suite}, once)", out=out):  # a heartbeat while it waits
+                fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
