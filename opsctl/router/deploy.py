@@ -272,7 +272,12 @@ class RouterDeploy:
     def deploy(self, force: bool = False, plan: bool = False, keep: int = release.DEFAULT_KEEP) -> RouterResult:
         """The deploy walk (`skeleton.deploy`), the same as a service's, with the router's side above."""
         result = RouterResult(self.host.name, self.router.name, Outcome.FAILED)
-        return skeleton.deploy(self, skeleton.Options(force=force, plan=plan, keep=keep), result)
+        try:
+            return skeleton.deploy(self, skeleton.Options(force=force, plan=plan, keep=keep), result)
+        except DeployError as exc:  # a check refused it before anything changed: audited, as a service's refusal
+            if not plan:
+                self.audit("deploy", None, "refused", exc.one_line())
+            raise
 
     def _stage(self, new_id: str, chash: str, previous: str | None) -> None:
         rendered = render_router(self.inventory, self.router, new_id, Secrets.REVEAL)

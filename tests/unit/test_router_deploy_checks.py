@@ -127,7 +127,7 @@ def test_plan_of_a_router_with_unfinished_gates_says_what_the_deploy_does() -> N
     )
 
 
-def test_a_router_is_not_staged_into_a_full_disk() -> None:
+def test_a_router_is_not_staged_into_a_full_disk(tmp_path: Path) -> None:
     inv = inventory(policy="random")
     host = Releases(OLD, {}, {})
     host.handler = lambda cmd: (0, FULL_DF, "") if "df -P -B1" in cmd.display() else host.answer(cmd)
@@ -137,6 +137,8 @@ def test_a_router_is_not_staged_into_a_full_disk() -> None:
         f"h1: only 9.8 KiB free in / ({ROOT}/releases), a release needs 256.0 MiB; nothing was changed"
     )
     assert not any("pip install" in line or "mkdir -p -- " in line for line in host.ran)
+    refused = [line for line in audit_lines(tmp_path) if "result=refused" in line]
+    assert len(refused) == 1 and "service=router-front" in refused[0] and "a release needs 256.0 MiB" in refused[0]
 
 
 def test_an_incomplete_router_release_is_marked_bad_before_staging() -> None:
