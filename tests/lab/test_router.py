@@ -503,6 +503,52 @@ def test_router_release_that_cannot_start_is_rolled_back(router_inventory: Path,
     assert again.returncode == 0, again.stderr[-3000:]
 
 
+def test_a_router_deploy_killed_mid_gate_is_finished_by_the_next_deploy(router_inventory: Path, tmp_path: Path) -> None:
+    """opsctl killed (SIGKILL) while a new router release is in its gate: the release is live and untested. Before,
+    the next deploy of the same configuration called it "unchanged"; now (as a service's) the marker written at the
+    switch makes that deploy run the router's gates on what runs and keep it, gated."""
+    from opsctl.commands import Cmd
+    from tests.lab.deploy_support import background, remote_run
+
+    def slow_gate(doc: dict[str, Any]) -> None:
+        _with_router(doc)
+        doc["routers"]["front"]["policy"] = "random"  # a new release
+        doc["routers"]["front"]["readiness_delay"] = 20  # the gate's window for the kill
+
+    changed = derived_inventory(tmp_path / "slow-gate.yaml", slow_gate)
+    inv = str(changed)
+    before = current_release(router_inventory, "lab1", "router-front")
+    bg = background("deploy", "-i", inv, "--router", "front")
+    try:
+        bg.wait_for("lab1/router front: switching to", timeout=600)
+        deadline = time.monotonic() + 60
+        while current_release(router_inventory, "lab1", "router-front") == before:  # switched: in its gate now
+            assert time.monotonic() < deadline, bg.text
+            time.sleep(0.2)
+    finally:
+        bg.proc.kill()  # no finally of opsctl's runs: the lock and the untested release stay as they are
+        bg.finish(timeout=60)
+    untested = current_release(router_inventory, "lab1", "router-front")
+    assert untested != before, bg.text
+    root = "/opt/opsctl/services/router-front/releases"
+    marker = Cmd.of("sh", "-c", f"test -e {root}/{untested}/GATES_PENDING && echo marked || echo unmarked")
+    pending = remote_run(changed, "lab1", marker).strip()
+    cleared = opsctl("deploy", "-i", inv, "--host", "lab1", "--break-lock")  # the killed deploy's lock
+    assert cleared.returncode == 0, cleared.stderr[-2000:]
+    again = opsctl("deploy", "-i", inv, "--router", "front")  # the same configuration
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "unchanged" not in again.stderr, again.stderr[-3000:]
+    assert pending == "marked"  # written at the switch, before the restart
+    assert f"release {untested} went live but never finished its gates: running them now" in again.stderr
+    assert "lab1/router front: deployed" in again.stderr and "gates finished (interrupted before)" in again.stderr
+    assert current_release(router_inventory, "lab1", "router-front") == untested
+    assert remote_run(changed, "lab1", marker).strip() == "unmarked"  # tested now
+    back = opsctl("deploy", "-i", str(router_inventory), "--router", "front")  # the module's configuration again
+    assert back.returncode == 0 and "lab1/router front: deployed" in back.stderr, back.stderr[-3000:]
+    members = _members(router_inventory)
+    assert len(members) == 2 and all(members.values()), members
+
+
 @contextmanager
 def faults_armed(inventory: Path, host: str) -> Iterator[None]:
     """The reference server's test faults (ddtree.serve.faults) armed on `host`: a server started while the
