@@ -12,7 +12,8 @@
 # (setup checks them in about a second instead of installing them, ~11 s), and pip's configuration may name a
 # local package mirror (then torch and the wheelhouse come from local disk).
 #
-#   bash dev/quickstart/cold-run.sh [OUT_DIR]      -> OUT_DIR/quickstart.log (default /tmp/quickstart-cold)
+#   [COLD_RUN_REF=COMMIT] bash dev/quickstart/cold-run.sh [OUT_DIR]   -> OUT_DIR/quickstart.log
+#   (default OUT_DIR /tmp/quickstart-cold; COLD_RUN_REF: run that commit instead of HEAD)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-/tmp/quickstart-cold}
@@ -25,6 +26,7 @@ mkdir -p "$out" "$work/cache" "$work/lib" "$work/state" /var/cache/opsctl /var/l
 mount --bind "$work/cache" /var/cache/opsctl
 mount --bind "$work/lib" /var/lib/opsctl
 git clone -q "$repo" "$work/opsctl"
+if [ -n "${COLD_RUN_REF:-}" ]; then git -C "$work/opsctl" checkout -q "$COLD_RUN_REF"; fi  # e.g. to time the code before a change
 python3 -m venv "$work/venv"
 echo "cold run: clone $work/opsctl, venv $work/venv, slot $OPSCTL_LAB_SLOT, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 set +e
