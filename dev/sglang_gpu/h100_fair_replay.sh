@@ -54,8 +54,10 @@ record)  # the pair on real text at one temperature: DFLASH's lengths, the tree'
     t=${2:?temperature: 0, 0.7 or 1}
     gpu_step "record-$(tag "$t")"
     dir=$REC/$(tag "$t") && rm -rf "$dir" && mkdir -p "$dir"
-    timeout -k 5 570 bash dev/sglang_gpu/run.sh interleaved --pairs hybrid --record "$dir" --record-fair \
-        --budgets 15,7 --temperatures "$t" --concurrency 1 --prompts 16 --deadline 520 \
+    # FAIR_BUDGETS / FAIR_DEADLINE: a shorter job where device time is short (FAIR_BUDGETS=15 FAIR_DEADLINE=380)
+    timeout -k 5 $((${FAIR_DEADLINE:-520} + 50)) bash dev/sglang_gpu/run.sh interleaved --pairs hybrid \
+        --record "$dir" --record-fair --budgets "${FAIR_BUDGETS:-15,7}" --temperatures "$t" --concurrency 1 \
+        --prompts 16 --deadline "${FAIR_DEADLINE:-520}" \
         --start-timeout 240 --json "$dir/run.json" 2>&1 | tee "$OUT/record-$(tag "$t").log" || true
     tar -czf "$OUT/record-$(tag "$t").tgz" -C "$REC" "$(tag "$t")"
     cp "$dir"/accepts-*.json "$dir"/paths-*.json "$OUT/" 2>/dev/null || true
