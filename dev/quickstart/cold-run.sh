@@ -33,7 +33,11 @@ set +e
 (
   cd "$work/opsctl"
   export PATH="$work/venv/bin:$PATH" PIP_NO_CACHE_DIR=1 XDG_STATE_HOME="$work/state"
-  bash scripts/setup && bash scripts/lab-journey
+  # CPU seconds of setup and of the journey's control-side processes (the lab hosts' are not counted): on
+  # 2 cores a step cannot take less than half of what it uses
+  /usr/bin/time -f "cold run: setup used %U s user + %S s system CPU in %e s" bash scripts/setup &&
+    /usr/bin/time -f "cold run: the journey (control side) used %U s user + %S s system CPU in %e s" \
+      bash scripts/lab-journey
 ) 2>&1 | python3 "$repo/dev/quickstart/stamp.py" "$out/quickstart.log"
 rc=${PIPESTATUS[0]}
 set -e
