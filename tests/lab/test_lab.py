@@ -96,8 +96,10 @@ def test_status_and_inventory_describe_the_running_lab(
 
 
 def test_cli_status_json(lab_hosts: LabReport, lab_config: LabConfig) -> None:
-    if lab_config.prefix != LabConfig().prefix:
-        pytest.skip("the CLI looks at the default lab; this session runs in an OPSCTL_LAB_SLOT")
+    from opsctl.cli.lab import _config
+
+    if lab_config.state_dir != _config().state_dir:
+        pytest.skip("`opsctl lab` looks at the default lab or OPSCTL_LAB_SLOT's, not at this part's own lab")
     proc = subprocess.run(["opsctl", "lab", "status", "--json"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -105,7 +107,7 @@ def test_cli_status_json(lab_hosts: LabReport, lab_config: LabConfig) -> None:
         ("lab1", "running", True),
         ("lab2", "running", True),
     ]
-    assert data["subnet"] == "10.213.0.0/24"
+    assert data["subnet"] == str(lab_config.subnet)
 
 
 def test_up_again_keeps_running_hosts(lab_hosts: LabReport, lab_config: LabConfig) -> None:
