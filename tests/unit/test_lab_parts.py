@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,28 @@ def test_the_cli_refuses_a_bad_slot_in_one_line(monkeypatch: pytest.MonkeyPatch)
         _config()
     assert info.value.one_line().startswith("OPSCTL_LAB_SLOT: a lab slot is one digit 1-9, got 'x; rm -rf /'")
     assert "\n" not in info.value.one_line()
+
+
+def test_lab_prepare_fills_the_wheelhouse_that_provision_of_the_lab_reuses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`opsctl lab prepare` (scripts/setup) downloads for the lock and into the directory that `provision -i
+    inventory/lab.yaml` asks for, so provision finds it stamped and downloads nothing."""
+    import yaml
+
+    from opsctl.cli import lab as cli_lab
+    from opsctl.inventory.load import parse_inventory
+    from opsctl.kernel.locks import lock_for
+    from opsctl.lab import inventory
+    from opsctl.lab.config import LabConfig
+    from opsctl.lab.state import HostRecord
+
+    asked: list[tuple[str, str, Path]] = []
+    monkeypatch.setattr(cli_lab.wheelhouse, "ensure", lambda lock, path: asked.append((lock.name, lock.sha256, path)))
+    cfg = LabConfig(inventory_path=tmp_path / "lab.yaml", root_dir=tmp_path / "lab")
+    cli_lab._lab_wheelhouse(cfg)
+    records = [HostRecord(f"lab{i}", i, str(cfg.address(i)), f"olab-lab{i}", f"olab-lab{i}", "") for i in (1, 2)]
+    written = parse_inventory(yaml.safe_load(inventory.write(cfg, records).read_text()), "lab.yaml")
+    wanted = {(lock_for(h).name, lock_for(h).sha256, Path(str(h.wheelhouse))) for h in written.hosts}
+    assert asked and set(asked) == wanted == {(asked[0][0], asked[0][1], Path(inventory.WHEELHOUSE))}
+    assert asked[0][0] == "reference-cpu.txt"
