@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
                 left_out[outcome.host] = page.left_out
                 console.print(_left_out_line(outcome.host, page.left_out, len(page.lines), since), markup=False)
         if show_metrics:
-            _metrics(collected, left_out, as_json)
+            _metrics(collected, as_json, left_out)
         elif as_json:
             emit_json([{"source": k, "line": line} for k, v in collected.items() for line in v])
         else:
@@ -119,7 +119,7 @@ def _left_out_line(label: str, left_out: int, shown: int, since: str | None) -> 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _metrics(collected: dict[str, list[str]], left_out: dict[str, int], as_json: bool) -> None:
+def _metrics(collected: dict[str, list[str]], as_json: bool, left_out: dict[str, int] | None = None) -> None:
     rows = []
     summaries = {}
     for label, found in collected.items():
@@ -132,7 +132,7 @@ def _metrics(collected: dict[str, list[str]], left_out: dict[str, int], as_json:
         emit_json(
             {
                 "summary": summaries,
-                "left_out": left_out,  # what the summary does not cover (stderr says it too)
+                "left_out": left_out or {},  # what the summary does not cover (stderr says it too)
                 "lines": [{"source": label, "time": when, "record": r} for label, when, r in rows],
             }
         )
