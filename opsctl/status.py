@@ -101,7 +101,7 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
     last, source = last_metrics(scrape, summary)
     verdicts = modelcheck.check(conn, service, paths.unit_name, deep=deep, host=host)
     failed = _failed_restores(conn, service, verdicts)
-    changed = _drift(conn, paths, facts)
+    changed = drift.status_lines(conn, paths, facts)
     held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
     return ServiceStatus(
         host=host.name,
@@ -130,16 +130,6 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
         drift=changed,
         gates_pending=facts.current_pending,
     )
-
-
-def _drift(conn: Connection, paths: release.ServicePaths, facts: release.ReleaseFacts) -> list[str]:
-    """What changed on the host in the current release and the rollback target since they were deployed."""
-    target = facts.rollback_target()
-    found = drift.release_drift(conn, paths, [r for r in (facts.current, target) if r], facts.current)
-    lines = list(found.get(facts.current or "", []))
-    if target is not None and target != facts.current:
-        lines += [f"rollback target {line}" for line in found.get(target, [])]
-    return lines
 
 
 def _spec(service: Service, verdict: modelcheck.ModelVerdict) -> ModelSpec:

@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[bold red]{e}[/]", markup=True)
         # a missing or changed model: the next restart fails, or the process runs on files that are gone;
         # a stale lock: every deploy is refused until it is cleared
-        unhealthy = errors or orphans or any(r.failing for r in rows) or any(not r.healthy for r in router_rows)
+        unhealthy = errors or orphans or any(r.failing for r in rows) or any(r.failing for r in router_rows)
         raise typer.Exit(int(ExitCode.ERROR if unhealthy else ExitCode.OK))
 
 
@@ -128,38 +128,43 @@ def _table(rows: list[ServiceStatus]) -> None:
         )
         for line in r.models:
             console.print(f"[bold red]{r.host}/{r.service}: {line}[/]", markup=True)
-        if r.deploying and (r.gates_pending or not r.healthy):
-            doing = f"release {r.current} is going through its gates" if r.gates_pending else "it restarts the service"
-            console.print(
-                f"[yellow]{r.host}/{r.service}: a deploy is in progress ({doing}; deploy lock held by {r.lock}); "
-                "not counted as a failure until it ends[/]",
-                markup=True,
-            )
-        elif r.gates_pending:
-            console.print(
-                f"[bold red]{r.host}/{r.service}: release {r.current} went live but never finished its gates "
-                f"(interrupted): `opsctl deploy -i INVENTORY --host {r.host} --service {r.service}` runs them, "
-                "or rolls back[/]",
-                markup=True,
-            )
-        for line in r.drift:
-            console.print(f"[bold red]{r.host}/{r.service}: {line}[/]", markup=True)
-        if r.drift:
-            deploy = f"`opsctl deploy -i INVENTORY --host {r.host} --service {r.service}`"
-            current = any(not line.startswith("rollback target ") for line in r.drift)
-            target = any(line.startswith("rollback target ") for line in r.drift)
-            does = (["writes the current release's files again"] if current else []) + (
-                [f"marks the drifted rollback target {r.rollback_to} BAD (rollback then goes to the release before it)"]
-                if target
-                else []
-            )
-            console.print(f"[bold red]{r.host}/{r.service}: {deploy} {' and '.join(does)}[/]", markup=True)
+        deploy = f"`opsctl deploy -i INVENTORY --host {r.host} --service {r.service}`"
+        _gates_and_drift(f"{r.host}/{r.service}", "the service", deploy, r)
         if r.incomplete_releases:
             console.print(
                 f"[yellow]{r.host}/{r.service}: incomplete release {', '.join(r.incomplete_releases)} "
                 "(staging never finished; the next deploy marks it BAD, pruning removes it)[/]",
                 markup=True,
             )
+
+
+def _gates_and_drift(name: str, noun: str, deploy: str, r: ServiceStatus | RouterStatus, indent: str = "") -> None:
+    """A deploy in progress, a release whose gates never finished, and drift with the deploy that repairs it: the
+    same lines for a service and a router (`deploy`: the command that deploys it; a router's lines are indented)."""
+    if r.deploying and (r.gates_pending or not r.healthy):
+        doing = f"release {r.current} is going through its gates" if r.gates_pending else f"it restarts {noun}"
+        console.print(
+            f"{indent}[yellow]{name}: a deploy is in progress ({doing}; deploy lock held by {r.lock}); "
+            "not counted as a failure until it ends[/]",
+            markup=True,
+        )
+    elif r.gates_pending:
+        console.print(
+            f"{indent}[bold red]{name}: release {r.current} went live but never finished its gates (interrupted): "
+            f"{deploy} runs them, or rolls back[/]",
+            markup=True,
+        )
+    for line in r.drift:
+        console.print(f"{indent}[bold red]{name}: {line}[/]", markup=True)
+    if r.drift:
+        current = any(not line.startswith("rollback target ") for line in r.drift)
+        target = any(line.startswith("rollback target ") for line in r.drift)
+        does = (["writes the current release's files again"] if current else []) + (
+            [f"marks the drifted rollback target {r.rollback_to} BAD (rollback then goes to the release before it)"]
+            if target
+            else []
+        )
+        console.print(f"{indent}[bold red]{name}: {deploy} {' and '.join(does)}[/]", markup=True)
 
 
 def _routers(inv: Inventory, routers: list[Router], unreachable: set[str]) -> list[RouterStatus]:
@@ -206,6 +211,8 @@ def _router_table(rows: list[RouterStatus], canary_table: bool = False) -> None:
             console.print(f"    out for a deploy: {line}", markup=False)
         if r.error:
             console.print(f"    [bold red]{r.error}[/]", markup=True)
+        deploy = f"`opsctl deploy -i INVENTORY --router {r.router}`"
+        _gates_and_drift(f"{r.host}/router {r.router}", "the router", deploy, r, indent="    ")
         if r.unit is not None and r.unit.active_state not in ("active", "activating", "reloading"):
             console.print(
                 f"    [bold red]`opsctl deploy -i INVENTORY --router {r.router}` starts its current release again "

@@ -111,3 +111,14 @@ def release_drift(
         rid: differences(rid, files, found, paths.installed_unit if rid == current else "")
         for rid, files in recorded.items()
     }
+
+
+def status_lines(conn: Connection, paths: ServicePaths, facts: release.ReleaseFacts) -> list[str]:
+    """What `opsctl status` reports of a service's or router's releases: what changed on the host in the current
+    release and (prefixed "rollback target ") in the rollback target since they were deployed."""
+    target = facts.rollback_target()
+    found = release_drift(conn, paths, [r for r in (facts.current, target) if r], facts.current)
+    lines = list(found.get(facts.current or "", []))
+    if target is not None and target != facts.current:
+        lines += [f"rollback target {line}" for line in found.get(target, [])]
+    return lines

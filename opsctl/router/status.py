@@ -1,6 +1,7 @@
 """`opsctl status` for a router: its unit and release (over SSH), its health, and its members as the router
 itself reports them (`GET /workers`): which fronted services it routes to, healthy or not, and which of them
-it does not list at all. Reads only."""
+it does not list at all; like a service's row, a release whose gates never finished and files edited on the host
+(drift). Reads only."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import httpx
 
 from opsctl.commands import Cmd
-from opsctl.deploy import release
+from opsctl.deploy import drift, lock, release
 from opsctl.errors import OpsctlError
 from opsctl.inventory.model import Inventory, Router
 from opsctl.remote.base import Connection
@@ -67,6 +68,23 @@ class RouterStatus:
     canary: dict[str, Any] | None = None  # the last canary: phase, groups, comparison table, message
     kept_out: list[str] = field(default_factory=list)  # workers its next start leaves out (opsctl.router.keptout)
     deploys: list[str] = field(default_factory=list)  # workers out for a deploy now: "lab1/ref (by who, since)"
+    gates_pending: bool = False  # current went live and its gates never finished (never tested)
+    drift: list[str] = field(default_factory=list)  # files of the current release (or the rollback target) changed
+    lock: str | None = None  # the host's deploy lock (a router deploys under it): holder, age, STALE
+    lock_stale: bool = False  # held by a process that is gone
+
+    @property
+    def deploying(self) -> bool:
+        """A deploy holds the router host's lock now: a restart and a release whose gates have not finished are
+        what it is doing, not an outage or an interrupted deploy (as `ServiceStatus.deploying`)."""
+        return self.lock is not None and not self.lock_stale
+
+    @property
+    def failing(self) -> bool:
+        """Whether this row makes `status` exit non-zero: not healthy, drift, or a release whose gates never
+        finished (the first and last only while no deploy runs on the host), as a service row."""
+        busy = self.deploying
+        return (not self.healthy and not busy) or bool(self.drift) or (self.gates_pending and not busy)
 
 
 def worker_names(inventory: Inventory, router: Router) -> dict[str, str]:
@@ -94,6 +112,8 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
     canary = None
     membership = Membership()
     facts = release.ReleaseFacts(None, ())
+    changed: list[str] = []
+    held: lock.LockInfo | None = None
     error = None
     if conn is not None:
         try:
@@ -102,6 +122,8 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
             canary = parse_state(conn.run(Cmd.of("cat", "--", state_path(router)), check=False).stdout)
             text = conn.run(Cmd.of("cat", "--", kept_out_file(router.name)), check=False).stdout
             membership = parse_membership(text)
+            changed = drift.status_lines(conn, paths, facts)
+            held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
         except OpsctlError as exc:
             error = exc.one_line()
     client = RouterClient(http, router_url(inventory, router), router.api_key)
@@ -138,4 +160,8 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
         canary=canary,
         kept_out=[names.get(url, url) for url in sorted(membership.kept_out)],
         deploys=[f"{names.get(url, url)} (by {info.describe(now)})" for url, info in membership.deploys],
+        gates_pending=facts.current_pending,
+        drift=changed,
+        lock=held.describe(now) if held is not None else None,
+        lock_stale=held is not None and held.holder_gone() is True,
     )
