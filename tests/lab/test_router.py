@@ -535,8 +535,14 @@ def test_a_router_deploy_killed_mid_gate_is_finished_by_the_next_deploy(router_i
     pending = remote_run(changed, "lab1", marker).strip()
     cleared = opsctl("deploy", "-i", inv, "--host", "lab1", "--break-lock")  # the killed deploy's lock
     assert cleared.returncode == 0, cleared.stderr[-2000:]
+    seen = opsctl("status", "-i", inv, "--router", "front", "--json")  # untested and no deploy runs: a failure
+    (row,) = json.loads(seen.stdout)["routers"]
+    assert (seen.returncode, row["current"], row["gates_pending"], row["drift"]) == (1, untested, True, []), seen
     again = opsctl("deploy", "-i", inv, "--router", "front")  # the same configuration
     assert again.returncode == 0, again.stderr[-3000:]
+    seen = opsctl("status", "-i", inv, "--router", "front", "--json")
+    (row,) = json.loads(seen.stdout)["routers"]
+    assert (seen.returncode, row["gates_pending"], row["drift"]) == (0, False, []), seen
     assert "unchanged" not in again.stderr, again.stderr[-3000:]
     assert pending == "marked"  # written at the switch, before the restart
     assert f"release {untested} went live but never finished its gates: running them now" in again.stderr
