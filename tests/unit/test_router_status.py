@@ -28,6 +28,7 @@ EDITED = "0" * 64
 def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RK", SECRET)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(console, "inventory", None)  # an earlier CLI test may have named its inventory there
 
 
 def router_http() -> httpx.Client:
