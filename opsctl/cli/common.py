@@ -123,27 +123,35 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         console.inventory = None  # until this command loads one
         try:
-            return fn(*args, **kwargs)
-        except OpsctlError as exc:
-            raise fail(exc) from None
-        except KeyboardInterrupt:
-            console.print("interrupted")
-            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
-        except (typer.Exit, typer.Abort):
-            raise
-        except Exception as exc:
-            if os.environ.get("OPSCTL_DEBUG"):
-                raise
-            first = str(exc).splitlines()[0][:200] if str(exc) else ""
-            say(
-                "internal error:",
-                "bold red",
-                f"{type(exc).__name__}: {first} (a bug in opsctl; rerun with OPSCTL_DEBUG=1 for the traceback "
-                "and report it)",
-            )
-            raise typer.Exit(int(ExitCode.ERROR)) from None
+            return _run(fn, *args, **kwargs)
+        finally:
+            console.inventory = None  # a process that runs several commands (tests) starts each one clean
 
     return wrapper
+
+
+def _run(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """`fn`, its expected errors turned into one line and an exit code (`handle_errors`)."""
+    try:
+        return fn(*args, **kwargs)
+    except OpsctlError as exc:
+        raise fail(exc) from None
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:
+        if os.environ.get("OPSCTL_DEBUG"):
+            raise
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        say(
+            "internal error:",
+            "bold red",
+            f"{type(exc).__name__}: {first} (a bug in opsctl; rerun with OPSCTL_DEBUG=1 for the traceback "
+            "and report it)",
+        )
+        raise typer.Exit(int(ExitCode.ERROR)) from None
 
 
 def load_inventory(path: Path, overrides: Sequence[Override] = ()) -> Any:

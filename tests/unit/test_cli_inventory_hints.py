@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+import typer
 
 from opsctl.cli import common
 from opsctl.cli.common import console, emit_json, say
+from opsctl.errors import OpsctlError
 
 
 @pytest.fixture
@@ -50,3 +52,24 @@ def test_loading_an_inventory_names_it(tmp_path: Path) -> None:
         assert console.name_inventory("opsctl status -i INVENTORY") == f"opsctl status -i {file}"
     finally:
         console.inventory = None
+
+
+def test_a_command_leaves_no_inventory_name_behind(tmp_path: Path) -> None:
+    # a process that runs several commands (the unit tests do) must not name one command's file in the next one's
+    file = tmp_path / "fleet.yaml"
+    file.write_text("hosts:\n  h:\n    address: 10.0.0.1\n")
+    seen: list[str | None] = []
+
+    @common.handle_errors
+    def command(fail: bool) -> None:
+        common.load_inventory(file)
+        seen.append(console.inventory)
+        if fail:
+            raise OpsctlError("lab2: broken", "`opsctl status -i INVENTORY` says why")
+
+    command(False)
+    assert seen == [str(file)] and console.inventory is None
+    with console.capture() as captured, pytest.raises(typer.Exit):
+        command(True)
+    assert f"-i {file}" in captured.get()  # the failing command's own line still names its file
+    assert console.inventory is None
