@@ -25,7 +25,7 @@ import httpx
 
 from opsctl import __version__, systemd
 from opsctl.commands import Cmd, sh
-from opsctl.deploy import corridor, release, skeleton
+from opsctl.deploy import corridor, drift, release, skeleton
 from opsctl.deploy.outcome import Outcome
 from opsctl.deploy.preflight import looks_like_help, unknown_flags
 from opsctl.deploy.release import Manifest, ReleaseFacts, ServicePaths
@@ -322,7 +322,14 @@ class RouterDeploy:
                 "deploy a fixed configuration instead",
             )
         result.release = target
+        # files of the target edited on the host since its deploy: said, as a service's rollback says it (what
+        # goes live is not what was deployed; the next deploy of a fixed configuration writes them again)
+        changed = drift.release_drift(self.remote, self.paths, [target], facts.current).get(target, [])
+        for line in changed:
+            self.say(f"rollback target drifted: {line}")
         result.outcome, result.message, result.journal_tail = corridor.roll_back_to(self, facts.current, target)
+        if changed:
+            result.message += f"; its files changed on the host since its deploy ({changed[0]})"
         return result
 
 

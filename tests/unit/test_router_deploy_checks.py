@@ -215,3 +215,25 @@ def test_a_router_host_lost_mid_deploy_is_unreachable_with_a_local_audit_line(tm
     lines = [line for line in audit_lines(tmp_path) if f"release={result.release}" in line]
     assert [re.search(r"result=(\S+)", line).group(1) for line in lines] == ["started", "unreachable"]  # type: ignore[union-attr]
     assert not any("reset-failed" in line for line in host.ran)  # no rollback tried against a host that is gone
+
+
+def test_a_router_rollback_to_a_target_edited_on_the_host_says_so() -> None:
+    """As a service's rollback: the target goes live (health gated), and the message and progress say which of its
+    files changed on the host since its deploy."""
+    rid, files = first_release()
+    old_files = {k.replace(rid, OLD): v for k, v in files.items()}
+    inv = inventory()
+    host = Releases(rid, {OLD: "0 1 0"}, {**files, **old_files})
+    edited = "0" * 64
+
+    def answer(cmd: Cmd) -> Any:
+        if "hashlib" in cmd.display():
+            return (0, f"{OLD}/unit\t{edited}\n", "")
+        return host.answer(cmd)
+
+    host.handler = answer
+    said: list[str] = []
+    result = RouterDeploy(inv, inv.router("front"), host, http(True), said.append).rollback()  # type: ignore[arg-type]
+    assert result.outcome is Outcome.REVERTED and host.current == OLD, result.message
+    assert result.message.startswith(f"rolled back to {OLD} (healthy); its files changed on the host since its deploy")
+    assert any(line.startswith("rollback target drifted: ") and "unit" in line for line in said), said
