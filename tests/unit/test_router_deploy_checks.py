@@ -71,6 +71,19 @@ def marked_bad(host: Host, release_id: str) -> list[str]:
     return [line for line in host.ran if f"{release_id}/BAD" in line]
 
 
+def edit_unit(host: Releases, release_id: str) -> Releases:
+    """The host's hashing reports `release_id`'s unit file changed since its deploy (edited by hand)."""
+    edited = "0" * 64
+
+    def answer(cmd: Cmd) -> Any:
+        if "hashlib" in cmd.display():
+            return (0, f"{release_id}/unit\t{edited}\n", "")
+        return host.answer(cmd)
+
+    host.handler = answer
+    return host
+
+
 def test_a_deploy_marks_the_router_release_pending_until_its_gates_pass() -> None:
     inv = inventory()
     host = Host()
@@ -158,15 +171,7 @@ def test_a_current_router_release_edited_on_the_host_is_replaced() -> None:
     """Its unit edited by hand: the hash of the inventory is current's, but what runs is not what was deployed."""
     rid, files = first_release()
     inv = inventory()
-    host = Releases(rid, {}, files)
-    edited = "0" * 64
-
-    def answer(cmd: Cmd) -> Any:
-        if "hashlib" in cmd.display():
-            return (0, f"{rid}/unit\t{edited}\n", "")
-        return host.answer(cmd)
-
-    host.handler = answer
+    host = edit_unit(Releases(rid, {}, files), rid)
     result = RouterDeploy(inv, inv.router("front"), host, http(True)).deploy()  # type: ignore[arg-type]
     assert result.outcome is Outcome.DEPLOYED and result.release != rid, result.message
     assert result.message.endswith(f"; drifted {rid} marked bad")
@@ -223,15 +228,7 @@ def test_a_router_rollback_to_a_target_edited_on_the_host_says_so() -> None:
     rid, files = first_release()
     old_files = {k.replace(rid, OLD): v for k, v in files.items()}
     inv = inventory()
-    host = Releases(rid, {OLD: "0 1 0"}, {**files, **old_files})
-    edited = "0" * 64
-
-    def answer(cmd: Cmd) -> Any:
-        if "hashlib" in cmd.display():
-            return (0, f"{OLD}/unit\t{edited}\n", "")
-        return host.answer(cmd)
-
-    host.handler = answer
+    host = edit_unit(Releases(rid, {OLD: "0 1 0"}, {**files, **old_files}), OLD)
     said: list[str] = []
     result = RouterDeploy(inv, inv.router("front"), host, http(True), said.append).rollback()  # type: ignore[arg-type]
     assert result.outcome is Outcome.REVERTED and host.current == OLD, result.message
