@@ -102,7 +102,7 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
     verdicts = modelcheck.check(conn, service, paths.unit_name, deep=deep, host=host)
     failed = _failed_restores(conn, service, verdicts)
     changed = drift.status_lines(conn, paths, facts)
-    held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
+    held, stale = lock.held_now(conn, datetime.now(UTC))
     return ServiceStatus(
         host=host.name,
         service=service.name,
@@ -125,8 +125,8 @@ def collect(conn: Connection, host: Host, service: Service, http: httpx.Client, 
         incomplete_releases=[
             r.release_id for r in facts.releases if not r.complete and not r.bad and r.release_id != facts.current
         ],
-        lock=held.describe(datetime.now(UTC)) if held is not None else None,
-        lock_stale=held is not None and held.holder_gone() is True,
+        lock=held,
+        lock_stale=stale,
         drift=changed,
         gates_pending=facts.current_pending,
     )

@@ -117,6 +117,15 @@ def read_cmd() -> Cmd:
     return sh(f"cat {HOLDER} 2>/dev/null || true", sudo=True)
 
 
+def held_now(conn: Connection, now: datetime) -> tuple[str | None, bool]:
+    """What `status` says of the host's deploy lock: (its holder and age, or None when free; whether its holder's
+    process is gone, a stale lock)."""
+    held = LockInfo.parse(conn.run(read_cmd()).stdout)
+    if held is None:
+        return None, False
+    return held.describe(now), held.holder_gone() is True
+
+
 def parse_acquire(stdout: str) -> tuple[bool, LockInfo | None]:
     lines = stdout.strip().splitlines()
     if lines and lines[0].strip() == "acquired":

@@ -113,7 +113,8 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
     membership = Membership()
     facts = release.ReleaseFacts(None, ())
     changed: list[str] = []
-    held: lock.LockInfo | None = None
+    held: str | None = None  # the host's deploy lock, as `status` says it
+    stale = False
     error = None
     if conn is not None:
         try:
@@ -123,7 +124,7 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
             text = conn.run(Cmd.of("cat", "--", kept_out_file(router.name)), check=False).stdout
             membership = parse_membership(text)
             changed = drift.status_lines(conn, paths, facts)
-            held = lock.LockInfo.parse(conn.run(lock.read_cmd()).stdout)
+            held, stale = lock.held_now(conn, datetime.now(UTC))
         except OpsctlError as exc:
             error = exc.one_line()
     client = RouterClient(http, router_url(inventory, router), router.api_key)
@@ -162,6 +163,6 @@ def collect_router(conn: Connection | None, inventory: Inventory, router: Router
         deploys=[f"{names.get(url, url)} (by {info.describe(now)})" for url, info in membership.deploys],
         gates_pending=facts.current_pending,
         drift=changed,
-        lock=held.describe(now) if held is not None else None,
-        lock_stale=held is not None and held.holder_gone() is True,
+        lock=held,
+        lock_stale=stale,
     )
